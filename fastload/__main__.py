@@ -1,0 +1,5 @@
+import sys
+
+from fastload.cli import main
+
+sys.exit(main())
