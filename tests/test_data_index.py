@@ -1,0 +1,172 @@
+"""fastload.data.index: the planted-fault dataset, the scan cache, and coco128."""
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fastload.data.index import build_index
+from fastload.data.labels import parse_labels
+from fastload.data.synthetic import make_synthetic_dataset
+
+
+@pytest.fixture(autouse=True)
+def _private_cache_dir(tmp_path, monkeypatch):
+    """Keep fallback caches out of ~/.cache during tests."""
+    monkeypatch.setenv("FASTLOAD_CACHE_DIR", str(tmp_path / "user-cache"))
+
+
+@pytest.fixture
+def faulty(tmp_path) -> tuple[Path, dict[str, np.ndarray]]:
+    """A synthetic set with one planted fault per kind; returns (yaml, expected labels of the planted-label files)."""
+    y = make_synthetic_dataset(tmp_path / "ds", n_train=12, n_val=0, seed=3)
+    im, lb = y.parent / "images" / "train", y.parent / "labels" / "train"
+    jpg = (im / "train_00000.jpg").read_bytes()
+    (im / "train_00000.jpg").write_bytes(jpg[: len(jpg) // 2])  # truncated JPEG
+    (im / "train_00002.jpg").write_bytes(b"")  # zero-byte file
+    (im / "train_00001.png").rename(im / "train_00001.jpg")  # PNG named .jpg (decodable: kept)
+    expected = {}
+    for k, row in ((4, "99 0.5 0.5 0.1 0.1"), (5, "0 1.7 0.5 0.1 0.1"), (6, "0 0.5 0.5 0.1"), (7, "cat 0.5 0.5 0.1 0.1")):
+        p = lb / f"train_{k:05d}.txt"
+        expected[p.name] = parse_labels(p.read_text(), 3).labels
+        p.write_text(p.read_text() + row + "\n")
+    return y, expected
+
+
+def test_planted_faults_are_each_named_once_and_counted(faulty):
+    y, expected = faulty
+    idx = build_index(y, "train", cache=False, progress=False)
+    rep = idx.report
+    assert rep.images == 12 and rep.corrupt == 2 and len(idx) == 10
+    assert rep.rows_dropped == 4 and rep.labels_without_image == 0
+    kinds = {(Path(p.path).name, p.kind) for p in rep.problems}
+    assert len(rep.problems) == len(kinds) == 7  # each fault once
+    assert kinds == {
+        ("train_00000.jpg", "corrupt_image"),
+        ("train_00002.jpg", "corrupt_image"),
+        ("train_00001.jpg", "format_mismatch"),
+        ("train_00004.txt", "bad_class"),
+        ("train_00005.txt", "out_of_range"),
+        ("train_00006.txt", "bad_columns"),
+        ("train_00007.txt", "non_numeric"),
+    }
+    assert "truncated" in next(p.message for p in rep.problems if p.path.endswith("train_00000.jpg"))
+    names = [Path(f).name for f in idx.im_files]
+    assert "train_00000.jpg" not in names and "train_00002.jpg" not in names and "train_00001.jpg" in names
+    for label_file, labels in zip(idx.label_files, idx.labels):
+        if Path(label_file).name in expected:  # good rows of a file with a bad row are intact
+            np.testing.assert_array_equal(labels, expected[Path(label_file).name])
+    assert rep.empty == 1 and rep.found == 9  # train_00009 is the background of the synthetic set
+    assert len(rep.format().splitlines()) == 7 and "2 corrupt" in rep.summary()
+
+
+def test_full_verify_also_decodes(faulty):
+    y, _ = faulty
+    im = y.parent / "images" / "train" / "train_00003.png"
+    data = im.read_bytes()
+    # header and IEND intact, compressed pixel data zeroed: only a decode sees it
+    im.write_bytes(data[:40] + bytes(len(data) - 52) + data[-12:])
+    header = build_index(y, "train", cache=False, progress=False)
+    full = build_index(y, "train", cache=False, progress=False, verify="full")
+    assert full.report.corrupt == header.report.corrupt + 1
+
+
+def test_truncated_png_and_tiny_images_are_corrupt(tmp_path):
+    import cv2
+
+    y = make_synthetic_dataset(tmp_path / "ds", n_train=3, n_val=0, seed=4)
+    im = y.parent / "images" / "train"
+    png = (im / "train_00001.png").read_bytes()
+    (im / "train_00001.png").write_bytes(png[: len(png) * 2 // 3])
+    cv2.imwrite(str(im / "tiny.png"), np.zeros((5, 40, 3), np.uint8))
+    idx = build_index(y, "train", cache=False, progress=False)
+    bad = {Path(p.path).name: p.message for p in idx.report.problems if p.kind == "corrupt_image"}
+    assert set(bad) == {"train_00001.png", "tiny.png"} and "truncated PNG" in bad["train_00001.png"]
+    assert len(idx) == 2
+
+
+def test_shapes_and_labels_match_the_files(synth_yaml):
+    from fastload.data.images import read_image_file
+
+    idx = build_index(synth_yaml, "train", cache=False, progress=False)
+    assert len(idx) == 24 and idx.shapes.dtype == np.int32 and idx.shapes.shape == (24, 2)
+    for f, lf, lab, hw in zip(idx.im_files, idx.label_files, idx.labels, idx.shapes):
+        assert tuple(hw) == read_image_file(f).shape[:2]
+        assert lab.dtype == np.float32 and lab.shape[1] == 5
+        np.testing.assert_array_equal(lab, parse_labels(Path(lf).read_text(), 3).labels)
+
+
+def test_cache_hit_then_invalidation_on_label_change(tmp_path):
+    y = make_synthetic_dataset(tmp_path / "ds", n_train=6, n_val=0, seed=1)
+    first = build_index(y, "train", progress=False)
+    assert not first.report.cache_hit
+    cache = Path(first.report.cache_path)
+    assert cache == y.parent / "labels" / "train.fastload.cache" and cache.is_file()
+    with np.load(cache, allow_pickle=False) as z:  # no pickle inside
+        assert "key" in z.files
+    second = build_index(y, "train", progress=False)
+    assert second.report.cache_hit and second.im_files == first.im_files
+    for a, b in zip(first.labels, second.labels):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(first.shapes, second.shapes)
+
+    lf = y.parent / "labels" / "train" / "train_00000.txt"
+    lf.write_text("2 0.5 0.5 0.25 0.25\n")
+    third = build_index(y, "train", progress=False)
+    assert not third.report.cache_hit
+    np.testing.assert_allclose(third.labels[0], [[2, 0.5, 0.5, 0.25, 0.25]])
+    # a problem found on the first scan survives the cache round trip
+    lf.write_text("7 0.5 0.5 0.25 0.25\n")
+    build_index(y, "train", progress=False)
+    again = build_index(y, "train", progress=False)
+    assert again.report.cache_hit and [p.kind for p in again.report.problems] == ["bad_class"]
+
+
+def test_read_only_dataset_caches_in_the_user_dir(tmp_path):
+    y = make_synthetic_dataset(tmp_path / "ds", n_train=4, n_val=0, seed=2)
+    labels = y.parent / "labels"
+    mode = labels.stat().st_mode
+    labels.chmod(mode & ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH))
+    try:
+        first = build_index(y, "train", progress=False)
+        assert Path(first.report.cache_path).parent == tmp_path / "user-cache"
+        assert not list(labels.glob("*.fastload.cache"))
+        assert build_index(y, "train", progress=False).report.cache_hit
+    finally:
+        labels.chmod(mode)
+
+
+def test_list_sources_duplicates_and_missing_files(tmp_path):
+    y = make_synthetic_dataset(tmp_path / "ds", n_train=4, n_val=0, seed=2)
+    ds = y.parent
+    (ds / "train.txt").write_text(
+        "./images/train/train_00000.jpg\n./images/train/train_00000.jpg\nimages/train/train_00001.png\n./images/train/gone.jpg\n"
+    )
+    (ds / "l.yaml").write_text("train: train.txt\nval: images/train\nnc: 3\n")
+    idx = build_index(ds / "l.yaml", "train", progress=False)
+    kinds = sorted(p.kind for p in idx.report.problems)
+    assert kinds == ["duplicate_image", "missing_file"]
+    assert len(idx) == 2 and idx.report.duplicate == 1 and idx.report.corrupt == 1
+    assert idx.report.cache_path and idx.report.cache_path != str(ds / "labels" / "train.fastload.cache")
+
+
+def test_coco128(coco128_yaml):
+    idx = build_index(coco128_yaml, "train", progress=False)
+    rep = idx.report
+    assert len(idx) == 128 and rep.corrupt == 0 and rep.images == 128
+    assert rep.missing == 2 and rep.found == 126 and rep.labels_without_image == 2
+    backgrounds = sorted(Path(f).stem for f, lab in zip(idx.im_files, idx.labels) if len(lab) == 0)
+    assert backgrounds == ["000000000250", "000000000508"]
+    orphans = sorted(Path(p.path).stem for p in rep.problems if p.kind == "label_without_image")
+    assert orphans == ["000000000656", "000000000659"]
+    for lf, lab in zip(idx.label_files, idx.labels):
+        if os.path.exists(lf):
+            raw = np.loadtxt(lf, ndmin=2, dtype=np.float32)
+            np.testing.assert_array_equal(lab, np.unique(raw, axis=0)[np.argsort(np.unique(raw, axis=0, return_index=True)[1])])
+    assert idx.shapes.shape == (128, 2) and (idx.shapes > 0).all()
+    again = build_index(coco128_yaml, "train", progress=False)
+    assert again.report.cache_hit
+
