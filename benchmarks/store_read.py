@@ -1,0 +1,149 @@
+"""Read throughput of every store kind side by side, beside this machine's memcpy ceiling.
+
+    python benchmarks/store_read.py [--data data.yaml] [--seconds 2] [--imgsz 640] [--json out.json]
+
+Default data: coco128 (``$FASTLOAD_COCO128`` or ../shared/datasets/coco128) if present, else a
+synthetic set. The dataset is converted to lmdb and disk stores in a temporary folder and a ram store
+is built from the disk store in shared memory (removed at exit). For each store, one process, one
+thread, warm page cache, random order:
+
+* ``read``: ``store.read_image(i)`` with the sample copied into a reusable buffer (a decoded store
+  returns a zero-copy view; copying it is what a collate step does) - samples/s and MB/s;
+* ``loaded``: ``store.load(i, imgsz)``, the RGB image at ``imgsz`` an augmentation engine starts from
+  (decode + resize for files/lmdb, nothing more for disk/ram), also copied once - samples/s.
+
+Ratios: ``x files`` compares loaded samples/s with the plain files store; ``% memcpy`` compares read
+MB/s with one core's ``numpy.copyto`` rate.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def default_data(tmp: Path) -> Path:
+    coco = Path(os.environ.get("FASTLOAD_COCO128", REPO.parent / "shared" / "datasets" / "coco128")) / "coco128.yaml"
+    if coco.is_file():
+        return coco
+    from fastload.data.synthetic import make_synthetic_dataset
+
+    return make_synthetic_dataset(tmp / "synth", n_train=128, n_val=8, nc=3, seed=0)
+
+
+def measure(store: Any, seconds: float, imgsz: int, mode: str, seed: int = 0) -> dict[str, float]:
+    """Samples/s and MB/s of ``read`` or ``loaded`` access over ``seconds`` in random order."""
+    n = len(store)
+    order = np.random.default_rng(seed).permutation(n)
+    buf = np.empty(imgsz * imgsz * 3 * 4 + (16 << 20), np.uint8)  # big enough for any sample here
+    count = nbytes = 0
+    t0 = time.perf_counter()
+    while True:
+        for i in order:
+            sample = store.read_image(int(i)) if mode == "read" else store.load(int(i), imgsz)
+            raw = np.frombuffer(sample, np.uint8) if isinstance(sample, bytes) else sample.reshape(-1)
+            if raw.size > buf.size:
+                buf = np.empty(raw.size * 2, np.uint8)
+            np.copyto(buf[: raw.size], raw)  # touch every byte, as a collate into a batch would
+            nbytes += raw.size
+            count += 1
+            if count % 16 == 0 and time.perf_counter() - t0 >= seconds:
+                dt = time.perf_counter() - t0
+                return {"samples_s": count / dt, "mb_s": nbytes / dt / 1e6, "samples": count}
+
+
+def run(data: Path | None, seconds: float, imgsz: int, split: str) -> dict[str, Any]:
+    from fastload.bench.ceilings import memcpy_rate
+    from fastload.store import open_store
+    from fastload.store.convert import convert
+
+    with tempfile.TemporaryDirectory(prefix="store_read_") as tmp_s:
+        tmp = Path(tmp_s)
+        data = data or default_data(tmp)
+        res = convert(data, "lmdb,disk", out=tmp / "stores", imgsz=imgsz, splits=split, progress=False, log=lambda s: None)
+        stores = {
+            "files": open_store(data, split, kind="files"),
+            "lmdb": open_store(res.yaml_path, split, kind="lmdb"),
+            "disk": open_store(res.yaml_path, split, kind="disk", imgsz=imgsz),
+            "ram": open_store(res.yaml_path, split, kind="ram", imgsz=imgsz),  # from the disk store, not pinned
+        }
+        try:
+            for s in stores.values():  # warm the page cache: every kind starts from the same state
+                for i in range(len(s)):
+                    s.read_image(i)
+            memcpy = memcpy_rate(seconds=0.5, nbytes=256 << 20)
+            rows = {}
+            for kind, s in stores.items():
+                read = measure(s, seconds, imgsz, "read")
+                loaded = measure(s, seconds, imgsz, "loaded")
+                rows[kind] = {
+                    "decoded": s.decoded,
+                    "read_samples_s": read["samples_s"],
+                    "read_mb_s": read["mb_s"],
+                    "loaded_samples_s": loaded["samples_s"],
+                    "store_bytes": sum(s.nbytes(i) for i in range(len(s))),
+                }
+        finally:
+            for s in stores.values():
+                s.close()
+    base = rows["files"]["loaded_samples_s"]
+    for r in rows.values():
+        r["loaded_x_files"] = r["loaded_samples_s"] / base
+        r["read_pct_memcpy"] = 100 * r["read_mb_s"] / memcpy
+    return {
+        "data": str(data),
+        "split": split,
+        "samples": len(stores["files"]),
+        "imgsz": imgsz,
+        "seconds": seconds,
+        "memcpy_gb_s": memcpy / 1e3,
+        "cpus": os.cpu_count(),
+        "stores": rows,
+    }
+
+
+def format_table(r: dict[str, Any]) -> str:
+    lines = [
+        f"store read throughput: {r['samples']} samples of {r['data']} ({r['split']}), imgsz {r['imgsz']}, "
+        f"1 process, warm page cache, {r['seconds']:.0f} s each",
+        f"memcpy ceiling (numpy copy, 256 MB, one core): {r['memcpy_gb_s']:.2f} GB/s",
+        "",
+        f"| store | read samples/s | read MB/s | % memcpy | loaded samples/s | x files | stored MB |",
+        f"|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for kind, s in r["stores"].items():
+        lines.append(
+            f"| {kind} | {s['read_samples_s']:.0f} | {s['read_mb_s']:.0f} | {s['read_pct_memcpy']:.1f} | "
+            f"{s['loaded_samples_s']:.0f} | {s['loaded_x_files']:.1f} | {s['store_bytes'] / 1e6:.1f} |"
+        )
+    lines.append("")
+    lines.append("read = sample bytes copied into a buffer; loaded = RGB image at imgsz (decode + resize for files/lmdb)")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--data", type=Path, default=None, help="data.yaml (default: coco128 if present, else synthetic)")
+    p.add_argument("--split", default="train")
+    p.add_argument("--seconds", type=float, default=2.0, help="seconds per store and mode (default 2)")
+    p.add_argument("--imgsz", type=int, default=640)
+    p.add_argument("--json", type=Path, default=None, help="also write the results to this JSON file")
+    args = p.parse_args(argv)
+    result = run(args.data, args.seconds, args.imgsz, args.split)
+    print(format_table(result))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,40 @@
+"""``fastload convert data.yaml --to lmdb|disk|ram[,..]``: build stores and a data.yaml that points at them."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def register(sub: argparse._SubParsersAction, help_text: str) -> None:
+    p = sub.add_parser("convert", help=help_text, description=help_text + ". Writes <out>/data.yaml (original "
+                       "keys plus `fastload: {split: {kind: path}}`); interrupted runs never leave a store that opens.")
+    p.add_argument("data", help="data.yaml of the dataset")
+    p.add_argument("--to", default="lmdb", help="store kinds, comma separated: lmdb, disk, ram (default lmdb)")
+    p.add_argument("--out", default=None, help="output folder (default <dataset root>/fastload)")
+    p.add_argument("--imgsz", type=int, default=640, help="long side of decoded disk/ram images (default 640)")
+    p.add_argument("--split", default=None, help="splits to convert, comma separated (default: all in the yaml)")
+    p.add_argument("--workers", type=int, default=None, help="decode/encode processes (default: CPUs, at most 8)")
+    p.add_argument("--resume", action="store_true", help="continue an interrupted LMDB conversion")
+    p.add_argument("--max-side", type=int, default=None, help="lmdb: re-encode images whose long side exceeds N")
+    p.add_argument("--quality", type=int, default=90, help="JPEG quality for --max-side re-encoding (default 90)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from fastload.data.config import DataConfigError
+    from fastload.store.base import StoreError
+    from fastload.store.convert import convert
+
+    if args.quality and not 1 <= args.quality <= 100:
+        print("fastload convert: --quality must be in 1..100", file=sys.stderr)
+        return 2
+    try:
+        convert(
+            args.data, args.to, out=args.out, imgsz=args.imgsz, splits=args.split, workers=args.workers,
+            resume=args.resume, max_side=args.max_side, quality=args.quality, progress=not args.no_progress,
+        )
+    except (StoreError, DataConfigError, OSError) as e:
+        print(f"fastload convert: {e}", file=sys.stderr)
+        return 1
+    return 0

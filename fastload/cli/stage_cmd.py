@@ -1,0 +1,29 @@
+"""``fastload stage data.yaml|STORE --to /dev/shm/NAME``: copy onto a RAM disk, verify, write a data.yaml."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def register(sub: argparse._SubParsersAction, help_text: str) -> None:
+    p = sub.add_parser("stage", help=help_text, description=help_text + ". Checks free space first, copies into a "
+                       "temporary sibling, verifies sizes and crc32, then renames. Remove with `fastload unstage`.")
+    p.add_argument("source", help="a data.yaml (images + labels of its splits) or a store folder")
+    p.add_argument("--to", required=True, help="target folder, e.g. /dev/shm/coco")
+    p.add_argument("--split", default=None, help="splits to stage, comma separated (default: all)")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from fastload.data.config import DataConfigError
+    from fastload.store.base import StoreError
+    from fastload.store.stage import stage
+
+    splits = [s for s in args.split.split(",") if s] if args.split else None
+    try:
+        stage(args.source, args.to, splits=splits, progress=not args.no_progress)
+    except (StoreError, DataConfigError, OSError) as e:
+        print(f"fastload stage: {e}", file=sys.stderr)
+        return 1
+    return 0

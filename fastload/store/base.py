@@ -1,0 +1,148 @@
+"""The one read interface every store backend implements.
+
+A store holds one split of a dataset: ``len(store)`` samples, each an image (encoded file bytes, or
+the already *loaded* RGB array for decoded stores) plus its labels and original shape. Engines only
+ever talk to this interface, so that files, LMDB, packed disk, shared memory and GPU stores are
+interchangeable.
+
+Stores are safe to hand to worker processes: handles (LMDB environments, memory maps) are opened
+lazily and re-opened when ``os.getpid()`` changes, and pickling drops them.
+"""
+from __future__ import annotations
+
+import abc
+import os
+from typing import Any, Union
+
+import numpy as np
+
+Sample = Union[bytes, np.ndarray]
+
+# Bumped whenever an on-disk layout changes incompatibly; open refuses other versions.
+SCHEMA_VERSION = 1
+
+
+class StoreError(RuntimeError):
+    """A store cannot be opened or read (missing, wrong kind, damaged); the message names the path."""
+
+
+class IncompleteStoreError(StoreError):
+    """The store was never finished (interrupted conversion): no commit marker."""
+
+
+class Store(abc.ABC):
+    """One split of a dataset, readable by index.
+
+    Attributes every backend sets:
+      kind: ``files | lmdb | disk | ram | gpu``.
+      decoded: True when :meth:`read_image` returns the loaded RGB HWC uint8 array at ``imgsz``;
+        False when it returns the encoded file bytes.
+      imgsz: the long side of decoded images, ``None`` for encoded stores.
+      labels: ``float32 [n, 5]`` (cls, xc, yc, w, h) per sample, normalised to the original image.
+      shapes: ``int32 [N, 2]`` original ``(h0, w0)`` after EXIF orientation.
+      im_files: the source image path per sample (for ``paths`` in batches and error messages).
+      names: class names.
+      meta: JSON-able metadata (schema version, counts, creation options...).
+      path: where the store lives (``None`` for in-memory stores).
+    """
+
+    kind: str = ""
+    decoded: bool = False
+    imgsz: int | None = None
+    path: str | None = None
+
+    def __init__(self) -> None:
+        self.labels: list[np.ndarray] = []
+        self.shapes: np.ndarray = np.zeros((0, 2), np.int32)
+        self.im_files: list[str] = []
+        self.names: list[str] = []
+        self.meta: dict[str, Any] = {}
+        self._pid = os.getpid()
+
+    # -- the interface -------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self.im_files)
+
+    @abc.abstractmethod
+    def read_image(self, i: int) -> Sample:
+        """Sample ``i``: encoded bytes (``decoded=False``) or the loaded RGB array (``decoded=True``)."""
+
+    def close(self) -> None:
+        """Release handles. Idempotent; the store may be re-opened lazily by a later read."""
+
+    # -- helpers shared by all backends ----------------------------------------------------------
+    def load(self, i: int, imgsz: int | None = None) -> np.ndarray:
+        """The loaded RGB HWC uint8 image ``i`` whose long side is ``imgsz`` (default: the store's).
+
+        The result always has exactly ``fastload.data.images.loaded_shape(h0, w0, imgsz)``, the shape
+        the augmentation sampler planned with, also when the stored bytes were re-encoded smaller.
+        """
+        from fastload.data.images import decode_image, loaded_shape, resize_to
+
+        target = imgsz or self.imgsz
+        sample = self.read_image(i)
+        img = sample if isinstance(sample, np.ndarray) else decode_image(bytes(sample), self.im_files[i])
+        if target is None:
+            return img
+        h0, w0 = (int(v) for v in self.shapes[i])
+        # YOLOv9 picks the interpolation from the original size (area when shrinking).
+        return resize_to(img, loaded_shape(h0, w0, target), enlarge=max(h0, w0) < target)
+
+    def nbytes(self, i: int) -> int:
+        """Bytes of sample ``i`` as stored (for throughput figures)."""
+        sample = self.read_image(i)
+        return sample.nbytes if isinstance(sample, np.ndarray) else len(sample)
+
+    def check_index(self, i: int) -> int:
+        """Normalise ``i`` (negative allowed) and raise IndexError naming the store when out of range."""
+        n = len(self)
+        j = int(i) + n if int(i) < 0 else int(i)
+        if not 0 <= j < n:
+            raise IndexError(f"sample {i} out of range for {self.kind} store of {n} samples ({self.path})")
+        return j
+
+    def _forked(self) -> bool:
+        """True once in a process other than the one that opened the handles (fork/spawn worker)."""
+        return os.getpid() != self._pid
+
+    # -- context manager / pickling ----------------------------------------------------------------
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Handles never cross processes; subclasses list theirs in _handles and re-open lazily.
+        state = self.__dict__.copy()
+        for name in self._handles():
+            state[name] = None
+        return state
+
+    def _handles(self) -> tuple[str, ...]:
+        return ()
+
+    def __repr__(self) -> str:
+        size = f", imgsz={self.imgsz}" if self.imgsz else ""
+        return f"{type(self).__name__}(kind={self.kind!r}, n={len(self)}{size}, path={self.path!r})"
+
+
+def split_labels(flat: np.ndarray, counts: np.ndarray) -> list[np.ndarray]:
+    """Cut concatenated ``float32 [M, 5]`` labels into one array per sample (views, no copy)."""
+    flat = np.asarray(flat, np.float32).reshape(-1, 5)
+    counts = np.asarray(counts, np.int64)
+    if int(counts.sum()) != len(flat):
+        raise StoreError(f"label counts sum to {int(counts.sum())} but {len(flat)} label rows are stored")
+    ends = np.cumsum(counts)
+    return [flat[e - c : e] for c, e in zip(counts.tolist(), ends.tolist())]
+
+
+def join_labels(labels: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Concatenate per-sample labels into ``(float32 [M, 5], int32 [N] counts)``."""
+    counts = np.array([len(lb) for lb in labels], np.int32)
+    flat = (
+        np.concatenate([np.asarray(lb, np.float32).reshape(-1, 5) for lb in labels])
+        if labels
+        else np.zeros((0, 5), np.float32)
+    )
+    return np.ascontiguousarray(flat, np.float32), counts

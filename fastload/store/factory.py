@@ -1,0 +1,225 @@
+"""``open_store``: the one way packages obtain a :class:`~fastload.store.base.Store`.
+
+``data`` may be a ``data.yaml`` path, a dict, a :class:`fastload.data.config.DataConfig` or a store
+directory. With ``kind="auto"`` the fastest store that ``fastload convert`` recorded for the split is
+used, in the order ram > disk > lmdb > files; decoded stores (ram, disk) only when their ``imgsz``
+equals the requested one. A ram store recorded in the yaml but absent from ``/dev/shm`` (after a
+reboot) is rebuilt from the disk store, or from the source images when that is cheap.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from pathlib import Path
+from typing import Any, Callable
+
+from fastload.store.base import IncompleteStoreError, Store, StoreError
+
+LOG = logging.getLogger(__name__)
+
+KINDS = ("files", "lmdb", "disk", "ram", "gpu")
+AUTO_ORDER = ("ram", "disk", "lmdb", "files")
+# Rebuilding a missing ram store straight from the source images decodes every image once; do it
+# silently only for sets up to this size (override with FASTLOAD_RAM_REBUILD_MAX).
+RAM_REBUILD_MAX = 20000
+
+
+def open_store(
+    data: Any,
+    split: str = "train",
+    kind: str = "auto",
+    imgsz: int = 640,
+    **kwargs: Any,
+) -> Store:
+    """Open one split of a dataset as a store.
+
+    Args:
+      data: ``data.yaml`` path, dict, ``DataConfig``, or a store directory (lmdb / disk / ram, or a
+        ``fastload convert`` output folder holding a ``data.yaml``).
+      split: ``train``, ``val`` or ``test``.
+      kind: ``auto`` or one of ``files | lmdb | disk | ram | gpu``. ``ram`` on a yaml without a recorded
+        ram store builds one in shared memory on demand (removed when the last user exits).
+      imgsz: the training image size; decoded stores must match it.
+      kwargs: passed to the GPU store (``kind="gpu"``) or ``build_index`` (``kind="files"``).
+    """
+    if kind != "auto" and kind not in KINDS:
+        raise ValueError(f"unknown store kind {kind!r}; choose auto or one of {', '.join(KINDS)}")
+    if kind == "gpu":
+        from fastload.store import gpu  # written separately; imported only when asked for
+
+        opener = getattr(gpu, "open_gpu_store", None)
+        if opener is not None:
+            return opener(data, split=split, imgsz=imgsz, **kwargs)
+        # otherwise a GpuStore wraps the best host store (``base=`` picks its kind)
+        base = open_store(data, split=split, kind=kwargs.pop("base", "auto"), imgsz=imgsz)
+        return gpu.GpuStore(base, **kwargs)
+
+    if isinstance(data, (str, os.PathLike)) and Path(data).is_dir():
+        root = Path(data)
+        if (root / "data.yaml").is_file() and not _looks_like_store(root):
+            return open_store(root / "data.yaml", split=split, kind=kind, imgsz=imgsz, **kwargs)
+        return open_path(root, kind=kind, imgsz=imgsz)
+
+    from fastload.data.config import DataConfig, load_data_config
+
+    cfg = data if isinstance(data, DataConfig) else load_data_config(data)
+    recorded = {k: Path(p) for k, p in (getattr(cfg, "stores", None) or {}).get(split, {}).items()}
+    if kind == "files":
+        return _files(cfg, split, **kwargs)
+    if kind == "ram":
+        return _open_ram(cfg, split, imgsz, recorded, explicit=True)
+    if kind in ("disk", "lmdb"):
+        if kind not in recorded:
+            raise StoreError(
+                f"no {kind} store recorded for split {split!r} in {cfg.yaml_path or 'the data config'}; "
+                f"create one with `fastload convert {cfg.yaml_path or 'data.yaml'} --to {kind}` and pass the "
+                f"data.yaml it writes"
+            )
+        return open_path(recorded[kind], kind=kind, imgsz=imgsz)
+
+    # auto
+    for k in AUTO_ORDER:
+        if k == "files":
+            return _files(cfg, split, **kwargs)
+        if k not in recorded:
+            continue
+        if k in ("ram", "disk") and store_imgsz(recorded[k]) not in (None, imgsz):
+            LOG.info("%s store %s is for another imgsz than %d; skipped", k, recorded[k], imgsz)
+            continue
+        try:
+            if k == "ram":
+                return _open_ram(cfg, split, imgsz, recorded, explicit=False)
+            return open_path(recorded[k], kind=k, imgsz=imgsz)
+        except StoreError as e:
+            LOG.warning("%s store for split %r not used: %s", k, split, e)
+    raise AssertionError("unreachable")
+
+
+def open_path(path: str | Path, kind: str = "auto", imgsz: int | None = None) -> Store:
+    """Open a store directory, detecting its kind (lmdb environment or packed layout)."""
+    path = Path(path)
+    if path.name.endswith(".partial") or (path.with_name(path.name + ".partial").exists() and not path.exists()):
+        raise IncompleteStoreError(
+            f"{path} is an interrupted conversion, not a finished store; run `fastload convert` again "
+            f"(with --resume an lmdb conversion continues where it stopped)"
+        )
+    if not path.exists():
+        raise StoreError(f"no store at {path}")
+    found = detect_kind(path)
+    if found is None:
+        raise StoreError(f"{path} is not a fastload store (no data.mdb or meta.json)")
+    if kind not in ("auto", found) and not (kind == "disk" and found == "ram"):
+        raise StoreError(f"{path} is a {found} store, not {kind}")
+    if found == "lmdb":
+        from fastload.store.lmdb_store import LmdbStore
+
+        return LmdbStore(path)
+    if found == "ram":
+        from fastload.store.packed import RamStore
+
+        store: Store = RamStore(path)
+    else:
+        from fastload.store.packed import PackedStore
+
+        store = PackedStore(path)
+    if imgsz is not None and store.imgsz != imgsz:
+        store.close()
+        raise StoreError(f"{path} holds images at imgsz {store.imgsz}, not the requested {imgsz}; convert again with --imgsz {imgsz}")
+    return store
+
+
+def detect_kind(path: Path) -> str | None:
+    """``lmdb``, ``disk``, ``ram`` (a packed store under the shm root) or None."""
+    from fastload.store import shm
+
+    path = Path(path)
+    if (path / "data.mdb").is_file():
+        return "lmdb"
+    if (path / "meta.json").is_file() or (path / "pixels.bin").is_file():
+        try:
+            in_shm = path.resolve().parent == shm.shm_root().resolve()
+        except OSError:
+            in_shm = False
+        return "ram" if in_shm and path.name.startswith(shm.PREFIX) else "disk"
+    return None
+
+
+def _looks_like_store(path: Path) -> bool:
+    return detect_kind(path) is not None
+
+
+def store_imgsz(path: Path) -> int | None:
+    """imgsz of a decoded store from its metadata, or from a ram segment's name when it is absent."""
+    path = Path(path)
+    meta = path / "meta.json"
+    if meta.is_file():
+        try:
+            return int(json.loads(meta.read_text()).get("imgsz"))
+        except (ValueError, TypeError):
+            return None
+    m = re.search(r"-(\d+)$", path.name)
+    return int(m.group(1)) if m else None
+
+
+def _files(cfg: Any, split: str, **kwargs: Any) -> Store:
+    from fastload.store.files import FileStore
+
+    if split not in cfg.splits:
+        raise StoreError(f"split {split!r} is not defined in {cfg.yaml_path or 'the data config'}")
+    return FileStore.from_config(cfg, split, **kwargs)
+
+
+def ram_segment_path(cfg: Any, split: str, imgsz: int) -> Path:
+    """The shared-memory folder for a split's ram store, stable for the same sources and imgsz."""
+    import hashlib
+
+    from fastload.store import shm
+
+    sources = [str(Path(p).resolve()) for p in cfg.splits.get(split, [])]
+    digest = hashlib.sha1(json.dumps([sources, imgsz]).encode()).hexdigest()[:10]
+    slug = re.sub(r"[^A-Za-z0-9_.]+", "_", Path(cfg.root).name or "data")[:32]
+    return shm.shm_root() / f"{shm.PREFIX}{slug}-{digest}-{imgsz}"
+
+
+def _open_ram(cfg: Any, split: str, imgsz: int, recorded: dict[str, Path], *, explicit: bool) -> Store:
+    from fastload.store import shm
+    from fastload.store.packed import RamStore
+
+    seg = recorded.get("ram") or ram_segment_path(cfg, split, imgsz)
+    size = store_imgsz(seg)
+    if size is not None and size != imgsz:
+        raise StoreError(f"ram store {seg} is for imgsz {size}, not {imgsz}; run `fastload convert --to ram --imgsz {imgsz}`")
+    build = None
+    if not shm.is_complete(seg):
+        # A ram store asked for on a yaml that records none is built on demand; a recorded one that
+        # vanished (reboot) is rebuilt from the disk store, or from the source only when that is cheap.
+        build = ram_builder(cfg, split, imgsz, recorded, allow_decode=explicit and "ram" not in recorded)
+    try:
+        return RamStore(seg, build=build)
+    except StoreError as e:
+        if build is None and not shm.is_complete(seg):
+            raise StoreError(
+                f"ram store {seg} for split {split!r} is not in shared memory (rebooted?) and rebuilding it "
+                f"from the source images is not cheap; run `fastload convert {cfg.yaml_path or 'data.yaml'} "
+                f"--to ram` (or --to disk, from which it is rebuilt quickly)"
+            ) from e
+        raise
+
+
+def ram_builder(
+    cfg: Any, split: str, imgsz: int, recorded: dict[str, Path], *, allow_decode: bool
+) -> Callable[[Path], None] | None:
+    """How to (re)build a missing ram store: copy the disk store, else decode the source if cheap."""
+    from fastload.store import convert
+
+    disk = recorded.get("disk")
+    if disk is not None and (disk / "meta.json").is_file() and store_imgsz(disk) == imgsz:
+        return lambda seg: convert.copy_packed(disk, seg)
+    limit = int(os.environ.get("FASTLOAD_RAM_REBUILD_MAX", RAM_REBUILD_MAX))
+    if split not in cfg.splits:
+        return None
+    if allow_decode or convert.count_images(cfg, split) <= limit:
+        return lambda seg: convert.build_packed_from_source(cfg, split, seg, imgsz=imgsz, kind="ram")
+    return None

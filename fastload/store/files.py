@@ -1,0 +1,60 @@
+"""The baseline store: the original image files on disk, read as encoded bytes."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from fastload.store.base import Store, StoreError
+
+
+class FileStore(Store):
+    """Reads each sample's original file (JPEG/PNG/...) as bytes; labels come from the scan index."""
+
+    kind = "files"
+    decoded = False
+
+    def __init__(
+        self,
+        im_files: Sequence[str],
+        labels: Sequence[np.ndarray],
+        shapes: np.ndarray,
+        names: Sequence[str],
+        meta: dict[str, Any] | None = None,
+        path: str | None = None,
+    ) -> None:
+        super().__init__()
+        if not (len(im_files) == len(labels) == len(shapes)):
+            raise StoreError(
+                f"files store: {len(im_files)} files, {len(labels)} label arrays, {len(shapes)} shapes differ"
+            )
+        self.im_files = [str(f) for f in im_files]
+        self.labels = [np.asarray(lb, np.float32).reshape(-1, 5) for lb in labels]
+        self.shapes = np.asarray(shapes, np.int32).reshape(-1, 2)
+        self.names = list(names)
+        self.meta = dict(meta or {})
+        self.path = path
+
+    @classmethod
+    def from_index(cls, index: Any, path: str | None = None) -> "FileStore":
+        """Wrap a :class:`fastload.data.index.DatasetIndex` (only its valid images)."""
+        meta = {"kind": cls.kind, "n": len(index.im_files), "names": list(index.names)}
+        return cls(index.im_files, index.labels, index.shapes, index.names, meta=meta, path=path)
+
+    @classmethod
+    def from_config(cls, cfg: Any, split: str = "train", **index_kw: Any) -> "FileStore":
+        """Scan ``split`` of a :class:`DataConfig` (labels cache honoured) and wrap the result."""
+        from fastload.data.index import build_index
+
+        index_kw.setdefault("progress", False)
+        index = build_index(cfg, split, **index_kw)
+        source = cfg.splits.get(split)
+        return cls.from_index(index, path=str(source[0]) if source else None)
+
+    def read_image(self, i: int) -> bytes:
+        path = self.im_files[self.check_index(i)]
+        try:
+            return Path(path).read_bytes()
+        except OSError as e:
+            raise StoreError(f"cannot read image {path}: {e}") from e

@@ -1,0 +1,163 @@
+"""``fastload info``: counts, per-class histogram, image-size distribution and bytes.
+
+Works on a ``data.yaml`` (scans each split; label files without images are counted and ignored) or
+on a store directory (reads the store's own index). Everything is returned as a JSON-able dict and
+rendered as text by :func:`format_info`.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+# Long-side buckets of the image-size histogram.
+SIZE_BUCKETS = (320, 640, 1024, 2048)
+
+
+def split_stats(labels: Sequence[np.ndarray], shapes: np.ndarray, names: Sequence[str]) -> dict[str, Any]:
+    """Counts, class histogram and size distribution of one split."""
+    shapes = np.asarray(shapes, np.int64).reshape(-1, 2)
+    counts = np.array([len(lb) for lb in labels], np.int64)
+    classes = (
+        np.concatenate([np.asarray(lb)[:, 0] for lb in labels if len(lb)]).astype(np.int64)
+        if counts.sum()
+        else np.zeros(0, np.int64)
+    )
+    hist = np.bincount(classes, minlength=len(names)) if len(classes) else np.zeros(len(names), np.int64)
+    per_class = {
+        (names[c] if c < len(names) else f"class{c}"): int(hist[c]) for c in range(len(hist)) if hist[c] or c < len(names)
+    }
+    long_side = shapes.max(axis=1) if len(shapes) else np.zeros(0, np.int64)
+    edges = [0, *SIZE_BUCKETS]
+    buckets = {f"<={hi}": int(((long_side > lo) & (long_side <= hi)).sum()) for lo, hi in zip(edges[:-1], edges[1:])}
+    buckets[f">{SIZE_BUCKETS[-1]}"] = int((long_side > SIZE_BUCKETS[-1]).sum())
+
+    def dist(v: np.ndarray) -> dict[str, int]:
+        if not len(v):
+            return {}
+        return {"min": int(v.min()), "median": int(np.median(v)), "max": int(v.max())}
+
+    return {
+        "images": int(len(counts)),
+        "backgrounds": int((counts == 0).sum()),
+        "instances": int(counts.sum()),
+        "per_class": per_class,
+        "height": dist(shapes[:, 0]) if len(shapes) else {},
+        "width": dist(shapes[:, 1]) if len(shapes) else {},
+        "long_side": buckets,
+    }
+
+
+def _tree_bytes(path: Path) -> int:
+    if path.is_file():
+        return path.stat().st_size
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def dataset_info(target: str | Path, splits: Sequence[str] | None = None) -> dict[str, Any]:
+    """Info about a data.yaml (every split, or ``splits``) or a store directory."""
+    from fastload.store.factory import detect_kind
+
+    target = Path(target)
+    if target.is_dir() and detect_kind(target) is not None:
+        return store_info(target)
+    if target.is_dir() and (target / "data.yaml").is_file():
+        target = target / "data.yaml"
+    from fastload.data.config import load_data_config
+    from fastload.data.index import build_index
+
+    cfg = load_data_config(target)
+    out: dict[str, Any] = {"source": str(target), "type": "dataset", "names": cfg.names, "splits": {}}
+    for split in splits or list(cfg.splits):
+        index = build_index(cfg, split, progress=False)
+        rep = index.report
+        stats = split_stats(index.labels, index.shapes, cfg.names)
+        stats.update(
+            without_label_file=int(rep.missing),
+            empty_label_file=int(rep.empty),
+            corrupt=int(rep.corrupt),
+            labels_without_image=int(rep.labels_without_image),
+            problems=rep.by_kind(),
+            bytes=int(sum(os.path.getsize(f) for f in index.im_files if os.path.exists(f))),
+            stores={k: str(p) for k, p in cfg.stores.get(split, {}).items()},
+        )
+        out["splits"][split] = stats
+    return out
+
+
+def store_info(path: str | Path) -> dict[str, Any]:
+    """Info about one store directory, read from the store's index (no source files needed)."""
+    from fastload.store.factory import open_path
+
+    path = Path(path)
+    with open_path(path) as store:
+        stats = split_stats(store.labels, store.shapes, store.names)
+        stats["bytes"] = _tree_bytes(path)
+        return {
+            "source": str(path),
+            "type": "store",
+            "kind": store.kind,
+            "imgsz": store.imgsz,
+            "names": store.names,
+            "meta": {k: v for k, v in store.meta.items() if k != "names"},
+            "splits": {"store": stats},
+        }
+
+
+def shm_info() -> list[dict[str, Any]]:
+    """Every fastload segment under the shm root (see :mod:`fastload.store.shm`)."""
+    from fastload.store import shm
+
+    return [s.as_dict() for s in shm.list_segments()]
+
+
+def format_shm(segments: list[dict[str, Any]]) -> str:
+    from fastload.store.convert import fmt_bytes
+    from fastload.store.shm import shm_root
+
+    if not segments:
+        return f"no fastload segments in {shm_root()}"
+    lines = [f"{'segment':<52} {'size':>10}  state"]
+    for s in segments:
+        state = "complete" if s["complete"] else "UNFINISHED"
+        state += ", pinned" if s["pinned"] else ""
+        state += f", live holders {s['live']}" if s["live"] else ""
+        state += f", dead holders {s['dead']}" if s["dead"] else ""
+        state += "  <- stale (fastload unstage --stale removes it)" if s["stale"] else ""
+        lines.append(f"{s['path']:<52} {fmt_bytes(s['nbytes']):>10}  {state}")
+    return "\n".join(lines)
+
+
+def format_info(info: dict[str, Any], top: int = 20) -> str:
+    """Human-readable rendering of :func:`dataset_info`'s dict."""
+    from fastload.store.convert import fmt_bytes
+
+    head = f"{info['source']}"
+    if info["type"] == "store":
+        head += f"  ({info['kind']} store" + (f", imgsz {info['imgsz']}" if info.get("imgsz") else "") + ")"
+    lines = [head, f"classes: {len(info['names'])}"]
+    for split, s in info["splits"].items():
+        lines.append(f"[{split}] {s['images']} images, {s['backgrounds']} backgrounds, {s['instances']} instances, {fmt_bytes(s['bytes'])}")
+        extra = [f"{k.replace('_', ' ')} {s[k]}" for k in ("without_label_file", "empty_label_file", "corrupt", "labels_without_image") if k in s]
+        if extra:
+            lines.append("  " + ", ".join(extra))
+        if s.get("problems"):
+            lines.append("  problems: " + ", ".join(f"{k} {v}" for k, v in sorted(s["problems"].items())))
+        if s["height"]:
+            lines.append(
+                "  size (h x w): min {}x{}, median {}x{}, max {}x{}".format(
+                    s["height"]["min"], s["width"]["min"], s["height"]["median"], s["width"]["median"],
+                    s["height"]["max"], s["width"]["max"],
+                )
+            )
+            lines.append("  long side: " + ", ".join(f"{k}: {v}" for k, v in s["long_side"].items()))
+        ranked = sorted(((v, k) for k, v in s["per_class"].items() if v), reverse=True)
+        if ranked:
+            shown = ", ".join(f"{k} {v}" for v, k in ranked[:top])
+            more = f" (+{len(ranked) - top} more classes)" if len(ranked) > top else ""
+            lines.append(f"  instances per class: {shown}{more}")
+        for kind, p in (s.get("stores") or {}).items():
+            lines.append(f"  store {kind}: {p}")
+    return "\n".join(lines)

@@ -1,0 +1,291 @@
+"""LMDB store: the encoded image bytes as they are, one environment per split.
+
+Keys (all values are raw bytes, msgpack or JSON; never pickle)::
+
+    i:<src>     image bytes (the original file, or a smaller JPEG with --max-side)
+    r:<src>     msgpack {"l": float32 label bytes, "s": [h0, w0], "f": source path, "c": crc32}
+    x:<src>     msgpack {"f": path, "e": reason}  a source image that could not be stored
+    __job__     JSON fingerprint of the conversion (sources + options), checked by --resume
+    __index__   msgpack {"keys", "labels", "counts", "shapes", "checksums": array bytes, "files"}
+    __meta__    JSON metadata: the commit marker, written last with __index__
+
+``<src>`` is the image's position in the source scan (8 digits), so a resumed conversion knows
+which records are done. ``crc32`` covers the image bytes followed by the label bytes.
+
+Readers open the environment read-only without the lock file (``lock=False``), lazily in each
+process (re-opened after fork), so any number of DataLoader workers and DDP ranks can read at once.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import zlib
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import lmdb
+import msgpack
+import numpy as np
+
+from fastload.store.base import SCHEMA_VERSION, IncompleteStoreError, Store, StoreError, join_labels, split_labels
+from fastload.store.packed import replace_dir
+
+META_KEY = b"__meta__"
+INDEX_KEY = b"__index__"
+JOB_KEY = b"__job__"
+
+
+def image_key(src: int) -> bytes:
+    return b"i:%08d" % src
+
+
+def record_key(src: int) -> bytes:
+    return b"r:%08d" % src
+
+
+def skip_key(src: int) -> bytes:
+    return b"x:%08d" % src
+
+
+def record_checksum(image: bytes | memoryview, labels: np.ndarray) -> int:
+    """crc32 of the image bytes followed by the float32 label bytes."""
+    return zlib.crc32(np.ascontiguousarray(labels, np.float32).tobytes(), zlib.crc32(image))
+
+
+def open_env(path: Path, *, write: bool = False, map_size: int = 1 << 30) -> lmdb.Environment:
+    if write:
+        return lmdb.open(str(path), map_size=map_size, subdir=True, meminit=False, max_dbs=0)
+    return lmdb.open(
+        str(path), readonly=True, lock=False, readahead=False, meminit=False, subdir=True, max_readers=2048
+    )
+
+
+# py-lmdb allows one Environment per path per process, so stores (and metadata reads) in one process
+# share it: {(pid, real path): [env, users]}.
+_ENVS: dict[tuple[int, str], list[Any]] = {}
+
+
+def _acquire_env(path: Path) -> lmdb.Environment:
+    key = (os.getpid(), os.path.realpath(path))
+    entry = _ENVS.get(key)
+    if entry is None:
+        # A handle inherited through fork still counts as open in this process: close our copy of it
+        # (lock-free and read-only, this only unmaps it here) before opening a fresh one.
+        for other in [k for k in _ENVS if k[1] == key[1] and k[0] != key[0]]:
+            try:
+                _ENVS.pop(other)[0].close()
+            except lmdb.Error:
+                pass
+        entry = _ENVS[key] = [open_env(path), 0]
+    entry[1] += 1
+    return entry[0]
+
+
+def _release_env(path: Path) -> None:
+    key = (os.getpid(), os.path.realpath(path))
+    entry = _ENVS.get(key)
+    if entry is None:
+        return
+    entry[1] -= 1
+    if entry[1] <= 0:
+        del _ENVS[key]
+        entry[0].close()
+
+
+def read_lmdb_meta(path: Path) -> dict[str, Any]:
+    """The committed metadata of an LMDB store, or IncompleteStoreError naming the directory."""
+    path = Path(path)
+    if not (path / "data.mdb").is_file():
+        if path.with_name(path.name + ".partial").exists():
+            raise IncompleteStoreError(
+                f"{path} was never finished (an interrupted conversion left {path.name}.partial); "
+                f"continue it with `fastload convert ... --to lmdb --resume`"
+            )
+        raise StoreError(f"no LMDB store at {path} (no data.mdb)")
+    env = _acquire_env(path)
+    try:
+        with env.begin() as txn:
+            raw = txn.get(META_KEY)
+    finally:
+        _release_env(path)
+    if raw is None:
+        raise IncompleteStoreError(
+            f"{path} is an unfinished LMDB store (no metadata record: the conversion was interrupted); "
+            f"continue it with `fastload convert ... --to lmdb --resume`"
+        )
+    meta = json.loads(bytes(raw))
+    if meta.get("schema") != SCHEMA_VERSION or meta.get("layout") != "lmdb":
+        raise StoreError(f"{path}: LMDB schema {meta.get('schema')!r} is not the supported {SCHEMA_VERSION}")
+    return meta
+
+
+class LmdbStore(Store):
+    """Encoded image bytes from an LMDB environment (``decoded=False``)."""
+
+    kind = "lmdb"
+    decoded = False
+
+    def __init__(self, path: str | Path) -> None:
+        super().__init__()
+        self.path = str(path)
+        self.meta = read_lmdb_meta(Path(path))
+        self.names = list(self.meta.get("names", []))
+        self._env: lmdb.Environment | None = None
+        with self._environment().begin() as txn:
+            raw = txn.get(INDEX_KEY)
+        if raw is None:
+            raise StoreError(f"{path}: metadata present but index record missing (damaged store)")
+        index = msgpack.unpackb(bytes(raw), raw=False)
+        self.keys = np.frombuffer(index["keys"], np.int64).copy()
+        self.shapes = np.frombuffer(index["shapes"], np.int32).reshape(-1, 2).copy()
+        self.checksums = np.frombuffer(index["checksums"], np.uint32).copy()
+        flat = np.frombuffer(index["labels"], np.float32).reshape(-1, 5).copy()
+        self.labels = split_labels(flat, np.frombuffer(index["counts"], np.int32))
+        self.im_files = list(index["files"])
+        if not (len(self.keys) == len(self.shapes) == len(self.labels) == len(self.im_files) == len(self.checksums)):
+            raise StoreError(f"{path}: index arrays disagree on the number of samples")
+
+    def _handles(self) -> tuple[str, ...]:
+        return ("_env",)
+
+    def _environment(self) -> lmdb.Environment:
+        # One environment per process: an LMDB handle must not be used across fork.
+        if self._env is None or self._forked():
+            self._pid = os.getpid()
+            self._env = _acquire_env(Path(self.path))
+        return self._env
+
+    def read_image(self, i: int) -> bytes:
+        i = self.check_index(i)
+        with self._environment().begin() as txn:
+            buf = txn.get(image_key(int(self.keys[i])))
+        if buf is None:
+            raise StoreError(f"{self.path}: image record {i} ({self.im_files[i]}) is missing")
+        return bytes(buf)
+
+    def record_ok(self, i: int) -> bool:
+        """True when record ``i``'s image bytes and labels match the checksum written at conversion."""
+        try:
+            buf = self.read_image(i)
+        except StoreError:
+            return False
+        return record_checksum(buf, self.labels[i]) == int(self.checksums[i])
+
+    def close(self) -> None:
+        env, self._env = self._env, None
+        if env is not None and not self._forked():
+            _release_env(Path(self.path))
+
+
+class LmdbWriter:
+    """Writes an LMDB store into ``<final>.partial``; :meth:`commit` seals it and renames it into place.
+
+    With ``resume=True`` an existing partial environment made from the same sources and options is
+    continued: :attr:`done` holds the source indices already written.
+    """
+
+    def __init__(self, final: str | Path, *, job: dict[str, Any], map_size: int, resume: bool = False) -> None:
+        self.final = Path(final)
+        self.tmp = self.final.with_name(self.final.name + ".partial")
+        self.job = job
+        if self.tmp.exists() and not resume:
+            shutil.rmtree(self.tmp)
+        self.map_size = max(int(map_size), 1 << 24)
+        resuming = self.tmp.exists()
+        self.tmp.mkdir(parents=True, exist_ok=True)
+        self.env = open_env(self.tmp, write=True, map_size=self.map_size)
+        self.done: set[int] = set()
+        if resuming:
+            with self.env.begin() as txn:
+                old = txn.get(JOB_KEY)
+                if old is None or json.loads(bytes(old)) != job:
+                    self.env.close()
+                    raise StoreError(
+                        f"cannot resume {self.tmp}: it was started from other sources or options; "
+                        f"run without --resume to start over"
+                    )
+                for key, _ in txn.cursor():
+                    if key[:2] in (b"r:", b"x:"):
+                        self.done.add(int(key[2:]))
+        else:
+            self._put([(JOB_KEY, json.dumps(job).encode())])
+
+    def _put(self, items: Sequence[tuple[bytes, bytes]]) -> None:
+        """Write items in one transaction, growing the map when it fills up."""
+        while True:
+            try:
+                with self.env.begin(write=True) as txn:
+                    for k, v in items:
+                        txn.put(k, v)
+                return
+            except lmdb.MapFullError:
+                self.map_size *= 2
+                self.env.set_mapsize(self.map_size)
+
+    def add_many(self, records: Iterable[tuple[int, bytes | None, np.ndarray, Sequence[int], str, str | None]]) -> None:
+        """Write ``(src, image_bytes or None, labels, (h0, w0), file, error)`` records in one transaction."""
+        items: list[tuple[bytes, bytes]] = []
+        for src, buf, labels, shape, file, error in records:
+            if buf is None:
+                items.append((skip_key(src), msgpack.packb({"f": file, "e": error or "unreadable"})))
+                continue
+            lb = np.ascontiguousarray(labels, np.float32).reshape(-1, 5)
+            rec = {"l": lb.tobytes(), "s": [int(shape[0]), int(shape[1])], "f": file, "c": record_checksum(buf, lb)}
+            items.append((image_key(src), bytes(buf)))
+            items.append((record_key(src), msgpack.packb(rec)))
+        self._put(items)
+
+    def commit(self, n_sources: int, meta: dict[str, Any]) -> tuple[Path, list[tuple[str, str]]]:
+        """Seal the store: index + metadata in one last transaction, fsync, rename into place.
+
+        Returns the final path and the ``(file, reason)`` of every source image that was skipped.
+        """
+        keys, labels, shapes, files, sums, skipped = [], [], [], [], [], []
+        with self.env.begin() as txn:
+            for src in range(n_sources):
+                raw = txn.get(record_key(src))
+                if raw is None:
+                    bad = txn.get(skip_key(src))
+                    if bad is None:
+                        raise StoreError(f"{self.tmp}: record {src} was never written; cannot commit")
+                    info = msgpack.unpackb(bytes(bad), raw=False)
+                    skipped.append((info["f"], info["e"]))
+                    continue
+                rec = msgpack.unpackb(bytes(raw), raw=False)
+                keys.append(src)
+                labels.append(np.frombuffer(rec["l"], np.float32).reshape(-1, 5))
+                shapes.append(rec["s"])
+                files.append(rec["f"])
+                sums.append(rec["c"])
+        flat, counts = join_labels(labels)
+        index = {
+            "keys": np.array(keys, np.int64).tobytes(),
+            "labels": flat.tobytes(),
+            "counts": counts.tobytes(),
+            "shapes": np.array(shapes, np.int32).reshape(-1, 2).tobytes(),
+            "checksums": np.array(sums, np.uint32).tobytes(),
+            "files": files,
+        }
+        full_meta = {
+            **meta,
+            "schema": SCHEMA_VERSION,
+            "layout": "lmdb",
+            "n": len(keys),
+            "instances": int(counts.sum()),
+            "skipped": len(skipped),
+        }
+        self._put([(INDEX_KEY, msgpack.packb(index)), (META_KEY, json.dumps(full_meta).encode())])
+        self.env.sync(True)
+        self.env.close()
+        # The writer's lock file is useless to lock-free readers; drop it so copies stay small.
+        (self.tmp / "lock.mdb").unlink(missing_ok=True)
+        replace_dir(self.tmp, self.final)
+        return self.final, skipped
+
+    def close(self) -> None:
+        """Leave the partial environment for --resume (interrupted run)."""
+        try:
+            self.env.close()
+        except lmdb.Error:
+            pass

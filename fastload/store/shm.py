@@ -1,0 +1,294 @@
+"""Lifetime of shared-memory stores: one copy per machine, removed when its last user is gone.
+
+A ram store is a packed store directory under ``/dev/shm`` (``FASTLOAD_SHM_DIR`` overrides the root)
+named ``fastload-*``. Beside it lives a *holders* file ``<name>.holders``: JSON with the PIDs that
+currently use the segment and a ``pinned`` flag. Every change to it happens under ``flock`` on that
+same file, so concurrent openers (DataLoader workers, DDP ranks, a second training run) agree:
+
+* the first opener builds the segment (others block on the lock, then find it complete);
+* each opener adds its PID; :func:`release` removes it, and the last one out removes the segment
+  (unless it is pinned by ``fastload convert --to ram``, which keeps it until ``fastload unstage``);
+* PIDs that no longer exist (a rank killed with SIGKILL) are pruned by the next opener or by
+  :func:`cleanup_stale` (``fastload unstage --stale``); an unfinished build left by a killed creator
+  has no commit marker and is removed by the next opener before it rebuilds.
+
+``fastload info --shm`` lists every segment with its live/dead holders.
+"""
+from __future__ import annotations
+
+import atexit
+import contextlib
+import dataclasses
+import fcntl
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+PREFIX = "fastload-"
+HOLDERS_SUFFIX = ".holders"
+COMMIT_FILE = "meta.json"  # the packed layout's commit marker (see packed.py)
+
+
+def shm_root() -> Path:
+    """Root folder of shared-memory stores (``/dev/shm`` unless ``FASTLOAD_SHM_DIR`` is set)."""
+    return Path(os.environ.get("FASTLOAD_SHM_DIR", "/dev/shm"))
+
+
+def pid_alive(pid: int) -> bool:
+    """True when ``pid`` names a running (non-zombie) process on this machine."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, owned by someone else
+    try:  # a zombie (killed, not yet reaped) no longer uses the segment
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[-1].split()[0] != b"Z"
+    except OSError:
+        return True
+
+
+def holders_path(segment: Path) -> Path:
+    return segment.with_name(segment.name + HOLDERS_SUFFIX)
+
+
+def is_complete(segment: Path) -> bool:
+    return (segment / COMMIT_FILE).is_file()
+
+
+@dataclasses.dataclass
+class Registry:
+    """The holders file's content while its lock is held."""
+
+    pids: list[int]
+    pinned: bool = False
+    info: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def prune(self) -> list[int]:
+        dead = [p for p in self.pids if not pid_alive(p)]
+        self.pids = [p for p in self.pids if p not in dead]
+        return dead
+
+
+@contextlib.contextmanager
+def locked(segment: Path) -> Iterator[Registry]:
+    """Hold the segment's flock and yield its registry; changes are written back on exit."""
+    hp = holders_path(segment)
+    hp.parent.mkdir(parents=True, exist_ok=True)
+    while True:
+        fd = os.open(hp, os.O_RDWR | os.O_CREAT, 0o666)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:  # the file may have been unlinked by the last releaser while we waited: retry on the new one
+            same = os.fstat(fd).st_ino == os.stat(hp).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)
+    try:
+        raw = os.pread(fd, 1 << 20, 0)
+        try:
+            data = json.loads(raw.decode()) if raw.strip() else {}
+        except (ValueError, UnicodeDecodeError):
+            data = {}  # a torn write from a killed process: treat as no holders
+        reg = Registry([int(p) for p in data.get("pids", [])], bool(data.get("pinned", False)), data.get("info", {}))
+        try:
+            yield reg
+        except BaseException:
+            # A failed build (no memory, no source) must not leave an empty registry or half a segment.
+            if not reg.pids and not is_complete(segment):
+                _remove_tree(segment)
+                os.unlink(hp)
+            raise
+        if reg.info.get("_removed"):
+            os.unlink(hp)  # still holding the lock: waiters notice the inode change and retry
+        else:
+            body = json.dumps({"pids": reg.pids, "pinned": reg.pinned, "info": reg.info}).encode()
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, body, 0)
+    finally:
+        os.close(fd)
+
+
+def _remove_tree(segment: Path) -> None:
+    shutil.rmtree(segment, ignore_errors=True)
+    for p in segment.parent.glob(segment.name + ".partial*"):
+        shutil.rmtree(p, ignore_errors=True)
+
+
+# Segments this process holds, released at interpreter exit (a SIGKILL skips this: see cleanup_stale).
+_HELD: dict[str, int] = {}
+
+
+def acquire(
+    segment: Path,
+    build: Callable[[Path], None] | None = None,
+    *,
+    pinned: bool = False,
+    info: dict[str, Any] | None = None,
+) -> None:
+    """Register this process as a user of ``segment``, building it first with ``build(segment)`` if absent.
+
+    ``build`` must write the complete store at ``segment`` (via a temporary sibling and a rename).
+    It runs while the lock is held, so exactly one process per machine builds; the others wait.
+    Raises :class:`fastload.store.base.StoreError` when the segment is absent and ``build`` is None.
+    """
+    from fastload.store.base import StoreError
+
+    segment = Path(segment)
+    with locked(segment) as reg:
+        reg.prune()
+        if not is_complete(segment):
+            if not reg.pids:  # an unfinished build whose creator died: nobody can be using it
+                _remove_tree(segment)
+            if build is None:
+                raise StoreError(
+                    f"ram store {segment} is not in shared memory (rebooted or removed); "
+                    f"rebuild it with `fastload convert DATA --to ram`"
+                )
+            build(segment)
+            if not is_complete(segment):
+                raise StoreError(f"building ram store {segment} did not finish")
+            reg.info.update(info or {}, created=time.time(), created_by=os.getpid())
+        pid = os.getpid()
+        if pid not in reg.pids:
+            reg.pids.append(pid)
+        reg.pinned = reg.pinned or pinned
+    _HELD[str(segment)] = _HELD.get(str(segment), 0) + 1
+
+
+def release(segment: Path) -> bool:
+    """Drop this process's hold; remove the segment when no live holder remains and it is not pinned.
+
+    Returns True when the segment was removed.
+    """
+    segment = Path(segment)
+    key = str(segment)
+    count = _HELD.get(key, 0)
+    if count > 1:  # several stores in this process share the hold
+        _HELD[key] = count - 1
+        return False
+    _HELD.pop(key, None)
+    if not holders_path(segment).exists():
+        return False
+    with locked(segment) as reg:
+        pid = os.getpid()
+        reg.pids = [p for p in reg.pids if p != pid]
+        reg.prune()
+        if reg.pids or reg.pinned:
+            return False
+        _remove_tree(segment)
+        reg.info["_removed"] = True
+        return True
+
+
+def unpin(segment: Path) -> None:
+    """Let the segment go when its last user exits (removing it now if it has none)."""
+    with locked(Path(segment)) as reg:
+        reg.pinned = False
+        reg.prune()
+        if not reg.pids:
+            _remove_tree(Path(segment))
+            reg.info["_removed"] = True
+
+
+def remove(segment: Path, *, force: bool = False) -> None:
+    """Remove a segment now. Refuses while live processes hold it unless ``force``."""
+    from fastload.store.base import StoreError
+
+    segment = Path(segment)
+    with locked(segment) as reg:
+        reg.prune()
+        if reg.pids and not force:
+            raise StoreError(
+                f"ram store {segment} is in use by PIDs {reg.pids}; stop them first or pass --force"
+            )
+        _remove_tree(segment)
+        reg.info["_removed"] = True
+
+
+@dataclasses.dataclass
+class SegmentInfo:
+    """One ``fastload-*`` entry found under the shm root."""
+
+    path: Path
+    nbytes: int
+    complete: bool
+    pinned: bool
+    live: list[int]
+    dead: list[int]
+
+    @property
+    def stale(self) -> bool:
+        """Nobody alive uses it and it is not pinned (or it is an unfinished build)."""
+        return not self.live and (not self.pinned or not self.complete)
+
+    def as_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["path"] = str(self.path)
+        d["stale"] = self.stale
+        return d
+
+
+def _tree_bytes(path: Path) -> int:
+    total = 0
+    for p in path.rglob("*") if path.is_dir() else []:
+        with contextlib.suppress(OSError):
+            total += p.stat().st_size
+    return total
+
+
+def list_segments(root: Path | None = None) -> list[SegmentInfo]:
+    """Every ram store segment (finished or not) under the shm root.
+
+    A ram store is recognised by its holders file, which exists from the first moment of a build;
+    other ``fastload-*`` entries (e.g. the engines' batch buffers) are not ours to list or remove.
+    """
+    root = Path(root) if root else shm_root()
+    names = {
+        p.name[: -len(HOLDERS_SUFFIX)]
+        for p in (root.glob(PREFIX + "*" + HOLDERS_SUFFIX) if root.is_dir() else [])
+    }
+    out = []
+    for name in sorted(names):
+        seg = root / name
+        data: dict[str, Any] = {}
+        with contextlib.suppress(OSError, ValueError):
+            data = json.loads(holders_path(seg).read_text() or "{}")
+        pids = [int(p) for p in data.get("pids", [])]
+        live = [p for p in pids if pid_alive(p)]
+        nbytes = _tree_bytes(seg) + sum(_tree_bytes(p) for p in root.glob(name + ".partial*"))
+        out.append(
+            SegmentInfo(seg, nbytes, is_complete(seg), bool(data.get("pinned")), live, [p for p in pids if p not in live])
+        )
+    return out
+
+
+def cleanup_stale(root: Path | None = None) -> list[SegmentInfo]:
+    """Remove segments nobody alive holds (and unfinished builds); returns what was removed."""
+    removed = []
+    for seg in list_segments(root):
+        if not seg.stale:
+            continue
+        with locked(seg.path) as reg:
+            reg.prune()
+            if reg.pids or (reg.pinned and is_complete(seg.path)):
+                continue  # someone adopted it meanwhile
+            _remove_tree(seg.path)
+            reg.info["_removed"] = True
+        removed.append(seg)
+    return removed
+
+
+@atexit.register
+def _release_all() -> None:
+    for key in list(_HELD):
+        _HELD[key] = 1
+        with contextlib.suppress(Exception):
+            release(Path(key))

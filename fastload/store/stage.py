@@ -1,0 +1,222 @@
+"""``fastload stage`` / ``unstage``: copy a dataset or a store onto a RAM disk (or any fast path).
+
+Staging a ``data.yaml`` copies the images and label files of its splits (keeping their layout
+under the dataset root) and writes ``<target>/data.yaml`` pointing at the copy. Staging a store
+folder (an lmdb/disk store or a ``fastload convert`` output folder) copies it as it is; the
+relative store paths in a copied ``data.yaml`` then point at the copy.
+
+Free space is checked first (``os.statvfs``); the copy goes into a hidden temporary sibling, every
+file is read back and compared (size + crc32) and only then renamed to the target. A marker file
+``.fastload-staged.json`` records what was staged; :func:`unstage` refuses to delete a folder
+without it.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import shutil
+import time
+import zlib
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+from fastload.store.base import StoreError
+from fastload.store.convert import fmt_bytes, free_bytes
+
+MARKER = ".fastload-staged.json"
+CHUNK = 8 << 20
+
+
+@dataclasses.dataclass
+class StageResult:
+    path: Path
+    yaml_path: Path | None
+    files: int
+    nbytes: int
+    seconds: float
+
+
+def _copy_file(src: Path, dst: Path) -> tuple[int, int]:
+    """Copy ``src`` to ``dst`` returning (size, crc32 of what was read)."""
+    crc, size = 0, 0
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    with open(src, "rb") as fi, open(dst, "wb") as fo:
+        while chunk := fi.read(CHUNK):
+            crc = zlib.crc32(chunk, crc)
+            size += len(chunk)
+            fo.write(chunk)
+    return size, crc
+
+
+def _file_crc(path: Path) -> tuple[int, int]:
+    crc, size = 0, 0
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            crc = zlib.crc32(chunk, crc)
+            size += len(chunk)
+    return size, crc
+
+
+def _dataset_files(cfg: Any, splits: Sequence[str]) -> tuple[list[tuple[Path, Path]], dict[str, Any]]:
+    """(source, path relative to the dataset root) of every image and label file, and the new split values."""
+    from fastload.data.index import list_images
+    from fastload.data.labels import img2label_path
+
+    root = Path(cfg.root).resolve()
+    pairs: dict[Path, Path] = {}
+    split_values: dict[str, Any] = {}
+
+    def rel(p: Path) -> Path:
+        try:
+            return p.resolve().relative_to(root)
+        except ValueError:
+            raise StoreError(
+                f"{p} is outside the dataset root {root}; staging keeps files under the root only"
+            ) from None
+
+    for split in splits:
+        sources = cfg.sources(split)
+        images = list_images(sources, cfg.origin, split)
+        for f in images:
+            p = Path(f)
+            pairs[p] = rel(p)
+            lp = Path(img2label_path(f))
+            if lp.is_file():
+                pairs[lp] = rel(lp)
+        if all(Path(s).is_dir() for s in sources):
+            vals = [str(rel(Path(s))) for s in sources]
+            split_values[split] = vals[0] if len(vals) == 1 else vals
+        else:  # list files: a new list of the staged paths, relative to the staged root
+            split_values[split] = ("list", split, [str(rel(Path(f))) for f in images])
+    return sorted(pairs.items(), key=lambda kv: str(kv[1])), split_values
+
+
+def _store_files(src: Path) -> list[tuple[Path, Path]]:
+    return [(p, p.relative_to(src)) for p in sorted(src.rglob("*")) if p.is_file() and p.name not in (".convert.lock", "lock.mdb", MARKER)]
+
+
+def stage(
+    source: str | Path,
+    to: str | Path,
+    *,
+    splits: Sequence[str] | None = None,
+    progress: bool = True,
+    log: Callable[[str], None] = print,
+) -> StageResult:
+    """Copy a dataset (``data.yaml``) or a store folder to ``to`` and verify the copy."""
+    from tqdm import tqdm
+
+    t0 = time.perf_counter()
+    source, to = Path(source), Path(to).absolute()
+    if to.exists() and not (to / MARKER).is_file():
+        raise StoreError(f"{to} exists and was not staged by fastload; choose another target or remove it yourself")
+    is_yaml = source.is_file() and source.suffix in (".yaml", ".yml")
+    cfg = None
+    split_values: dict[str, Any] = {}
+    if is_yaml:
+        from fastload.data.config import load_data_config
+
+        cfg = load_data_config(source)
+        wanted = list(splits) if splits else list(cfg.splits)
+        files, split_values = _dataset_files(cfg, wanted)
+    elif source.is_dir():
+        files = _store_files(source)
+    else:
+        raise StoreError(f"cannot stage {source}: give a data.yaml or a store folder")
+    if not files:
+        raise StoreError(f"nothing to stage in {source}")
+
+    total = sum(p.stat().st_size for p, _ in files)
+    free = free_bytes(to.parent)
+    needed = total + (4 << 20)
+    if needed > free:
+        raise StoreError(
+            f"not enough space to stage {source} at {to}: needs {fmt_bytes(needed)}, "
+            f"{fmt_bytes(free)} free on {to.parent}"
+        )
+
+    tmp = to.with_name(f".{to.name}.staging-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        sums: list[tuple[Path, int, int]] = []
+        with tqdm(total=total, unit="B", unit_scale=True, desc=f"stage -> {to}", disable=not progress) as bar:
+            for src, rel in files:
+                size, crc = _copy_file(src, tmp / rel)
+                sums.append((rel, size, crc))
+                bar.update(size)
+        os.sync()
+        for rel, size, crc in sums:  # read every copy back: a bad RAM disk or a racing writer shows here
+            got = _file_crc(tmp / rel)
+            if got != (size, crc):
+                raise StoreError(f"staged copy of {rel} differs from the source (size/crc32 {got} != {(size, crc)})")
+        yaml_path = None
+        if cfg is not None:
+            yaml_path = _write_staged_yaml(cfg, tmp, to, split_values)
+        (tmp / MARKER).write_text(
+            json.dumps({"source": str(source.resolve()), "files": len(files), "bytes": total,
+                        "created": time.strftime("%Y-%m-%dT%H:%M:%S"), "pid": os.getpid()}, indent=1)
+        )
+        from fastload.store.packed import replace_dir
+
+        replace_dir(tmp, to)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if yaml_path is None and (to / "data.yaml").is_file():
+        yaml_path = to / "data.yaml"
+    elif yaml_path is not None:
+        yaml_path = to / yaml_path.name
+    log(f"staged {len(files)} files ({fmt_bytes(total)}) to {to}; verified" + (f"; data yaml: {yaml_path}" if yaml_path else ""))
+    return StageResult(to, yaml_path, len(files), total, time.perf_counter() - t0)
+
+
+def _write_staged_yaml(cfg: Any, tmp: Path, final: Path, split_values: dict[str, Any]) -> Path:
+    import yaml
+
+    raw = {k: v for k, v in dict(cfg.raw).items() if k not in ("fastload", "download")}
+    raw["path"] = str(final)
+    for split, value in split_values.items():
+        if isinstance(value, tuple):  # ("list", split, [relative image paths])
+            list_name = f"{split}.txt"
+            (tmp / list_name).write_text("".join(f"./{p}\n" for p in value[2]))
+            raw[split] = list_name
+        else:
+            raw[split] = value
+    for split in list(raw):
+        if split in ("train", "val", "test") and split not in split_values:
+            raw.pop(split)  # a split that was not staged would point at nothing
+    raw["names"] = list(cfg.names)
+    raw["nc"] = int(cfg.nc)
+    out = tmp / "data.yaml"
+    out.write_text(f"# staged by `fastload stage` from {cfg.origin}\n" + yaml.safe_dump(raw, sort_keys=False, allow_unicode=True))
+    return out
+
+
+def unstage(path: str | Path, *, force: bool = False, log: Callable[[str], None] = print) -> None:
+    """Remove a staged copy (it must carry the marker) or a ram store segment under the shm root."""
+    from fastload.store import shm
+
+    path = Path(path).absolute()
+    if (path / MARKER).is_file():
+        shutil.rmtree(path)
+        log(f"removed staged copy {path}")
+        return
+    if path.parent == shm.shm_root().absolute() and shm.holders_path(path).exists():  # a ram store
+        shm.remove(path, force=force)
+        log(f"removed ram store {path}")
+        return
+    if not path.exists():
+        raise StoreError(f"{path} does not exist")
+    raise StoreError(f"{path} was not staged by fastload (no {MARKER} in it); refusing to remove it")
+
+
+def list_staged(root: str | Path) -> Iterable[Path]:
+    """Staged copies directly under ``root`` (e.g. /dev/shm)."""
+    root = Path(root)
+    with contextlib.suppress(OSError):
+        for p in root.iterdir():
+            if (p / MARKER).is_file():
+                yield p

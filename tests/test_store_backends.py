@@ -1,0 +1,160 @@
+"""Store backends on a small synthetic set: files/lmdb/disk agree, pickling, concurrent readers, options."""
+from __future__ import annotations
+
+import multiprocessing
+import pickle
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fastload.data.images import decode_image, loaded_shape, resize_long_side
+from fastload.data.index import build_index
+from fastload.store import IncompleteStoreError, StoreError, open_store
+from fastload.store import convert as convert_mod
+from fastload.store.convert import convert, output_lock
+from fastload.store.packed import PackedStore
+from store_helpers import shm_root  # noqa: F401  (fixture)
+
+QUIET = dict(progress=False, log=lambda s: None)
+
+
+@pytest.fixture(scope="module")
+def stores(synth_yaml, tmp_path_factory):
+    out = tmp_path_factory.mktemp("synth_stores")
+    result = convert(synth_yaml, "lmdb,disk", out=out, imgsz=128, workers=2, **QUIET)
+    return result
+
+
+def test_files_lmdb_disk_agree(stores, synth_yaml):
+    index = build_index(synth_yaml, "train", progress=False)
+    files = open_store(synth_yaml, "train", kind="files")
+    lmdb = open_store(stores.yaml_path, "train", kind="lmdb", imgsz=128)
+    disk = open_store(stores.yaml_path, "train", kind="disk", imgsz=128)
+    assert len(files) == len(lmdb) == len(disk) == len(index) > 0
+    for i in range(len(files)):
+        assert files.read_image(i) == lmdb.read_image(i)
+        expect = resize_long_side(decode_image(files.read_image(i)), 128)
+        np.testing.assert_array_equal(disk.read_image(i), expect)
+        np.testing.assert_array_equal(lmdb.load(i, 128), expect)
+        for s in (files, lmdb, disk):
+            np.testing.assert_array_equal(s.labels[i], index.labels[i])
+    assert any(len(lb) == 0 for lb in disk.labels)  # backgrounds survive the round trip
+    for s in (files, lmdb, disk):
+        s.close()
+
+
+def test_negative_and_out_of_range_index(stores):
+    with open_store(stores.yaml_path, "val", kind="lmdb") as s:
+        assert s.read_image(-1) == s.read_image(len(s) - 1)
+        with pytest.raises(IndexError, match="out of range"):
+            s.read_image(len(s))
+
+
+@pytest.mark.parametrize("kind", ["lmdb", "disk"])
+def test_pickle_drops_handles_and_reopens(stores, kind):
+    with open_store(stores.yaml_path, "train", kind=kind, imgsz=128) as s:
+        first = s.read_image(1)
+        clone = pickle.loads(pickle.dumps(s))
+        again = clone.read_image(1)
+        assert np.array_equal(np.asarray(first), np.asarray(again)) if kind == "disk" else first == again
+        clone.close()
+
+
+def _digest(sample) -> int:
+    return zlib.crc32(np.ascontiguousarray(sample).tobytes() if isinstance(sample, np.ndarray) else sample)
+
+
+def _read_all(args):
+    store, order = args
+    return [(i, _digest(store.read_image(i))) for i in order]
+
+
+def test_two_processes_read_lmdb_and_ram_concurrently(stores, monkeypatch, shm_root):
+    lmdb = open_store(stores.yaml_path, "train", kind="lmdb")
+    ram = open_store(stores.yaml_path, "train", kind="ram", imgsz=128)  # built on demand from the disk store
+    assert ram.kind == "ram" and ram.meta.get("copied_from")
+    expect = {(k, i): _digest(s.read_image(i)) for k, s in (("l", lmdb), ("r", ram)) for i in range(len(lmdb))}
+    n = len(lmdb)
+    orders = [np.random.default_rng(seed).permutation(n).tolist() * 3 for seed in (0, 1)]
+    with multiprocessing.get_context("fork").Pool(2) as pool:  # both stores opened in the parent, read in children
+        jobs = [pool.apply_async(_read_all, ((s, o),)) for s in (lmdb, ram) for o in orders]
+        got = [j.get(timeout=60) for j in jobs]
+    for k, res in zip("llrr", got):
+        assert all(expect[(k, i)] == d for i, d in res)
+    lmdb.close()
+    seg = Path(ram.path)
+    ram.close()
+    assert not seg.exists()  # built on demand, so the last user removed it
+
+
+def test_incomplete_packed_store_refused(stores, tmp_path):
+    src = Path(stores.stores["val"]["disk"])
+    broken = tmp_path / "broken.disk"
+    broken.mkdir()
+    for f in src.iterdir():
+        if f.name != "meta.json":
+            (broken / f.name).write_bytes(f.read_bytes())
+    with pytest.raises(IncompleteStoreError, match="unfinished"):
+        PackedStore(broken)
+
+
+def test_max_side_reencode(synth_yaml, tmp_path):
+    out = tmp_path / "small"
+    res = convert(synth_yaml, "lmdb", out=out, splits="val", max_side=64, quality=80, **QUIET)
+    index = build_index(synth_yaml, "val", progress=False)
+    with open_store(res.yaml_path, "val", kind="lmdb") as s:
+        assert s.meta["options"] == {"max_side": 64, "quality": 80}
+        np.testing.assert_array_equal(s.shapes, index.shapes)  # shapes stay the originals
+        for i in range(len(s)):
+            img = decode_image(s.read_image(i))
+            assert max(img.shape[:2]) <= max(64, 0) or max(index.shapes[i]) <= 64
+            h0, w0 = index.shapes[i]
+            assert s.load(i, 48).shape[:2] == loaded_shape(h0, w0, 48)  # planned shape, exactly
+
+
+def test_convert_again_merges_yaml_key(synth_yaml, tmp_path):
+    out = tmp_path / "merge"
+    convert(synth_yaml, "lmdb", out=out, splits="val", **QUIET)
+    res = convert(synth_yaml, "disk", out=out, splits="val", imgsz=96, **QUIET)
+    from fastload.data.config import load_data_config
+
+    cfg = load_data_config(res.yaml_path)
+    assert set(cfg.stores["val"]) == {"lmdb", "disk"}
+    assert cfg.splits["val"] == load_data_config(synth_yaml).splits["val"]  # originals still usable by YOLOv9
+
+
+def test_second_converter_refused(synth_yaml, tmp_path):
+    out = tmp_path / "locked"
+    with output_lock(out):
+        with pytest.raises(StoreError, match="another `fastload convert`"):
+            convert(synth_yaml, "lmdb", out=out, **QUIET)
+
+
+def test_disk_space_checked_first(synth_yaml, tmp_path, monkeypatch):
+    monkeypatch.setattr(convert_mod, "free_bytes", lambda p: 1000)
+    with pytest.raises(StoreError, match=r"needs about .* free"):
+        convert(synth_yaml, "disk", out=tmp_path / "full", **QUIET)
+    assert not list((tmp_path / "full").glob("*.disk*"))
+
+
+def test_ram_memory_checked_first(synth_yaml, monkeypatch, tmp_path, shm_root):
+    import psutil
+
+    class Tiny:
+        available = 1 << 20
+
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: Tiny())
+    with pytest.raises(StoreError, match="not enough memory"):
+        convert(synth_yaml, "ram", out=tmp_path / "ram", **QUIET)
+    assert not any(shm_root.iterdir())  # nothing half-built left in shared memory
+
+
+def test_unknown_kind_and_split(synth_yaml, tmp_path):
+    with pytest.raises(StoreError, match="unknown store kind"):
+        convert(synth_yaml, "zip", out=tmp_path, **QUIET)
+    with pytest.raises(StoreError, match="split"):
+        convert(synth_yaml, "lmdb", out=tmp_path, splits="test", **QUIET)
+    with pytest.raises(StoreError, match="no disk store recorded"):
+        open_store(synth_yaml, "train", kind="disk")
