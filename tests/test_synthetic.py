@@ -107,3 +107,14 @@ def test_cli_synth(tmp_path, capsys):
     assert rc == 0 and "data.yaml" in capsys.readouterr().out
     cfg = load_data_config(tmp_path / "cli" / "data.yaml")
     assert cfg.nc == 2 and len(list((tmp_path / "cli" / "images" / "train").iterdir())) == 4
+
+
+def test_synth_cli_plants_faults_that_the_index_reports(tmp_path, capsys):
+    from fastload.cli import main
+    from fastload.data.index import build_index
+
+    assert main(["synth", str(tmp_path / "ds"), "--n-train", "4", "--n-val", "0", "--plant-faults"]) == 0
+    assert capsys.readouterr().out.count("planted ") == 7
+    report = build_index(tmp_path / "ds" / "data.yaml", "train", cache=False, progress=False).report
+    assert report.corrupt == 2 and report.rows_dropped == 4
+    assert len(report.problems) == 7

@@ -17,13 +17,16 @@ def register(sub: "argparse._SubParsersAction", help_text: str) -> argparse.Argu
     p.add_argument("--min-size", type=int, default=96, help="smallest random long side in pixels (default 96)")
     p.add_argument("--max-size", type=int, default=640, help="largest random long side in pixels (default 640)")
     p.add_argument("--max-objects", type=int, default=6, help="objects per image at most (default 6)")
+    p.add_argument("--plant-faults", action="store_true",
+                   help="also add one file of each fault (truncated JPEG, zero-byte file, PNG named .jpg, class 99, "
+                        "x=1.7, 4 columns, text) to train, to see what `fastload info`/`convert` report")
     p.set_defaults(func=run)
     return p
 
 
 def run(args: argparse.Namespace) -> int:
     """Write the dataset and print where its data.yaml is."""
-    from fastload.data.synthetic import make_synthetic_dataset
+    from fastload.data.synthetic import make_synthetic_dataset, plant_faults
 
     t0 = time.perf_counter()
     try:
@@ -37,9 +40,12 @@ def run(args: argparse.Namespace) -> int:
             max_size=args.max_size,
             max_objects=args.max_objects,
         )
+        planted = plant_faults(args.out) if args.plant_faults else {}
     except (ValueError, OSError) as exc:
         print(f"fastload synth: {exc}", file=sys.stderr)
         return 2
     dt = time.perf_counter() - t0
     print(f"wrote {args.n_train} train + {args.n_val} val images in {dt:.2f} s: {yaml_path}")
+    for fault, path in planted.items():
+        print(f"planted {fault}: {path}")
     return 0

@@ -18,7 +18,7 @@ import cv2
 import numpy as np
 import yaml
 
-__all__ = ["make_synthetic_dataset", "SHAPE_NAMES", "FIXED_SIZES", "class_names"]
+__all__ = ["make_synthetic_dataset", "plant_faults", "SHAPE_NAMES", "FIXED_SIZES", "class_names"]
 
 SHAPE_NAMES: tuple[str, ...] = ("square", "circle", "triangle")
 # (h, w) of the first train images: narrow, wide, square, tall, large -- the cases loaders get wrong.
@@ -176,3 +176,43 @@ def make_synthetic_dataset(
     yaml_path = out / "data.yaml"
     yaml_path.write_text("# synthetic dataset written by fastload synth\n" + yaml.safe_dump(data, sort_keys=False))
     return yaml_path
+
+
+# The faults a validation report must name: (image stem, what is planted). Label faults sit beside a good JPEG.
+LABEL_FAULTS: dict[str, str] = {
+    "f_class99": "99 0.5 0.5 0.2 0.2\n0 0.5 0.5 0.2 0.2\n",  # unknown class (and one good row that must survive)
+    "f_x17": "1 1.7 0.5 0.2 0.2\n",  # x centre far outside [0, 1]
+    "f_4cols": "1 0.5 0.5 0.2\n",  # a column missing
+    "f_text": "person 0.5 0.5 0.2 0.2\n",  # a class name instead of an id
+}
+
+
+def plant_faults(dataset_dir: str | os.PathLike, split: str = "train", seed: int = 0) -> dict[str, Path]:
+    """Add one file of each fault a loader meets in the wild to a dataset's ``split``; returns ``{fault: file}``.
+
+    Image faults: a truncated JPEG, a zero-byte file, a PNG named ``.jpg`` (decodable, so kept). Label faults: a class
+    id of 99, x = 1.7, four columns, non-numeric text. Used by ``fastload synth --plant-faults`` to see what the
+    validation report says, and by the tests.
+    """
+    root = Path(dataset_dir)
+    im_dir, lb_dir = root / "images" / split, root / "labels" / split
+    im_dir.mkdir(parents=True, exist_ok=True)
+    lb_dir.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+
+    def encoded(ext: str, h: int = 40, w: int = 50) -> bytes:
+        return cv2.imencode(ext, rng.integers(0, 255, (h, w, 3), np.uint8))[1].tobytes()
+
+    whole = encoded(".jpg")
+    image_faults = {"truncated": ("f_truncated", whole[: len(whole) // 2]), "zero_bytes": ("f_zero", b""),
+                    "png_as_jpg": ("f_png", encoded(".png", 30, 20))}
+    faults: dict[str, Path] = {}
+    for fault, (stem, data) in image_faults.items():
+        (im_dir / f"{stem}.jpg").write_bytes(data)
+        (lb_dir / f"{stem}.txt").write_text("0 0.5 0.5 0.1 0.1\n")
+        faults[fault] = im_dir / f"{stem}.jpg"
+    for stem, text in LABEL_FAULTS.items():
+        (im_dir / f"{stem}.jpg").write_bytes(encoded(".jpg"))
+        (lb_dir / f"{stem}.txt").write_text(text)
+        faults[stem[2:]] = lb_dir / f"{stem}.txt"
+    return faults
