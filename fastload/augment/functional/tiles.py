@@ -1,0 +1,172 @@
+"""Drawing an :class:`~fastload.augment.params.ImageParams` straight into the output image.
+
+YOLOv9 builds a 2s x 2s canvas (4 tile copies), then ``warpAffine``s it back to s x s.  Here every
+tile is drawn once, directly from its loaded image into the output:
+
+* axis-aligned matrix (scale + translation: the scratch-high default, and every letterbox): the
+  output rectangle the tile owns is computed and filled by ONE ``cv2.resize`` of a source
+  sub-rectangle.  ``cv2.resize`` can only realise scales that are ratios of integer sizes, so the
+  source rectangle is chosen (rounded) to best match the exact matrix: the sampling position is
+  off by at most 0.5 source pixel at the ends of a tile and less inside.  When the matrix is an
+  exact integer-size resize (letterbox) the result is bit-identical to YOLOv9.
+* any other affine matrix: ``cv2.warpAffine`` of the tile's crop into the bounding rectangle of
+  its image, ``BORDER_TRANSPARENT`` (pixels outside the crop keep what is there);
+  perspective: ``cv2.warpPerspective`` likewise.  These sample exactly like YOLOv9's warp.
+
+Pixels near a tile seam differ from YOLOv9 where its bilinear filter mixes two neighbouring tiles
+(or a tile and the grey fill) on the canvas: a band about one output pixel wide per seam.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import cv2
+import numpy as np
+
+from fastload.augment.params import ImageParams, TileParams, translation
+
+__all__ = ["render_image", "draw_tile"]
+
+_EXACT = 1e-9
+_SEARCH = np.arange(64)  # source-origin candidates tried per axis
+_PHASE_OK = 0.01  # output px: take the first origin at least this well aligned
+_PHASE_MAX = 0.05  # output px: beyond this the tile is warped instead
+
+
+def _check_out(out: np.ndarray | None, hw: tuple[int, int]) -> np.ndarray:
+    if out is None:
+        return np.empty((hw[0], hw[1], 3), np.uint8)
+    if out.shape != (hw[0], hw[1], 3) or out.dtype != np.uint8:
+        raise ValueError(f"out must be uint8 {(hw[0], hw[1], 3)}, got {out.dtype} {out.shape}")
+    return out
+
+
+def render_image(image: ImageParams, get_image: Callable[[int], np.ndarray], out: np.ndarray | None = None) -> np.ndarray:
+    """Draw every tile of ``image`` into ``out`` (allocated when None); returns the HWC uint8 output.
+
+    ``get_image(i)`` returns the *loaded* RGB HWC uint8 image of dataset index ``i``.
+    """
+    out = _check_out(out, image.out_hw)
+    out[...] = image.fill
+    for tile in image.tiles:
+        src = get_image(tile.src)
+        if tile.src_hw is not None and src.shape[:2] != tile.src_hw:
+            raise ValueError(f"image {tile.src} has shape {src.shape[:2]}, the record expects the loaded shape {tile.src_hw}")
+        draw_tile(out, src, tile)
+    return out
+
+
+def draw_tile(out: np.ndarray, src: np.ndarray, tile: TileParams) -> None:
+    """Draw one tile of loaded image ``src`` into ``out`` (in place)."""
+    if tile.is_axis_aligned and tile.matrix[0, 0] > 0 and tile.matrix[1, 1] > 0 and _draw_resize(out, src, tile):
+        return
+    _draw_warp(out, src, tile)
+
+
+@dataclass(frozen=True)
+class _Span:
+    """1-D plan of an exact-scale resize (see :func:`_axis_plan`)."""
+
+    d0: int  # output pixels [d0, d1) owned by the tile
+    d1: int
+    s0: int  # source origin of the resize (may be < 0: the source is padded by -s0)
+    s1: int  # source end (exclusive, <= n_src)
+    j0: int  # resize output index of output pixel d0
+    err: float  # remaining sub-pixel phase error, output pixels
+
+
+def _axis_plan(a: float, t: float, c0: int, c1: int, n_src: int, n_out: int) -> _Span | None:
+    """Plan one axis of drawing crop ``[c0, c1)`` with ``X = a * x + t`` by ``cv2.resize(fx=a)``.
+
+    The tile owns the output pixels whose sampling point ``(X - t) / a`` falls in the crop's
+    pixel cells ``[c0 - 0.5, c1 - 0.5)``.  ``cv2.resize`` with ``dsize=(0, 0), fx=a`` samples
+    output ``j`` at ``s0 + (j + 0.5) / a - 0.5``: the scale is exact, but the output lands at
+    ``X = t + a * s0 + 0.5 - 0.5 * a + j``, an integer only for a suitable source origin ``s0``.
+    Among ``s0 = base, base - 1, ... base - 63`` the one with the smallest phase error is taken
+    (``a * s0`` mod 1 spreads over [0, 1) for a generic scale), padding the source when it is < 0.
+    """
+    d0 = max(0, math.ceil(a * (c0 - 0.5) + t - _EXACT))
+    d1 = min(n_out, math.ceil(a * (c1 - 0.5) + t - _EXACT))
+    if d1 <= d0:
+        return None
+    base = math.floor((d0 - t - 0.5 + 0.5 * a) / a + _EXACT)
+    cand = base - _SEARCH
+    x_start = t + a * cand + 0.5 - 0.5 * a
+    err = np.abs(x_start - np.round(x_start))
+    good = np.nonzero(err < _PHASE_OK)[0]
+    k = int(good[0]) if len(good) else int(np.argmin(err))
+    s0 = int(cand[k])
+    j0 = d0 - int(round(x_start[k]))
+    # source end: the crop end, the image end, or just past the last output pixel's taps
+    s1 = min(n_src, c1 + 1, math.floor((d1 - 1 - t) / a) + 3)
+    return _Span(d0, d1, s0, s1, j0, float(err[k]))
+
+
+def _draw_resize(out: np.ndarray, src: np.ndarray, tile: TileParams) -> bool:
+    """Draw an axis-aligned tile with one exact-scale resize; False when the phase cannot be
+    matched within ``_PHASE_MAX`` (the caller then warps)."""
+    m = tile.matrix
+    x0, y0, x1, y1 = tile.crop
+    oh, ow = out.shape[:2]
+    sh, sw = src.shape[:2]
+    xs = _axis_plan(m[0, 0], m[0, 2], x0, x1, sw, ow)
+    ys = _axis_plan(m[1, 1], m[1, 2], y0, y1, sh, oh)
+    if xs is None or ys is None:
+        return True
+    if max(xs.err, ys.err) > _PHASE_MAX:
+        return False
+    part = src[max(ys.s0, 0) : ys.s1, max(xs.s0, 0) : xs.s1]
+    if xs.s0 < 0 or ys.s0 < 0:  # origin before the image: pad (only feeds the seam pixels)
+        part = cv2.copyMakeBorder(part, max(-ys.s0, 0), 0, max(-xs.s0, 0), 0, cv2.BORDER_REPLICATE)
+    dst = out[ys.d0 : ys.d1, xs.d0 : xs.d1]
+    fx, fy = float(m[0, 0]), float(m[1, 1])
+    if fx == 1.0 and fy == 1.0:  # unit scale: a plain copy
+        _copy_clamped(dst, part, ys.j0, xs.j0)
+        return True
+    if xs.j0 == 0 and ys.j0 == 0 and round(part.shape[1] * fx) == dst.shape[1] and round(part.shape[0] * fy) == dst.shape[0]:
+        cv2.resize(part, (0, 0), dst=dst, fx=fx, fy=fy, interpolation=cv2.INTER_LINEAR)  # straight into the output
+        return True
+    full = cv2.resize(part, (0, 0), fx=fx, fy=fy, interpolation=cv2.INTER_LINEAR)
+    _copy_clamped(dst, full, ys.j0, xs.j0)
+    return True
+
+
+def _copy_clamped(dst: np.ndarray, full: np.ndarray, j0: int, i0: int) -> None:
+    """``dst = full[j0:, i0:]``; a last row / column the resize did not produce (the crop ends at
+    the image edge and the phase rounding lost it: a seam pixel) repeats its neighbour."""
+    h = min(dst.shape[0], full.shape[0] - j0)
+    w = min(dst.shape[1], full.shape[1] - i0)
+    dst[:h, :w] = full[j0 : j0 + h, i0 : i0 + w]
+    if w < dst.shape[1]:
+        dst[:h, w:] = dst[:h, w - 1 : w]
+    if h < dst.shape[0]:
+        dst[h:] = dst[h - 1 : h]
+
+
+def _draw_warp(out: np.ndarray, src: np.ndarray, tile: TileParams) -> None:
+    m = tile.matrix
+    x0, y0, x1, y1 = tile.crop
+    oh, ow = out.shape[:2]
+    corners = np.array([[x0 - 0.5, y0 - 0.5, 1], [x1 - 0.5, y0 - 0.5, 1], [x0 - 0.5, y1 - 0.5, 1], [x1 - 0.5, y1 - 0.5, 1]])
+    p = corners @ m.T
+    if not tile.is_affine:
+        if (p[:, 2] <= 0).any():  # part of the crop goes to infinity: draw onto the whole output
+            p = np.array([[0, 0, 1], [ow, oh, 1]], np.float64)
+        else:
+            p = p / p[:, 2:3]
+    dx0 = max(0, math.floor(p[:, 0].min()))
+    dy0 = max(0, math.floor(p[:, 1].min()))
+    dx1 = min(ow, math.ceil(p[:, 0].max()) + 1)
+    dy1 = min(oh, math.ceil(p[:, 1].max()) + 1)
+    if dx1 <= dx0 or dy1 <= dy0:
+        return
+    local = translation(-dx0, -dy0) @ m @ translation(x0, y0)  # crop px -> ROI px
+    part = src[y0:y1, x0:x1]
+    dst = out[dy0:dy1, dx0:dx1]
+    size = (dx1 - dx0, dy1 - dy0)
+    if tile.is_affine:
+        cv2.warpAffine(part, local[:2], size, dst=dst, flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_TRANSPARENT)
+    else:
+        cv2.warpPerspective(part, local, size, dst=dst, flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_TRANSPARENT)

@@ -1,0 +1,439 @@
+"""Augmentation parameter records and the one place where they are sampled.
+
+A :class:`SampleParams` record says everything an engine needs to draw one output sample:
+which loaded images go where (:class:`TileParams`: a crop and a matrix), the optional mixup
+image, the HSV gains and the flips.  :class:`ParamSampler` draws records with YOLOv9's
+distributions (``LoadImagesAndLabels.__getitem__``, ``load_mosaic``, ``load_mosaic9``,
+``random_perspective``, ``mixup``, ``augment_hsv``, ``letterbox``) from a generator seeded by
+``SeedSequence([seed, epoch, index])`` only, so a record is a pure function of those three numbers
+and every engine (CPU workers, torch, DALI) draws the same sample for the same index.
+
+Coordinates: "loaded" pixels are those of the image resized to ``imgsz`` on its long side
+(:func:`fastload.data.images.loaded_shape`); matrices are float64 3x3 in the OpenCV warpAffine
+convention (integer coordinates are pixel centres; source -> destination).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from fastload.augment.hyp import load_hyp
+
+__all__ = [
+    "TileParams",
+    "ImageParams",
+    "SampleParams",
+    "ParamSampler",
+    "make_rng",
+    "rect_batch_shapes",
+    "per_index_shapes",
+    "translation",
+]
+
+Crop = tuple[int, int, int, int]
+
+
+def make_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
+    """The generator of one sample: ``Generator(PCG64(SeedSequence([seed, epoch, index])))``."""
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence([int(seed), int(epoch), int(index)])))
+
+
+def translation(tx: float, ty: float) -> np.ndarray:
+    """3x3 float64 translation matrix."""
+    m = np.eye(3)
+    m[0, 2] = tx
+    m[1, 2] = ty
+    return m
+
+
+@dataclass(frozen=True, eq=False)
+class TileParams:
+    """One loaded image drawn into the output.
+
+    Attributes:
+        src: dataset index of the loaded image.
+        crop: ``(x0, y0, x1, y1)``, the visible part of the loaded image in its pixels (half-open).
+        matrix: float64 [3, 3], loaded-image pixel -> output pixel (warpAffine convention; the
+            last row is ``(0, 0, 1)`` unless the sample uses perspective). Read-only.
+        src_hw: ``(h, w)`` of the loaded image (boxes are normalised to it); set by the sampler.
+    """
+
+    src: int
+    crop: Crop
+    matrix: np.ndarray
+    src_hw: tuple[int, int] | None = None
+
+    def __post_init__(self) -> None:
+        m = np.array(self.matrix, dtype=np.float64).reshape(3, 3)
+        m.setflags(write=False)
+        object.__setattr__(self, "matrix", m)
+        object.__setattr__(self, "src", int(self.src))
+        object.__setattr__(self, "crop", tuple(int(v) for v in self.crop))
+        if self.src_hw is not None:
+            object.__setattr__(self, "src_hw", (int(self.src_hw[0]), int(self.src_hw[1])))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, TileParams):
+            return NotImplemented
+        return (
+            self.src == other.src
+            and self.crop == other.crop
+            and self.src_hw == other.src_hw
+            and np.array_equal(self.matrix, other.matrix)
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.src, self.crop, self.src_hw, self.matrix.tobytes()))
+
+    @property
+    def is_affine(self) -> bool:
+        """True when the matrix has no perspective part."""
+        return bool(self.matrix[2, 0] == 0.0 and self.matrix[2, 1] == 0.0 and self.matrix[2, 2] == 1.0)
+
+    @property
+    def is_axis_aligned(self) -> bool:
+        """True for scale + translation only (no rotation, shear or perspective)."""
+        return self.is_affine and self.matrix[0, 1] == 0.0 and self.matrix[1, 0] == 0.0
+
+
+@dataclass(frozen=True)
+class ImageParams:
+    """One composed image (the main image of a sample, or its mixup partner).
+
+    Attributes:
+        tiles: drawn in order (a later tile covers an earlier one where they overlap).
+        out_hw: output ``(h, w)``.
+        fill: value of output pixels no tile covers (YOLOv9: 114).
+        candidate_scale: the linear factor YOLOv9's ``box_candidates`` applies to a box before the
+            random perspective (its scale draw times the letterbox ratio): a box is kept when its
+            transformed area exceeds 10 % of (loaded-pixel area * candidate_scale**2). ``None``:
+            no candidate filter (no random perspective ran, i.e. validation).
+    """
+
+    tiles: tuple[TileParams, ...]
+    out_hw: tuple[int, int]
+    fill: int = 114
+    candidate_scale: float | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "tiles", tuple(self.tiles))
+        object.__setattr__(self, "out_hw", (int(self.out_hw[0]), int(self.out_hw[1])))
+
+
+@dataclass(frozen=True)
+class SampleParams:
+    """Everything needed to draw output sample ``index`` of ``epoch``.
+
+    Attributes:
+        index: dataset index of the sample (its labels' owner in validation/letterbox mode).
+        epoch: epoch the record was drawn for.
+        image: the main composed image.
+        mixup: the mixup partner (a second mosaic) or None.
+        mixup_ratio: weight of ``image`` in ``image * r + mixup * (1 - r)`` (YOLOv9: Beta(32, 32)).
+        hsv_gain: ``(gh, gs, gv)`` multiplicative gains of OpenCV's 8-bit H, S, V (1 = unchanged).
+        flip_ud / flip_lr: flips, applied last.
+        mosaic: whether ``image`` is a mosaic.
+        shapes: YOLOv9's shapes entry: None for mosaic samples, else
+            ``((h0, w0), ((h / h0, w / w0), (padw, padh)))``.
+    """
+
+    index: int
+    epoch: int
+    image: ImageParams
+    mixup: ImageParams | None = None
+    mixup_ratio: float = 1.0
+    hsv_gain: tuple[float, float, float] = (1.0, 1.0, 1.0)
+    flip_ud: bool = False
+    flip_lr: bool = False
+    mosaic: bool = False
+    shapes: Any = None
+
+    @property
+    def out_hw(self) -> tuple[int, int]:
+        """Output ``(h, w)`` of the sample."""
+        return self.image.out_hw
+
+    @property
+    def sources(self) -> tuple[int, ...]:
+        """Every loaded-image index the sample reads (main tiles first, then mixup tiles)."""
+        tiles = self.image.tiles + (self.mixup.tiles if self.mixup is not None else ())
+        return tuple(t.src for t in tiles)
+
+
+# ----------------------------------------------------------------------------------------- rect shapes
+def rect_batch_shapes(
+    shapes: np.ndarray, batch_size: int, imgsz: int, stride: int = 32, pad: float = 0.5
+) -> tuple[np.ndarray, np.ndarray]:
+    """YOLOv9's rectangular-batch plan.
+
+    Args:
+        shapes: int [N, 2] original ``(h, w)``.
+    Returns:
+        ``(order, batch_shapes)``: dataset indices sorted by aspect ratio h/w (batch ``k`` holds
+        ``order[k*batch_size:(k+1)*batch_size]``) and int64 [nb, 2] ``(h, w)`` per batch,
+        ``ceil(imgsz * r / stride + pad) * stride`` with r from the batch's min/max aspect.
+    """
+    shapes = np.asarray(shapes, dtype=np.float64).reshape(-1, 2)
+    if len(shapes) == 0:
+        return np.zeros(0, np.int64), np.zeros((0, 2), np.int64)
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    ar = shapes[:, 0] / shapes[:, 1]
+    order = ar.argsort()  # same (default) sort as YOLOv9, so ties land in the same order
+    ar = ar[order]
+    nb = (len(ar) + batch_size - 1) // batch_size
+    ratios = np.ones((nb, 2))
+    for b in range(nb):
+        chunk = ar[b * batch_size : (b + 1) * batch_size]
+        lo, hi = chunk.min(), chunk.max()
+        if hi < 1:  # all landscape: full width, height hi
+            ratios[b] = (hi, 1.0)
+        elif lo > 1:  # all portrait: full height, width 1/lo
+            ratios[b] = (1.0, 1.0 / lo)
+    batch_shapes = (np.ceil(ratios * imgsz / stride + pad).astype(np.int64)) * stride
+    return order.astype(np.int64), batch_shapes
+
+
+def per_index_shapes(order: np.ndarray, batch_shapes: np.ndarray, batch_size: int) -> np.ndarray:
+    """int64 [N, 2]: the rect batch shape of every dataset index (``rect_shapes`` of the sampler)."""
+    out = np.zeros((len(order), 2), np.int64)
+    out[np.asarray(order)] = np.asarray(batch_shapes)[np.arange(len(order)) // batch_size]
+    return out
+
+
+# ----------------------------------------------------------------------------------------- sampler
+class ParamSampler:
+    """Draws :class:`SampleParams` with YOLOv9's augmentation distributions.
+
+    Args:
+        loaded_shapes: int [N, 2] ``(h, w)`` of every image after the long-side resize to ``imgsz``.
+        hyp: hyp dict / yaml / None (see :func:`fastload.augment.hyp.load_hyp`).
+        imgsz: training image size ``s`` (mosaic output is ``s x s``).
+        augment: False for validation (letterbox only, no random draws used).
+        seed: base seed; records depend on ``(seed, epoch, index)`` only.
+        rect_shapes: int [N, 2] per-index batch shape ``(h, w)`` (rect mode: letterbox into it;
+            mosaic is off as in YOLOv9). See :func:`rect_batch_shapes` / :func:`per_index_shapes`.
+        mosaic9: use YOLOv9's 9-tile mosaic instead of the 4-tile one.
+        pad, stride: rect planning parameters, kept for :meth:`plan_rect`.
+        orig_shapes: int [N, 2] original ``(h0, w0)`` for the ``shapes`` entry (default: loaded).
+    """
+
+    def __init__(
+        self,
+        loaded_shapes: np.ndarray,
+        hyp: str | Mapping[str, Any] | None,
+        imgsz: int,
+        *,
+        augment: bool = True,
+        seed: int = 0,
+        rect_shapes: np.ndarray | None = None,
+        mosaic9: bool = False,
+        pad: float = 0.0,
+        stride: int = 32,
+        orig_shapes: np.ndarray | None = None,
+    ) -> None:
+        self.loaded_shapes = np.asarray(loaded_shapes, dtype=np.int64).reshape(-1, 2)
+        if len(self.loaded_shapes) == 0:
+            raise ValueError("ParamSampler needs at least one image")
+        if (self.loaded_shapes < 1).any():
+            bad = int(np.nonzero((self.loaded_shapes < 1).any(1))[0][0])
+            raise ValueError(f"loaded shape of index {bad} is {tuple(self.loaded_shapes[bad])}; sizes must be >= 1")
+        self.hyp = load_hyp(hyp)
+        self.imgsz = int(imgsz)
+        self.augment = bool(augment)
+        self.seed = int(seed)
+        self.mosaic9 = bool(mosaic9)
+        self.pad = float(pad)
+        self.stride = int(stride)
+        n = len(self.loaded_shapes)
+        self.rect_shapes = None if rect_shapes is None else np.asarray(rect_shapes, np.int64).reshape(-1, 2)
+        if self.rect_shapes is not None and len(self.rect_shapes) != n:
+            raise ValueError(f"rect_shapes has {len(self.rect_shapes)} rows for {n} images")
+        self.orig_shapes = self.loaded_shapes if orig_shapes is None else np.asarray(orig_shapes, np.int64).reshape(-1, 2)
+        if len(self.orig_shapes) != n:
+            raise ValueError(f"orig_shapes has {len(self.orig_shapes)} rows for {n} images")
+        # YOLOv9: ``self.mosaic = self.augment and not self.rect``; mixup only happens inside mosaic.
+        self.mosaic_prob = self.hyp["mosaic"] if (self.augment and self.rect_shapes is None) else 0.0
+        self.mixup_prob = self.hyp["mixup"]
+
+    def __len__(self) -> int:
+        return len(self.loaded_shapes)
+
+    def close_mosaic(self) -> None:
+        """Turn mosaic (and with it mixup) off for the remaining epochs (YOLOv9 ``--close-mosaic``)."""
+        self.mosaic_prob = 0.0
+        self.mixup_prob = 0.0
+
+    def plan_rect(self, shapes: np.ndarray, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+        """:func:`rect_batch_shapes` with this sampler's ``imgsz``, ``stride`` and ``pad``."""
+        return rect_batch_shapes(shapes, batch_size, self.imgsz, self.stride, self.pad)
+
+    # -- the record --------------------------------------------------------------------------------
+    def sample(self, epoch: int, index: int) -> SampleParams:
+        """The record of output sample ``index`` in ``epoch`` (pure function of seed, epoch, index)."""
+        index = int(index)
+        n = len(self.loaded_shapes)
+        if not 0 <= index < n:
+            raise IndexError(f"index {index} out of range for {n} images")
+        rng = make_rng(self.seed, epoch, index)
+        hyp = self.hyp
+        mosaic = bool(self.augment and self.mosaic_prob > 0 and rng.random() < self.mosaic_prob)
+        mixup, ratio, shapes = None, 1.0, None
+        if mosaic:
+            image = self._mosaic(rng, index)
+            if self.mixup_prob > 0 and rng.random() < self.mixup_prob:
+                mixup = self._mosaic(rng, int(rng.integers(n)))
+                ratio = float(rng.beta(32.0, 32.0))
+        else:
+            image, shapes = self._letterbox(rng, index)
+        gain = (1.0, 1.0, 1.0)
+        flip_ud = flip_lr = False
+        if self.augment:
+            hsv = (hyp["hsv_h"], hyp["hsv_s"], hyp["hsv_v"])
+            if any(hsv):
+                g = rng.uniform(-1.0, 1.0, 3) * np.asarray(hsv) + 1.0
+                gain = (float(g[0]), float(g[1]), float(g[2]))
+            flip_ud = bool(rng.random() < hyp["flipud"])
+            flip_lr = bool(rng.random() < hyp["fliplr"])
+        return SampleParams(
+            index=index, epoch=int(epoch), image=image, mixup=mixup, mixup_ratio=ratio,
+            hsv_gain=gain, flip_ud=flip_ud, flip_lr=flip_lr, mosaic=mosaic, shapes=shapes,
+        )
+
+    # -- pieces ------------------------------------------------------------------------------------
+    def _perspective(self, rng: np.random.Generator, canvas_hw: tuple[int, int], out_hw: tuple[int, int]) -> tuple[np.ndarray, float]:
+        """YOLOv9 ``random_perspective`` matrix ``M = T @ S @ R @ P @ C`` and its scale draw."""
+        hyp = self.hyp
+        ch, cw = canvas_hw
+        oh, ow = out_hw
+        c = translation(-cw / 2, -ch / 2)  # canvas centre to the origin
+        p = np.eye(3)
+        p[2, 0] = rng.uniform(-hyp["perspective"], hyp["perspective"])
+        p[2, 1] = rng.uniform(-hyp["perspective"], hyp["perspective"])
+        angle = rng.uniform(-hyp["degrees"], hyp["degrees"])
+        scale = rng.uniform(1 - hyp["scale"], 1 + hyp["scale"])
+        r = np.eye(3)  # cv2.getRotationMatrix2D(center=(0, 0), angle, scale)
+        alpha, beta = scale * math.cos(math.radians(angle)), scale * math.sin(math.radians(angle))
+        r[0, :2] = (alpha, beta)
+        r[1, :2] = (-beta, alpha)
+        sh = np.eye(3)
+        sh[0, 1] = math.tan(math.radians(rng.uniform(-hyp["shear"], hyp["shear"])))
+        sh[1, 0] = math.tan(math.radians(rng.uniform(-hyp["shear"], hyp["shear"])))
+        t = translation(
+            rng.uniform(0.5 - hyp["translate"], 0.5 + hyp["translate"]) * ow,
+            rng.uniform(0.5 - hyp["translate"], 0.5 + hyp["translate"]) * oh,
+        )
+        return t @ sh @ r @ p @ c, float(scale)
+
+    def _mosaic(self, rng: np.random.Generator, index: int) -> ImageParams:
+        n = len(self.loaded_shapes)
+        s = self.imgsz
+        k = 9 if self.mosaic9 else 4
+        srcs = np.concatenate(([index], rng.integers(0, n, k - 1)))
+        rng.shuffle(srcs)  # YOLOv9 shuffles the sample's own image among its partners
+        hw = [tuple(int(v) for v in self.loaded_shapes[i]) for i in srcs]
+        placements = _mosaic9_placements(rng, s, hw) if self.mosaic9 else _mosaic4_placements(rng, s, hw)
+        canvas = 2 * s
+        out = canvas - 2 * (s // 2)  # random_perspective border = -s // 2 on each side
+        m, scale = self._perspective(rng, (canvas, canvas), (out, out))
+        tiles = tuple(
+            TileParams(int(src), crop, m @ translation(ox, oy), shape)
+            for src, shape, (crop, (ox, oy)) in zip(srcs, hw, placements)
+            if crop is not None
+        )
+        return ImageParams(tiles, (out, out), 114, scale)
+
+    def _letterbox(self, rng: np.random.Generator, index: int) -> tuple[ImageParams, Any]:
+        h, w = (int(v) for v in self.loaded_shapes[index])
+        if self.rect_shapes is not None:
+            oh, ow = (int(v) for v in self.rect_shapes[index])
+        else:
+            oh = ow = self.imgsz
+        r = min(oh / h, ow / w)
+        if not self.augment:  # YOLOv9: letterbox(..., scaleup=self.augment)
+            r = min(r, 1.0)
+        nw, nh = int(round(w * r)), int(round(h * r))
+        dw, dh = (ow - nw) / 2, (oh - nh) / 2
+        top, left = int(round(dh - 0.1)), int(round(dw - 0.1))
+        sx, sy = nw / w, nh / h
+        # cv2.resize maps pixel centres x -> sx * (x + 0.5) - 0.5; then the border offset.
+        lb = np.array([[sx, 0.0, 0.5 * (sx - 1) + left], [0.0, sy, 0.5 * (sy - 1) + top], [0.0, 0.0, 1.0]])
+        cand = None
+        if self.augment:
+            m, scale = self._perspective(rng, (oh, ow), (oh, ow))
+            lb = m @ lb
+            cand = scale * r
+        h0, w0 = (int(v) for v in self.orig_shapes[index])
+        shapes = ((h0, w0), ((h / h0, w / w0), (dw, dh)))
+        return ImageParams((TileParams(index, (0, 0, w, h), lb, (h, w)),), (oh, ow), 114, cand), shapes
+
+
+Placement = tuple[Crop | None, tuple[int, int]]
+
+
+def _mosaic4_placements(rng: np.random.Generator, s: int, hw: Sequence[tuple[int, int]]) -> list[Placement]:
+    """YOLOv9 ``load_mosaic`` tile layout on the 2s x 2s canvas around a random centre.
+
+    Returns per tile ``(crop in loaded px, (ox, oy) canvas offset of the loaded image)``.
+    """
+    border = -(s // 2)
+    yc = int(rng.uniform(-border, 2 * s + border))
+    xc = int(rng.uniform(-border, 2 * s + border))
+    out: list[Placement] = []
+    for i, (h, w) in enumerate(hw):
+        if i == 0:  # top left: bottom-right corner at the centre
+            xa0, ya0, xa1, ya1 = max(xc - w, 0), max(yc - h, 0), xc, yc
+            xb0, yb0 = w - (xa1 - xa0), h - (ya1 - ya0)
+        elif i == 1:  # top right
+            xa0, ya0, xa1, ya1 = xc, max(yc - h, 0), min(xc + w, 2 * s), yc
+            xb0, yb0 = 0, h - (ya1 - ya0)
+        elif i == 2:  # bottom left
+            xa0, ya0, xa1, ya1 = max(xc - w, 0), yc, xc, min(2 * s, yc + h)
+            xb0, yb0 = w - (xa1 - xa0), 0
+        else:  # bottom right
+            xa0, ya0, xa1, ya1 = xc, yc, min(xc + w, 2 * s), min(2 * s, yc + h)
+            xb0, yb0 = 0, 0
+        crop = (xb0, yb0, xb0 + (xa1 - xa0), yb0 + (ya1 - ya0))
+        out.append((crop if xa1 > xa0 and ya1 > ya0 else None, (xa0 - xb0, ya0 - yb0)))
+    return out
+
+
+def _mosaic9_placements(rng: np.random.Generator, s: int, hw: Sequence[tuple[int, int]]) -> list[Placement]:
+    """YOLOv9 ``load_mosaic9``: nine tiles on a 3s x 3s canvas, then a random 2s x 2s window."""
+    rects = []
+    h0 = w0 = hp = wp = 0
+    for i, (h, w) in enumerate(hw):
+        if i == 0:  # centre
+            h0, w0 = h, w
+            c = (s, s, s + w, s + h)
+        elif i == 1:  # top
+            c = (s, s - h, s + w, s)
+        elif i == 2:  # top right
+            c = (s + wp, s - h, s + wp + w, s)
+        elif i == 3:  # right
+            c = (s + w0, s, s + w0 + w, s + h)
+        elif i == 4:  # bottom right
+            c = (s + w0, s + hp, s + w0 + w, s + hp + h)
+        elif i == 5:  # bottom
+            c = (s + w0 - w, s + h0, s + w0, s + h0 + h)
+        elif i == 6:  # bottom left
+            c = (s + w0 - wp - w, s + h0, s + w0 - wp, s + h0 + h)
+        elif i == 7:  # left
+            c = (s - w, s + h0 - h, s, s + h0)
+        else:  # top left
+            c = (s - w, s + h0 - hp - h, s, s + h0 - hp)
+        rects.append(c)
+        hp, wp = h, w
+    yc = int(rng.uniform(0, s))
+    xc = int(rng.uniform(0, s))
+    out: list[Placement] = []
+    for (x0, y0, x1, y1) in rects:
+        # visible = tile rect clipped to the 3s canvas (YOLOv9 clips at 0) and to the window
+        vx0, vy0 = max(x0, 0, xc), max(y0, 0, yc)
+        vx1, vy1 = min(x1, 3 * s, xc + 2 * s), min(y1, 3 * s, yc + 2 * s)
+        crop = (vx0 - x0, vy0 - y0, vx1 - x0, vy1 - y0)
+        out.append((crop if vx1 > vx0 and vy1 > vy0 else None, (x0 - xc, y0 - yc)))
+    return out

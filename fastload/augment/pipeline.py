@@ -1,0 +1,61 @@
+"""One output sample from its record: tiles, mixup blend, HSV, flips.
+
+:func:`render_sample` is what the CPU engine runs per sample; the GPU engines apply the same
+records with their own kernels.  Order (YOLOv9 ``__getitem__``): mosaic / letterbox (+ random
+perspective, folded into the tile matrices), mixup, HSV, flip up-down, flip left-right.
+"""
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+import cv2
+import numpy as np
+
+from fastload.augment.functional.color import apply_hsv
+from fastload.augment.functional.flip import flip_inplace
+from fastload.augment.functional.tiles import render_image
+from fastload.augment.params import ParamSampler, SampleParams
+
+__all__ = ["render_sample", "mixup_blend", "sample_batch_records"]
+
+# cv2.addWeighted rounds; YOLOv9 truncates ((a*r + b*(1-r)).astype(uint8)).  round(x - 0.5 + d)
+# equals floor(x) except within d of an integer, where float noise decides either way.
+_FLOOR_BIAS = -0.5 + 1e-4
+
+
+def mixup_blend(img: np.ndarray, other: np.ndarray, ratio: float) -> np.ndarray:
+    """``img = floor(img * ratio + other * (1 - ratio))`` in place (YOLOv9 mixup), one cv2 pass."""
+    cv2.addWeighted(img, float(ratio), other, 1.0 - float(ratio), _FLOOR_BIAS, dst=img)
+    return img
+
+
+def render_sample(
+    params: SampleParams,
+    get_image: Callable[[int], np.ndarray],
+    out: np.ndarray | None = None,
+    *,
+    hsv: bool = True,
+    scratch: np.ndarray | None = None,
+) -> np.ndarray:
+    """Draw sample ``params`` into ``out`` (HWC uint8, allocated when None) and return it.
+
+    Args:
+        get_image: loaded RGB HWC uint8 image of a dataset index.
+        hsv: apply the HSV gains here (False: the caller applies ``params.hsv_gain`` later,
+            e.g. :func:`fastload.augment.functional.torch_ops.apply_hsv_batch` on the GPU; flips
+            commute with HSV, so deferring it is exact).
+        scratch: optional HWC uint8 buffer of the output size for the mixup partner.
+    """
+    out = render_image(params.image, get_image, out)
+    if params.mixup is not None:
+        other = render_image(params.mixup, get_image, scratch)
+        mixup_blend(out, other, params.mixup_ratio)
+    if hsv:
+        apply_hsv(out, params.hsv_gain)
+    flip_inplace(out, params.flip_ud, params.flip_lr)
+    return out
+
+
+def sample_batch_records(sampler: ParamSampler, epoch: int, indices: Iterable[int]) -> list[SampleParams]:
+    """The records of a batch (``sampler.sample(epoch, i)`` for each index)."""
+    return [sampler.sample(epoch, int(i)) for i in indices]

@@ -1,0 +1,37 @@
+"""Shared helpers of the augmentation tests: loaded images + labels from coco128 or synthetic data."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import cv2
+import numpy as np
+
+from fastload.data.images import read_image_file, resize_long_side
+
+
+def load_folder(root: Path, imgsz: int, limit: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Loaded RGB images (long side imgsz) and their labels from a YOLO ``images/``+``labels/`` tree."""
+    files = sorted(p for p in (root / "images").rglob("*") if p.suffix.lower() in (".jpg", ".png"))[:limit]
+    images, labels = [], []
+    for f in files:
+        images.append(np.ascontiguousarray(resize_long_side(read_image_file(f), imgsz)))
+        lf = Path(str(f).replace("/images/", "/labels/")).with_suffix(".txt")
+        lab = np.loadtxt(lf, ndmin=2, dtype=np.float32) if lf.is_file() and lf.stat().st_size else np.zeros((0, 5), np.float32)
+        labels.append(lab.reshape(-1, 5))
+    return images, labels
+
+
+def smooth_images(n: int, imgsz: int, seed: int = 0) -> list[np.ndarray]:
+    """Photo-like smooth random images of assorted loaded shapes (long side imgsz)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        short = int(rng.integers(imgsz // 4, imgsz + 1))
+        h, w = (imgsz, short) if rng.random() < 0.5 else (short, imgsz)
+        img = rng.integers(0, 256, (h, w, 3)).astype(np.uint8)
+        out.append(cv2.GaussianBlur(img, (0, 0), 2.5))
+    return out
+
+
+def shapes_of(images: list[np.ndarray]) -> np.ndarray:
+    return np.array([im.shape[:2] for im in images], np.int64)

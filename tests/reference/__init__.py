@@ -1,0 +1,1 @@
+"""Clean-room reference implementations used as test oracles and benchmark baselines."""

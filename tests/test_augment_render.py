@@ -1,0 +1,219 @@
+"""Pixel kernels: fast tile path vs the stock canvas + warpAffine, HSV, mixup, flips, odd inputs."""
+from __future__ import annotations
+
+import cv2
+import numpy as np
+import pytest
+
+from fastload.augment.functional.color import apply_hsv, apply_hsv_reference
+from fastload.augment.functional.flip import flip_inplace, to_chw
+from fastload.augment.params import ImageParams, ParamSampler, TileParams
+from fastload.augment.pipeline import mixup_blend, render_sample
+from tests.augment_helpers import load_folder, shapes_of, smooth_images
+from tests.reference.stock_yolov9 import augment_hsv, mixup_pixels, render_record
+
+
+def _parity(images, hyp, n, seed=0):
+    s = ParamSampler(shapes_of(images), hyp, 640, seed=seed)
+    stats = []
+    for i in range(n):
+        p = s.sample(0, i % len(images))
+        fast = render_sample(p, images.__getitem__, hsv=False)
+        ref = render_record(p, images.__getitem__, hsv=False)
+        d = np.abs(fast.astype(np.int16) - ref.astype(np.int16))
+        stats.append((d.mean(), np.percentile(d, 99)))
+    return np.array(stats)
+
+
+@pytest.fixture(scope="module")
+def coco_images(coco128_yaml):
+    return load_folder(coco128_yaml.parent, 640, 24)
+
+
+def test_parity_mosaic_coco128(coco_images):
+    """Axis-aligned mosaics (scratch-high) on real photos: mean |diff| <= 1 level per image."""
+    images, _ = coco_images
+    st = _parity(images, {"mixup": 0.5}, 24)
+    assert st[:, 0].max() <= 1.0 and st[:, 0].mean() <= 0.5, st[:, 0]
+    assert st[:, 1].max() <= 8, st[:, 1]  # 99 % of pixels within 8 levels (seams hold the rest)
+
+
+def test_parity_mosaic_smooth_images():
+    images = smooth_images(12, 640)
+    st = _parity(images, {"mixup": 0.5}, 12, seed=3)
+    assert st[:, 0].max() <= 1.0, st[:, 0]
+
+
+@pytest.mark.parametrize("hyp", [{"degrees": 10.0, "shear": 4.0}, {"degrees": 5.0, "perspective": 0.0005}])
+def test_parity_general_warp(hyp):
+    """Rotation / shear / perspective go through warpAffine / warpPerspective of each crop."""
+    images = smooth_images(8, 640, seed=1)
+    st = _parity(images, hyp, 8)
+    assert st[:, 0].max() <= 0.3, st[:, 0]
+
+
+def test_letterbox_bit_exact():
+    images = smooth_images(6, 640, seed=2) + [np.full((20, 30, 3), 7, np.uint8)]
+    shapes = shapes_of(images)
+    rect = np.array([[640, 672]] * 3 + [[480, 352]] * 4)
+    for kw in ({}, {"rect_shapes": rect}):
+        s = ParamSampler(shapes, None, 640, augment=False, **kw)
+        for i in range(len(images)):
+            p = s.sample(0, i)
+            assert np.array_equal(render_sample(p, images.__getitem__), render_record(p, images.__getitem__))
+
+
+def test_training_letterbox_close_mosaic():
+    images = smooth_images(6, 640, seed=4)
+    s = ParamSampler(shapes_of(images), None, 640, seed=0)
+    s.close_mosaic()
+    for i in range(6):
+        p = s.sample(2, i)
+        d = np.abs(render_sample(p, images.__getitem__, hsv=False).astype(int) - render_record(p, images.__getitem__, hsv=False))
+        assert d.mean() <= 1.0
+
+
+def test_render_into_batch_view_and_flip():
+    images = smooth_images(4, 320, seed=5)
+    s = ParamSampler(shapes_of(images), {"fliplr": 1.0, "flipud": 1.0}, 320, seed=0)
+    batch = np.zeros((4, 320, 320, 3), np.uint8)
+    for i in range(4):
+        p = s.sample(0, i)
+        assert p.flip_lr and p.flip_ud
+        ret = render_sample(p, images.__getitem__, out=batch[i], hsv=False)
+        assert ret is batch[i] or np.shares_memory(ret, batch)
+        unflipped = render_sample(p.__class__(**{**p.__dict__, "flip_lr": False, "flip_ud": False}), images.__getitem__, hsv=False)
+        assert np.array_equal(batch[i], unflipped[::-1, ::-1])
+
+
+def test_flip_helpers():
+    rng = np.random.default_rng(0)
+    img = rng.integers(0, 256, (5, 7, 3)).astype(np.uint8)
+    for ud in (False, True):
+        for lr in (False, True):
+            want = img[:: -1 if ud else 1, :: -1 if lr else 1]
+            assert np.array_equal(flip_inplace(img.copy(), ud, lr), want)
+            assert np.array_equal(to_chw(img, flip_ud=ud, flip_lr=lr), want.transpose(2, 0, 1))
+            batch = np.zeros((2, 3, 5, 7), np.uint8)  # a slot of a batch buffer
+            to_chw(img, batch[1], flip_ud=ud, flip_lr=lr)
+            assert np.array_equal(batch[1], want.transpose(2, 0, 1)) and not batch[0].any()
+            strided = np.zeros((3, 5, 14), np.uint8)[:, :, ::2]  # non-contiguous planes: numpy path
+            to_chw(img, strided, flip_ud=ud, flip_lr=lr)
+            assert np.array_equal(strided, want.transpose(2, 0, 1))
+
+
+# ---------------------------------------------------------------------------------------- HSV
+def _hsv_images():
+    rng = np.random.default_rng(0)
+    imgs = smooth_images(2, 256, seed=6)
+    imgs.append(rng.integers(0, 256, (64, 256, 3)).astype(np.uint8))  # saturated, noisy colours
+    return imgs
+
+
+def test_hsv_fast_matches_stock_luts():
+    """apply_hsv == the stock LUT path except one level where the hue wraps past 180 (rare)."""
+    rng = np.random.default_rng(1)
+    worst, frac = 0, 0.0
+    for img in _hsv_images():
+        for _ in range(25):
+            g = rng.uniform(-1, 1, 3) * [0.015, 0.7, 0.4] + 1
+            a, b = apply_hsv(img.copy(), g), apply_hsv_reference(img.copy(), g)
+            d = np.abs(a.astype(int) - b)
+            worst, frac = max(worst, d.max()), max(frac, (d > 0).mean())
+    assert worst <= 1 and frac <= 1e-3, (worst, frac)
+
+
+def test_hsv_reference_is_stock_on_bgr_and_identity():
+    img = _hsv_images()[2]
+    g = [1.01, 1.4, 0.7]
+    bgr = np.ascontiguousarray(img[..., ::-1])
+    augment_hsv(bgr, g, bgr=True)
+    assert np.array_equal(apply_hsv_reference(img.copy(), g), bgr[..., ::-1])
+    assert np.array_equal(apply_hsv(img.copy(), (1.0, 1.0, 1.0)), img)
+    # large hue gains (outside scratch-high) take the LUT path and stay exact
+    g = [1.6, 1.0, 1.0]
+    assert np.array_equal(apply_hsv(img.copy(), g), apply_hsv_reference(img.copy(), g))
+
+
+def test_opencv_hue_wrap_assumption():
+    """apply_hsv leaves H = 180 + k unwrapped; OpenCV's HSV->RGB treats it as k (within 1 level)."""
+    s, v = np.meshgrid(np.arange(256), np.arange(256))
+    for k in (0, 1):
+        a = np.stack([np.full_like(s, 180 + k), s, v], -1).astype(np.uint8)
+        b = np.stack([np.full_like(s, k), s, v], -1).astype(np.uint8)
+        d = np.abs(cv2.cvtColor(a, cv2.COLOR_HSV2RGB).astype(int) - cv2.cvtColor(b, cv2.COLOR_HSV2RGB))
+        assert d.max() <= 1 and (d > 0).mean() < 0.01
+
+
+# -------------------------------------------------------------------------------------- mixup
+def test_mixup_blend_matches_stock_truncation():
+    rng = np.random.default_rng(2)
+    a = rng.integers(0, 256, (128, 128, 3)).astype(np.uint8)
+    b = rng.integers(0, 256, (128, 128, 3)).astype(np.uint8)
+    for r in rng.beta(32, 32, 10):
+        want = mixup_pixels(a, b, r)
+        got = mixup_blend(a.copy(), b, r)
+        d = np.abs(got.astype(int) - want)
+        assert d.max() <= 1 and (d > 0).mean() < 0.01
+
+
+# --------------------------------------------------------------------------------- odd inputs
+def test_tiny_and_single_images():
+    tiny = [np.full((20, 30, 3), 50 + 40 * i, np.uint8) for i in range(3)]
+    s = ParamSampler(shapes_of(tiny), {"mixup": 1.0}, 640, seed=0)
+    for i in range(3):
+        p = s.sample(0, i)
+        img = render_sample(p, tiny.__getitem__)
+        assert img.shape == (640, 640, 3)
+    one = [np.full((640, 480, 3), 9, np.uint8)]  # one image: partners are itself
+    p = ParamSampler(shapes_of(one), None, 640).sample(0, 0)
+    assert {t.src for t in p.image.tiles} == {0}
+    assert render_sample(p, one.__getitem__).shape == (640, 640, 3)
+
+
+def test_wrong_image_shape_is_reported():
+    images = smooth_images(2, 320)
+    p = ParamSampler(shapes_of(images), None, 320).sample(0, 0)
+    with pytest.raises(ValueError, match="loaded shape"):
+        render_sample(p, lambda i: np.zeros((10, 10, 3), np.uint8))
+    with pytest.raises(ValueError, match="out must be"):
+        render_sample(p, images.__getitem__, out=np.zeros((10, 10, 3), np.uint8))
+
+
+def test_tile_outside_output_is_skipped():
+    img = np.full((50, 50, 3), 200, np.uint8)
+    m = np.array([[1.3, 0, 900.0], [0, 1.3, 10], [0, 0, 1]])
+    ip = ImageParams((TileParams(0, (0, 0, 50, 50), m, (50, 50)),), (100, 100))
+    from fastload.augment.functional.tiles import render_image
+
+    assert (render_image(ip, [img].__getitem__) == 114).all()
+
+
+def test_parity_mosaic9():
+    images = smooth_images(10, 640, seed=7)
+    s = ParamSampler(shapes_of(images), {"mixup": 0.3}, 640, seed=0, mosaic9=True)
+    for i in range(6):
+        p = s.sample(0, i)
+        assert 1 <= len(p.image.tiles) <= 9 and p.out_hw == (640, 640)
+        d = np.abs(render_sample(p, images.__getitem__, hsv=False).astype(int) - render_record(p, images.__getitem__, hsv=False))
+        assert d.mean() <= 1.0
+
+
+def test_stock_dataset_smoke(coco128_yaml):
+    """The benchmark's "stock loader": fresh tensors, YOLOv9 batch tuple."""
+    import torch
+
+    from tests.reference.stock_yolov9 import StockDataset
+
+    root = coco128_yaml.parent
+    files = sorted((root / "images").rglob("*.jpg"))[:6]
+    _, labels = load_folder(root, 640, 6)
+    ds = StockDataset(files, labels, 320, None, seed=0)
+    dl = torch.utils.data.DataLoader(ds, batch_size=3, collate_fn=StockDataset.collate_fn)
+    imgs, targets, paths, shapes = next(iter(dl))
+    assert imgs.shape == (3, 3, 320, 320) and imgs.dtype == torch.uint8
+    assert targets.shape[1] == 6 and set(targets[:, 0].tolist()) <= {0.0, 1.0, 2.0}
+    assert len(paths) == 3 and len(shapes) == 3
+    val = StockDataset(files, labels, 320, None, augment=False)
+    img, lab, _, shp = val[0]
+    assert img.shape[1:] == (320, 320) and shp[0] == tuple(val.aug.shapes[0])
