@@ -1,6 +1,7 @@
 """fastload: object-detection data loading that keeps the GPU busy.
 
-The public entry is :func:`fastload.loader`; see ``docs/design.md`` for the package map.
+The public entry is :func:`fastload.loader` (defined in :mod:`fastload.fastloader`); see
+``docs/design.md`` for the package map.
 """
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ __version__ = "0.1.0"
 __all__ = ["loader", "__version__"]
 
 
-def loader(*args: Any, **kwargs: Any):
-    """Build the YOLOv9-compatible training/validation loader; see :func:`fastload.loader.loader`."""
-    from fastload.loader import loader as _loader
+def __getattr__(name: str) -> Any:
+    # `fastload.loader` resolves on first use, so `import fastload` (and the CLI's --help) does not import torch.
+    if name == "loader":
+        from fastload.fastloader import loader
 
-    return _loader(*args, **kwargs)
+        return loader
+    raise AttributeError(f"module 'fastload' has no attribute {name!r}")

@@ -7,10 +7,11 @@ import pytest
 
 from fastload.augment.functional.color import apply_hsv, apply_hsv_reference
 from fastload.augment.functional.flip import flip_inplace, to_chw
+from fastload.augment.functional.tiles import render_image
 from fastload.augment.params import ImageParams, ParamSampler, TileParams
 from fastload.augment.pipeline import mixup_blend, render_sample
 from tests.augment_helpers import load_folder, shapes_of, smooth_images
-from tests.reference.stock_yolov9 import augment_hsv, mixup_pixels, render_record
+from tests.reference.stock_yolov9 import augment_hsv, mixup_pixels, render_image_record, render_record
 
 
 def _parity(images, hyp, n, seed=0):
@@ -217,3 +218,16 @@ def test_stock_dataset_smoke(coco128_yaml):
     val = StockDataset(files, labels, 320, None, augment=False)
     img, lab, _, shp = val[0]
     assert img.shape[1:] == (320, 320) and shp[0] == tuple(val.aug.shapes[0])
+
+
+
+def test_sliver_tile_whose_resize_ends_before_its_offset():
+    """A tile of which only output row 0 is visible (scale 1.15, the crop's last row lands at y = 0.58): the
+    clamped copy once found no resized row left at its offset (a record of the synthetic set at imgsz 128,
+    scale 0.5, epoch 32). It must render like the reference."""
+    src = cv2.GaussianBlur(np.random.default_rng(6).integers(0, 256, (128, 75, 3)).astype(np.uint8), (0, 0), 2.5)
+    m = np.array([[1.1496986453976223, 0, -5.80469884], [0, 1.1496986453976223, -146.58254868], [0, 0, 1]])
+    image = ImageParams(tiles=(TileParams(src=0, crop=(0, 55, 75, 128), matrix=m, src_hw=(128, 75)),), out_hw=(128, 128))
+    fast = render_image(image, [src].__getitem__)
+    ref = render_image_record(image, [src].__getitem__, mosaic=True)
+    assert np.abs(fast.astype(np.int16) - ref.astype(np.int16)).mean() <= 1.0

@@ -309,7 +309,7 @@ def measure_loader(
     """
     name = f"{engine}/{store_kind}"
     try:
-        import fastload.loader as _  # noqa: F401  (lands last; its absence is a skip, not a crash)
+        import fastload.fastloader as _  # noqa: F401  (lands last; its absence is a skip, not a crash)
         from fastload import loader as make_loader
     except ImportError as e:
         return Measurement("loader", name, skipped=f"fastload.loader unavailable: {e}")

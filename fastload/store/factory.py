@@ -47,14 +47,9 @@ def open_store(
     if kind != "auto" and kind not in KINDS:
         raise ValueError(f"unknown store kind {kind!r}; choose auto or one of {', '.join(KINDS)}")
     if kind == "gpu":
-        from fastload.store import gpu  # written separately; imported only when asked for
+        from fastload.store.gpu import open_gpu_store  # imports torch's CUDA side only when asked for
 
-        opener = getattr(gpu, "open_gpu_store", None)
-        if opener is not None:
-            return opener(data, split=split, imgsz=imgsz, **kwargs)
-        # otherwise a GpuStore wraps the best host store (``base=`` picks its kind)
-        base = open_store(data, split=split, kind=kwargs.pop("base", "auto"), imgsz=imgsz)
-        return gpu.GpuStore(base, **kwargs)
+        return open_gpu_store(data, split=split, imgsz=imgsz, **kwargs)
 
     if isinstance(data, (str, os.PathLike)) and Path(data).is_dir():
         root = Path(data)

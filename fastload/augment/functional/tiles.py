@@ -32,7 +32,7 @@ __all__ = ["render_image", "draw_tile"]
 _EXACT = 1e-9
 _SEARCH = np.arange(64)  # source-origin candidates tried per axis
 _PHASE_OK = 0.01  # output px: take the first origin at least this well aligned
-_PHASE_MAX = 0.05  # output px: beyond this the tile is warped instead
+PHASE_MAX = 0.05  # output px: beyond this the tile is warped instead
 
 
 def _check_out(out: np.ndarray | None, hw: tuple[int, int]) -> np.ndarray:
@@ -66,8 +66,8 @@ def draw_tile(out: np.ndarray, src: np.ndarray, tile: TileParams) -> None:
 
 
 @dataclass(frozen=True)
-class _Span:
-    """1-D plan of an exact-scale resize (see :func:`_axis_plan`)."""
+class Span:
+    """1-D plan of an exact-scale resize (see :func:`axis_plan`)."""
 
     d0: int  # output pixels [d0, d1) owned by the tile
     d1: int
@@ -77,7 +77,7 @@ class _Span:
     err: float  # remaining sub-pixel phase error, output pixels
 
 
-def _axis_plan(a: float, t: float, c0: int, c1: int, n_src: int, n_out: int) -> _Span | None:
+def axis_plan(a: float, t: float, c0: int, c1: int, n_src: int, n_out: int) -> Span | None:
     """Plan one axis of drawing crop ``[c0, c1)`` with ``X = a * x + t`` by ``cv2.resize(fx=a)``.
 
     The tile owns the output pixels whose sampling point ``(X - t) / a`` falls in the crop's
@@ -101,21 +101,21 @@ def _axis_plan(a: float, t: float, c0: int, c1: int, n_src: int, n_out: int) -> 
     j0 = d0 - int(round(x_start[k]))
     # source end: the crop end, the image end, or just past the last output pixel's taps
     s1 = min(n_src, c1 + 1, math.floor((d1 - 1 - t) / a) + 3)
-    return _Span(d0, d1, s0, s1, j0, float(err[k]))
+    return Span(d0, d1, s0, s1, j0, float(err[k]))
 
 
 def _draw_resize(out: np.ndarray, src: np.ndarray, tile: TileParams) -> bool:
     """Draw an axis-aligned tile with one exact-scale resize; False when the phase cannot be
-    matched within ``_PHASE_MAX`` (the caller then warps)."""
+    matched within ``PHASE_MAX`` (the caller then warps)."""
     m = tile.matrix
     x0, y0, x1, y1 = tile.crop
     oh, ow = out.shape[:2]
     sh, sw = src.shape[:2]
-    xs = _axis_plan(m[0, 0], m[0, 2], x0, x1, sw, ow)
-    ys = _axis_plan(m[1, 1], m[1, 2], y0, y1, sh, oh)
+    xs = axis_plan(m[0, 0], m[0, 2], x0, x1, sw, ow)
+    ys = axis_plan(m[1, 1], m[1, 2], y0, y1, sh, oh)
     if xs is None or ys is None:
         return True
-    if max(xs.err, ys.err) > _PHASE_MAX:
+    if max(xs.err, ys.err) > PHASE_MAX:
         return False
     part = src[max(ys.s0, 0) : ys.s1, max(xs.s0, 0) : xs.s1]
     if xs.s0 < 0 or ys.s0 < 0:  # origin before the image: pad (only feeds the seam pixels)
@@ -138,6 +138,11 @@ def _copy_clamped(dst: np.ndarray, full: np.ndarray, j0: int, i0: int) -> None:
     the image edge and the phase rounding lost it: a seam pixel) repeats its neighbour."""
     h = min(dst.shape[0], full.shape[0] - j0)
     w = min(dst.shape[1], full.shape[1] - i0)
+    if h <= 0 or w <= 0:  # a sliver whose resize ends before the offset: every pixel repeats the nearest edge
+        rows = np.minimum(np.arange(j0, j0 + dst.shape[0]), full.shape[0] - 1)
+        cols = np.minimum(np.arange(i0, i0 + dst.shape[1]), full.shape[1] - 1)
+        dst[:] = full[rows[:, None], cols[None, :]]
+        return
     dst[:h, :w] = full[j0 : j0 + h, i0 : i0 + w]
     if w < dst.shape[1]:
         dst[:h, w:] = dst[:h, w - 1 : w]

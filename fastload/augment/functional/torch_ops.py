@@ -81,19 +81,21 @@ def apply_hsv_batch(imgs: torch.Tensor, gains: torch.Tensor, *, chunk: int = 16)
 
     Args:
         imgs: uint8 [B, 3, H, W] RGB.
-        gains: float [B, 3] ``(gh, gs, gv)`` per image (rows of exactly 1 are left untouched).
+        gains: float [B, 3] ``(gh, gs, gv)`` per image (rows of exactly 1 are left untouched). Pass them on the
+            host, as the parameter records hold them: choosing the images to touch then needs no device sync.
         chunk: images per step (bounds the temporaries: about 60 bytes per pixel).
     """
     if imgs.dtype != torch.uint8 or imgs.dim() != 4 or imgs.shape[1] != 3:
         raise ValueError(f"imgs must be uint8 [B, 3, H, W], got {imgs.dtype} {tuple(imgs.shape)}")
-    gains = torch.as_tensor(gains, device=imgs.device).reshape(-1, 3)
-    if gains.shape[0] != imgs.shape[0]:
-        raise ValueError(f"gains has {gains.shape[0]} rows for {imgs.shape[0]} images")
+    host_gains = torch.as_tensor(gains, dtype=torch.float64).reshape(-1, 3).cpu()
+    if host_gains.shape[0] != imgs.shape[0]:
+        raise ValueError(f"gains has {host_gains.shape[0]} rows for {imgs.shape[0]} images")
     out = imgs.clone()
-    active = torch.nonzero((gains != 1).any(dim=1)).flatten()
-    if active.numel() == 0:
+    active_host = torch.nonzero((host_gains != 1).any(dim=1)).flatten()
+    if active_host.numel() == 0:
         return out
-    tables = _tables(gains[active])
+    active = active_host.to(imgs.device, non_blocking=True)
+    tables = _tables(host_gains[active_host]).to(imgs.device, non_blocking=True)
     for k in range(0, active.numel(), chunk):
         sel = active[k : k + chunk]
         tab = tables[k : k + chunk]
@@ -108,12 +110,11 @@ def apply_hsv_batch(imgs: torch.Tensor, gains: torch.Tensor, *, chunk: int = 16)
 
 
 def flip_batch(imgs: torch.Tensor, flip_ud: torch.Tensor | None = None, flip_lr: torch.Tensor | None = None) -> torch.Tensor:
-    """Per-image flips of [B, C, H, W] images with bool [B] masks; returns a new tensor."""
+    """Per-image flips of [B, C, H, W] images with bool [B] masks (on the host: no device sync); returns a new tensor."""
     out = imgs
-    if flip_ud is not None and bool(torch.as_tensor(flip_ud).any()):
-        m = torch.as_tensor(flip_ud, device=imgs.device).bool().view(-1, 1, 1, 1)
-        out = torch.where(m, out.flip(-2), out)
-    if flip_lr is not None and bool(torch.as_tensor(flip_lr).any()):
-        m = torch.as_tensor(flip_lr, device=imgs.device).bool().view(-1, 1, 1, 1)
-        out = torch.where(m, out.flip(-1), out)
+    for mask, dim in ((flip_ud, -2), (flip_lr, -1)):
+        host_mask = None if mask is None else torch.as_tensor(mask).bool().cpu()
+        if host_mask is not None and bool(host_mask.any()):
+            m = host_mask.to(imgs.device, non_blocking=True).view(-1, 1, 1, 1)
+            out = torch.where(m, out.flip(dim), out)
     return out if out is not imgs else imgs.clone()

@@ -144,8 +144,7 @@ def _ref_tiles() -> Any:
 def _resize_row(k: int, order: int, tile: TileParams, off: int, sh: int, sw: int, out_hw: tuple[int, int]) -> tuple | None | bool:
     """Plan row of an axis-aligned tile, None when it draws nothing, False when it must be warped."""
     ref = _ref_tiles()
-    plan = getattr(ref, "axis_plan", None) or getattr(ref, "_axis_plan")
-    phase_max = getattr(ref, "PHASE_MAX", getattr(ref, "_PHASE_MAX", 0.05))
+    plan, phase_max = ref.axis_plan, ref.PHASE_MAX
     m = tile.matrix
     x0, y0, x1, y1 = tile.crop
     oh, ow = out_hw

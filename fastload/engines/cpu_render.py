@@ -1,0 +1,120 @@
+"""Rendering one whole batch on the CPU: the work a CPU worker (or the main process) does per task.
+
+For every index of the batch it samples the augmentation record (a pure function of
+``(seed, epoch, index)``, so the result does not depend on which process renders it), draws the
+sample straight into the batch buffer with :func:`fastload.augment.pipeline.render_sample` and
+moves the boxes with :func:`fastload.augment.boxes.transform_labels`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from fastload.engines.base import collate_targets
+from fastload.engines.shm_cache import SharedDecodeCache
+from fastload.store.base import Store
+
+
+@dataclass
+class RenderedBatch:
+    """What a rendered batch sends back besides its pixels (which are already in the slot)."""
+
+    hw: tuple[int, int]
+    targets: np.ndarray  # float32 [N, 6]
+    shapes: list[Any]
+    gains: np.ndarray | None  # float32 [B, 3] HSV gains still to apply (consumer HSV), else None
+
+
+class BatchRenderer:
+    """Everything a process needs to render batches; built once, before the workers fork.
+
+    Args:
+        store: the loader's store view.
+        sampler: the parameter sampler.
+        imgsz: long side of loaded images.
+        cache: the shared decoded-image cache for encoded stores (None: decode on every read).
+        hsv_in_worker: apply the HSV gains while rendering (False: return them for the consumer).
+        layout: ``"nhwc"`` (render straight into the slot) or ``"nchw"`` (render into a scratch
+            image, then one transposing copy into the CHW slot).
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        sampler: Any,
+        *,
+        imgsz: int,
+        cache: SharedDecodeCache | None = None,
+        hsv_in_worker: bool = True,
+        layout: str = "nhwc",
+    ) -> None:
+        if layout not in ("nhwc", "nchw"):
+            raise ValueError(f"layout must be 'nhwc' or 'nchw', got {layout!r}")
+        self.store = store
+        self.sampler = sampler
+        self.imgsz = int(imgsz)
+        self.cache = cache
+        self.hsv_in_worker = hsv_in_worker
+        self.layout = layout
+        self.labels: Sequence[np.ndarray] = store.labels
+        self._scratch: np.ndarray | None = None
+        self._mosaic_closed = False
+        # the pixel and box functions; replaceable (before workers fork) to test the machinery alone
+        self.render_fn: Callable[..., np.ndarray] | None = None
+        self.labels_fn: Callable[[Any, Sequence[np.ndarray]], np.ndarray] | None = None
+
+    # -- images ---------------------------------------------------------------------------------------
+    def _load(self, i: int) -> np.ndarray:
+        return self.store.load(int(i), self.imgsz)
+
+    def get_image(self, i: int) -> np.ndarray:
+        """Loaded RGB HWC uint8 image of loader index ``i`` (decoded stores: a zero-copy view)."""
+        if self.cache is not None and not self.store.decoded:
+            return self.cache.get(int(i), self._load)
+        return self._load(i)
+
+    # -- state that the consumer may change between epochs ------------------------------------------------
+    def sync(self, mosaic_closed: bool) -> None:
+        """Bring this process's sampler copy in line with the consumer's (forked workers hold copies)."""
+        if mosaic_closed and not self._mosaic_closed:
+            self.sampler.close_mosaic()
+            self._mosaic_closed = True
+
+    # -- the work ------------------------------------------------------------------------------------------
+    def render(self, epoch: int, indices: np.ndarray, slot_array) -> RenderedBatch:
+        """Render ``indices`` into the batch buffer given by ``slot_array(b, h, w)`` (a numpy view).
+
+        All samples of a batch must share one output size (square ``imgsz`` in training, the rect
+        batch shape in validation).
+        """
+        render_sample, transform_labels = self.render_fn, self.labels_fn
+        if render_sample is None or transform_labels is None:
+            from fastload.augment.boxes import transform_labels
+            from fastload.augment.pipeline import render_sample
+        params = [self.sampler.sample(epoch, int(i)) for i in indices]
+        hws = {tuple(int(v) for v in p.image.out_hw) for p in params}
+        if len(hws) != 1:
+            raise ValueError(f"samples of one batch have different output sizes {sorted(hws)} (indices {list(indices)})")
+        h, w = hws.pop()
+        out = slot_array(len(params), h, w)
+        labels = []
+        for k, p in enumerate(params):
+            if self.layout == "nhwc":
+                render_sample(p, self.get_image, out=out[k], hsv=self.hsv_in_worker)
+            else:
+                if self._scratch is None or self._scratch.shape != (h, w, 3):
+                    self._scratch = np.empty((h, w, 3), np.uint8)
+                img = render_sample(p, self.get_image, out=self._scratch, hsv=self.hsv_in_worker)
+                np.copyto(out[k], img.transpose(2, 0, 1))
+            labels.append(transform_labels(p, self.labels))
+        gains = None
+        if not self.hsv_in_worker:
+            gains = np.array([_gain(p) for p in params], np.float32).reshape(-1, 3)
+        return RenderedBatch((h, w), collate_targets(labels), [p.shapes for p in params], gains)
+
+
+def _gain(p: Any) -> tuple[float, float, float]:
+    g = getattr(p, "hsv_gain", None)
+    return (1.0, 1.0, 1.0) if g is None else tuple(float(v) for v in g)  # type: ignore[return-value]

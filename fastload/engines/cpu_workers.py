@@ -1,0 +1,224 @@
+"""Persistent forked worker processes that render whole batches into shared slots.
+
+Protocol (msgpack over one pipe pair per worker, no pickle):
+  task   ``{"s": seq, "e": epoch, "slot": k, "idx": int64 bytes, "mc": mosaic_closed}``, or ``{"stop": 1}``
+  result ``{"s": seq, "slot": k, "hw": [h, w], "t": float32 [N, 6] bytes, "sh": shapes,
+           "g": float32 [B, 3] bytes | None, "c": [cache hits, misses]}``, or ``{"s": seq, "err": traceback}``
+
+Batch ``seq`` always goes to worker ``seq % n``, and each worker answers in task order, so the
+consumer reads results in batch order from one pipe at a time. A worker that dies is noticed by
+polling with a timeout (never a hang): the consumer raises :class:`WorkerError` naming the worker,
+its exit code or signal, and the batch it was rendering.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import sys
+import time
+import traceback
+from multiprocessing.connection import Connection
+from typing import Any
+
+import msgpack
+import numpy as np
+
+from fastload.engines.cpu_render import BatchRenderer
+from fastload.engines.shm_batch import SlotRing
+
+
+class WorkerError(RuntimeError):
+    """A loader worker died or raised; the message says which one, on which batch, and why."""
+
+
+def _worker_main(
+    wid: int,
+    tasks: Connection,
+    results: Connection,
+    renderer: BatchRenderer,
+    ring: SlotRing,
+    foreign: list[Connection],
+) -> None:
+    # The consumer handles Ctrl-C and shuts us down; a KeyboardInterrupt traceback per worker helps nobody.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for c in foreign:  # pipe ends inherited from the parent: holding them would hide the parent's death
+        c.close()
+    try:  # one thread each: the parallelism is the worker count; oversubscription only thrashes
+        import cv2
+
+        cv2.setNumThreads(0)
+    except Exception:  # pragma: no cover - cv2 is a dependency
+        pass
+    import torch
+
+    torch.set_num_threads(1)
+    layout = renderer.layout
+    while True:
+        try:
+            raw = tasks.recv_bytes()
+        except (EOFError, OSError):  # consumer gone
+            break
+        task = msgpack.unpackb(raw)
+        if task.get("stop"):
+            break
+        seq, slot = task["s"], task["slot"]
+        try:
+            renderer.sync(bool(task.get("mc")))
+            idx = np.frombuffer(task["idx"], np.int64)
+            out = renderer.render(task["e"], idx, lambda b, h, w: ring.array(slot, b, h, w, layout))
+            cache = renderer.cache
+            msg = {
+                "s": seq,
+                "slot": slot,
+                "hw": list(out.hw),
+                "t": np.ascontiguousarray(out.targets, np.float32).tobytes(),
+                "sh": [_plain_shapes(s) for s in out.shapes],
+                "g": None if out.gains is None else out.gains.tobytes(),
+                "c": [cache.hits, cache.misses] if cache is not None else [0, 0],
+            }
+        except Exception:
+            msg = {"s": seq, "slot": slot, "err": traceback.format_exc()}
+        try:
+            results.send_bytes(msgpack.packb(msg))
+        except (BrokenPipeError, OSError):
+            break
+    tasks.close()
+    results.close()
+
+
+def _plain_shapes(s: Any) -> Any:
+    if s is None:
+        return None
+    (h0, w0), ((rh, rw), (pw, ph)) = s
+    return [[int(h0), int(w0)], [[float(rh), float(rw)], [float(pw), float(ph)]]]
+
+
+def _describe_exit(code: int | None) -> str:
+    if code is None:
+        return "is unresponsive"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        hint = " (SIGKILL: often the out-of-memory killer; lower workers or batch_size)" if -code == 9 else ""
+        return f"was killed by {name}{hint}"
+    return f"exited with code {code}"
+
+
+class WorkerPool:
+    """``n`` persistent forked workers sharing one :class:`SlotRing` and one renderer state."""
+
+    def __init__(self, n: int, renderer: BatchRenderer, ring: SlotRing, *, timeout: float = 0.0) -> None:
+        if n < 1:
+            raise ValueError("a worker pool needs at least one worker")
+        if "fork" not in mp.get_all_start_methods():
+            raise RuntimeError("fastload CPU workers need the 'fork' start method (Linux/macOS); use workers=0")
+        self.n = n
+        self.timeout = float(timeout)
+        self.inflight = [0] * n  # tasks sent, results not yet read, per worker
+        ctx = mp.get_context("fork")
+        self.procs: list[Any] = []
+        self.tasks: list[Connection] = []
+        self.results: list[Connection] = []
+        for wid in range(n):
+            task_r, task_w = ctx.Pipe(duplex=False)
+            res_r, res_w = ctx.Pipe(duplex=False)
+            foreign = self.tasks + self.results + [task_w, res_r]
+            p = ctx.Process(
+                target=_worker_main,
+                args=(wid, task_r, res_w, renderer, ring, foreign),
+                name=f"fastload-worker-{wid}",
+                daemon=True,
+            )
+            p.start()
+            task_r.close()  # the child's ends: closing ours lets recv() see EOF when a child dies
+            res_w.close()
+            self.procs.append(p)
+            self.tasks.append(task_w)
+            self.results.append(res_r)
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs]
+
+    def alive(self) -> bool:
+        return bool(self.procs) and all(p.is_alive() for p in self.procs)
+
+    def submit(self, seq: int, epoch: int, slot: int, indices: np.ndarray, mosaic_closed: bool) -> None:
+        wid = seq % self.n
+        msg = {"s": seq, "e": int(epoch), "slot": slot, "idx": np.asarray(indices, np.int64).tobytes(), "mc": mosaic_closed}
+        try:
+            self.tasks[wid].send_bytes(msgpack.packb(msg))
+        except (BrokenPipeError, OSError) as e:
+            raise self._death(wid, seq) from e
+        self.inflight[wid] += 1
+
+    def receive(self, seq: int) -> dict[str, Any]:
+        """The result of batch ``seq`` (raises WorkerError when its worker died or failed)."""
+        wid = seq % self.n
+        conn, proc = self.results[wid], self.procs[wid]
+        start = time.monotonic()
+        while True:
+            try:
+                if conn.poll(1.0):
+                    msg = msgpack.unpackb(conn.recv_bytes())
+                    break
+            except (EOFError, OSError) as e:
+                raise self._death(wid, seq) from e
+            if not proc.is_alive():
+                raise self._death(wid, seq)
+            if self.timeout and time.monotonic() - start > self.timeout:
+                raise WorkerError(f"fastload worker {wid} (pid {proc.pid}) gave no batch for {self.timeout:.0f} s (batch {seq})")
+        self.inflight[wid] -= 1
+        if msg["s"] != seq:
+            raise WorkerError(f"fastload worker {wid} answered batch {msg['s']} while batch {seq} was expected")
+        if "err" in msg:
+            raise WorkerError(f"fastload worker {wid} failed on batch {seq}:\n{msg['err']}")
+        return msg
+
+    def drain(self) -> None:
+        """Read and drop every outstanding result (after an abandoned or failed epoch)."""
+        for wid in range(self.n):
+            while self.inflight[wid]:
+                conn = self.results[wid]
+                try:
+                    if not conn.poll(30.0):
+                        raise WorkerError(f"fastload worker {wid} did not finish its batch within 30 s")
+                    conn.recv_bytes()
+                except (EOFError, OSError):
+                    self.inflight[wid] = 0
+                    break
+                self.inflight[wid] -= 1
+
+    def _death(self, wid: int, seq: int) -> WorkerError:
+        p = self.procs[wid]
+        p.join(timeout=0.5)
+        return WorkerError(
+            f"fastload worker {wid} (pid {p.pid}) {_describe_exit(p.exitcode)} while rendering batch {seq}; "
+            f"the loader cannot continue this epoch"
+        )
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Ask every worker to stop, then terminate those that do not. Idempotent."""
+        for conn in self.tasks:
+            try:
+                conn.send_bytes(msgpack.packb({"stop": 1}))
+            except (BrokenPipeError, OSError):
+                pass
+        deadline = time.monotonic() + timeout
+        for p in self.procs:
+            p.join(timeout=max(0.0, deadline - time.monotonic()))
+            if p.is_alive():
+                p.terminate()
+                p.join(timeout=1.0)
+        for conn in self.tasks + self.results:
+            conn.close()
+        self.procs, self.tasks, self.results = [], [], []
+        self.inflight = [0] * self.n
+
+
+def default_start_method_ok() -> bool:
+    """True where forked workers can be used (fork exists; Windows has none)."""
+    return sys.platform != "win32" and "fork" in mp.get_all_start_methods() and hasattr(os, "fork")

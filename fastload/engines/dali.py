@@ -1,0 +1,233 @@
+"""The DALI engine (``engine="dali"``): NVIDIA DALI decodes and augments; the CPU only reads and plans.
+
+Worker processes of a parallel, per-sample ``fn.external_source``
+(:class:`~fastload.engines.dali_source.SampleSource`) read the encoded bytes (LMDB, files) or the
+loaded arrays (disk, ram) of every image a sample draws from, draw the sample's record with the
+same :class:`~fastload.augment.params.ParamSampler` as the other engines (same seed, epoch and
+index -> same record) and compute its boxes with :func:`fastload.augment.boxes.transform_labels`.
+The graph (:mod:`fastload.engines.dali_graph`) decodes with ``fn.decoders.image(device="mixed")``,
+resizes, paints the tiles with ``fn.warp_affine``, blends mixup, flips and transposes to CHW; the
+engine applies the HSV gains on the output batch with
+:func:`~fastload.augment.functional.torch_ops.apply_hsv_batch` and collates the boxes into targets
+(pinned, copied without blocking).
+
+CPU-only mode (``device="cpu"``): the same graph with ``device_id=None`` and every operator on the
+CPU. It is slow and meant for tests and machines without a GPU.
+
+Epochs: before DALI epoch ``k`` the engine writes ``plan_k.npz`` (our epoch number, the ordered
+indices padded to whole batches, the close-mosaic switch) to a private folder; the workers read it
+(they are separate processes holding copies of the sampler). An abandoned epoch rebuilds the
+pipeline.
+
+Tolerance against the CPU reference (see ``tests/test_engine_dali.py``): boxes identical; pixels
+from decoded stores within a few levels at tile seams (DALI's float bilinear vs OpenCV's fixed
+point, renormalised edge taps); from encoded stores DALI's antialiased linear resize replaces
+INTER_AREA (mean difference about 1-2 levels on noisy images, less on photos).
+"""
+from __future__ import annotations
+
+import shutil
+import tempfile
+import warnings
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+
+from fastload.engines.base import Batch, Engine, chunks, collate_targets
+from fastload.store.base import Store
+
+__all__ = ["DALIEngine", "require_dali"]
+
+INSTALL_HINT = "pip install fastload[dali]  (or: pip install nvidia-dali-cuda120; see https://docs.nvidia.com/deeplearning/dali)"
+
+
+def require_dali() -> Any:
+    """Import ``nvidia.dali`` or raise ImportError saying how to install it."""
+    try:
+        import nvidia.dali as dali  # noqa: F401
+    except ImportError as exc:
+        raise ImportError(f"engine='dali' needs NVIDIA DALI, which is not installed ({exc}). Install it with: {INSTALL_HINT}") from None
+    return dali
+
+
+def _device_id(device: str | torch.device | None) -> tuple[int | None, torch.device]:
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    dev = torch.device(device)
+    if dev.type == "cpu":
+        return None, dev
+    if dev.type != "cuda":
+        raise ValueError(f"engine='dali' supports device='cpu' or a CUDA device, got {device!r}")
+    if not torch.cuda.is_available():
+        raise RuntimeError(f"engine='dali' with device={str(device)!r}, but no CUDA GPU is visible "
+                           f"(torch.cuda.is_available() is False); use device='cpu' for DALI's CPU-only mode or engine='cpu'")
+    index = dev.index if dev.index is not None else torch.cuda.current_device()
+    return index, torch.device("cuda", index)
+
+
+def _max_tiles(sampler: Any) -> int:
+    return 9 if getattr(sampler, "mosaic9", False) else 4
+
+
+class DALIEngine(Engine):
+    """Batches decoded and augmented by an NVIDIA DALI pipeline.
+
+    Options (beyond :class:`~fastload.engines.base.Engine`'s):
+        threads: DALI CPU threads (default: ``max(2, workers)``).
+        prefetch: DALI's prefetch queue depth (batches in flight).
+        layout: only ``"nchw"`` (DALI emits contiguous CHW).
+
+    ``workers`` is the number of ``external_source`` worker processes (at least 1).
+    """
+
+    name = "dali"
+
+    def __init__(
+        self,
+        store: Store,
+        sampler: Any,
+        *,
+        batch_size: int,
+        workers: int = 2,
+        device: str | torch.device | None = None,
+        hsv: str = "worker",
+        threads: int | None = None,
+        prefetch: int = 2,
+        **options: Any,
+    ) -> None:
+        require_dali()
+        super().__init__(store, sampler, batch_size=batch_size, workers=workers, device=device, hsv=hsv, **options)
+        self.device_id, self.device = _device_id(device)
+        if store.kind == "gpu":
+            raise ValueError("engine='dali' reads images in worker processes and cannot use store='gpu'; "
+                             "use engine='gpu' with store='gpu', or store='ram'/'lmdb' with engine='dali'")
+        from fastload.engines.dali_source import SampleSource, SlotLayout
+
+        self.imgsz = int(getattr(sampler, "imgsz", 0) or store.imgsz or 640)
+        k = _max_tiles(sampler)
+        mixup = k if float(getattr(sampler, "mixup_prob", 0.0)) > 0 and float(getattr(sampler, "mosaic_prob", 0.0)) > 0 else 0
+        self.layout = SlotLayout(k if getattr(sampler, "mosaic_prob", 0.0) > 0 else 1, mixup)
+        self.threads = int(threads or max(2, self.workers))
+        self.prefetch = max(1, int(prefetch))
+        self.mosaic_closed = False
+        self._dir = tempfile.mkdtemp(prefix="fastload-dali-")
+        self._source = SampleSource(store, sampler, self._dir, self.layout, self.imgsz, encoded=not store.decoded)
+        self._pipe: Any = None
+        self._epochs = 0  # DALI epochs run by the current pipeline
+        self._clean = True  # the current pipeline finished its last epoch
+        self._closed = False
+
+    # -- pipeline ----------------------------------------------------------------------------------------
+    def _build(self) -> Any:
+        from fastload.engines.dali_graph import build_pipeline
+
+        self._drop_pipe()
+        pipe = build_pipeline(self._source, batch_size=self.batch_size, device_id=self.device_id,
+                              workers=max(1, self.workers), threads=self.threads, prefetch=self.prefetch)
+        try:
+            with warnings.catch_warnings():
+                # decoded stores do not use the slots' loaded-size outputs (encoded ones do)
+                warnings.filterwarnings("ignore", message=".*outputs at the indices .* are not used.*")
+                pipe.build()
+        except RuntimeError as exc:
+            msg = str(exc)
+            if any(w in msg for w in ("CUDA", "cuda", "driver", "nvJPEG", "nvjpeg")):
+                raise RuntimeError(
+                    f"DALI could not start on {self.device}: {msg.splitlines()[0] if msg else exc!r}. This usually means the "
+                    f"DALI wheel does not match the CUDA driver/runtime (torch reports CUDA {torch.version.cuda}); install the "
+                    f"matching nvidia-dali-cudaXXX wheel ({INSTALL_HINT}) or use engine='gpu'"
+                ) from exc
+            raise
+        self._pipe = pipe
+        self._epochs = 0
+        self._clean = True
+        return pipe
+
+    def _drop_pipe(self) -> None:
+        if self._pipe is not None:
+            pipe, self._pipe = self._pipe, None
+            try:
+                pipe._shutdown_workers() if hasattr(pipe, "_shutdown_workers") else None
+            except Exception:
+                pass
+            del pipe
+
+    def close_mosaic(self) -> None:
+        """Mosaic and mixup off from the next epoch on (the workers learn it from the next plan)."""
+        self.sampler.close_mosaic()
+        self.mosaic_closed = True
+
+    # -- batches -----------------------------------------------------------------------------------------
+    def iter_batches(self, epoch: int, indices: np.ndarray) -> Iterator[Batch]:
+        if self._closed:
+            raise RuntimeError("this engine was closed")
+        return self._iter(epoch, np.asarray(indices, np.int64))
+
+    def _iter(self, epoch: int, indices: np.ndarray) -> Iterator[Batch]:
+        from fastload.engines.dali_source import write_plan
+
+        n = len(indices)
+        if n == 0:
+            return
+        if self._pipe is None or not self._clean:
+            self._build()
+        # pad to whole batches (DALI batches are fixed-size); padded samples are dropped below
+        # (repeating the last index keeps a rect batch's output size)
+        padded = np.concatenate([indices, np.full(-n % self.batch_size, indices[-1], np.int64)])
+        write_plan(self._dir, self._epochs, epoch, padded, self.mosaic_closed)
+        self._clean = False
+        pipe = self._pipe
+        for b, idx in enumerate(chunks(indices, self.batch_size)):
+            outs = pipe.run()
+            yield self._to_batch(outs, len(idx))
+        try:  # the source raises StopIteration after the last padded sample: end DALI's epoch
+            pipe.run()
+            raise RuntimeError("DALI pipeline produced more batches than planned")
+        except StopIteration:
+            pipe.reset()
+        self._epochs += 1
+        self._clean = True
+
+    def _to_batch(self, outs: tuple, n: int) -> Batch:
+        from fastload.augment.functional.torch_ops import apply_hsv_batch
+        from fastload.engines.dali_source import shapes_from_array
+
+        index_tl, boxes_tl, shapes_tl, gain_tl, img_tl = outs
+        index = [int(np.asarray(index_tl[k])[0]) for k in range(n)]
+        boxes = [np.asarray(boxes_tl[k]).reshape(-1, 5) for k in range(n)]
+        shapes = tuple(shapes_from_array(np.asarray(shapes_tl[k])) for k in range(n))
+        gains = torch.from_numpy(np.stack([np.asarray(gain_tl[k]) for k in range(n)]).astype(np.float32))
+        imgs = self._images(img_tl, n)
+        if bool((gains != 1).any()):
+            imgs = apply_hsv_batch(imgs, gains.to(imgs.device, non_blocking=True))
+        targets = torch.from_numpy(collate_targets(boxes))
+        if self.device.type == "cuda":
+            targets = targets.pin_memory().to(self.device, non_blocking=True)
+        paths = tuple(self.store.im_files[i] for i in index)
+        return Batch(imgs, targets, paths, shapes)
+
+    def _images(self, tl: Any, n: int) -> torch.Tensor:
+        """The DALI image batch as a uint8 [n, 3, H, W] tensor on the engine's device."""
+        if self.device_id is None:
+            return torch.from_numpy(np.ascontiguousarray(tl.as_array()[:n]))
+        from nvidia.dali.plugin.pytorch import feed_ndarray
+
+        dense = tl.as_tensor()
+        out = torch.empty(tuple(dense.shape()), dtype=torch.uint8, device=self.device)
+        # copies on torch's current stream: ordered before the training step, no host sync
+        feed_ndarray(dense, out, cuda_stream=torch.cuda.current_stream(self.device))
+        return out[:n]
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._drop_pipe()
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass

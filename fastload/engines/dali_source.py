@@ -1,0 +1,214 @@
+"""The DALI engine's per-sample source: records -> the arrays its graph consumes (runs in DALI workers).
+
+:class:`SampleSource` is the callback of a parallel, per-sample ``fn.external_source``. For sample
+``i`` of DALI epoch ``k`` it reads the plan the engine wrote for that epoch (``plan_k.npz``: our
+epoch number and the ordered loader indices), draws the record with the same
+:class:`~fastload.augment.params.ParamSampler` as every other engine, moves the boxes with
+:func:`fastload.augment.boxes.transform_labels` and emits, per tile slot, the image (encoded
+bytes, or the loaded array for decoded stores) plus the numbers that place it. The graph
+(:mod:`fastload.engines.dali_graph`) has a fixed number of slots: unused ones carry a tiny
+placeholder image and weight 0.
+
+Matrices are emitted in DALI's ``warp_affine`` convention (destination -> source, pixel centres at
+``+0.5``): ``T(+0.5) @ inv(M) @ T(-0.5)`` of the OpenCV-convention matrix.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fastload.augment.params import ImageParams, SampleParams, TileParams, translation
+
+__all__ = ["SampleSource", "SlotLayout", "placeholder_image", "dali_matrix", "write_plan"]
+
+_HALF = translation(0.5, 0.5)
+_MINUS_HALF = translation(-0.5, -0.5)
+PER_SLOT = 8  # image, loaded size, part box, crop box, part matrix, crop matrix, kind, weight
+
+
+@dataclass(frozen=True)
+class SlotLayout:
+    """How many tile slots the graph has for the main image and for the mixup partner."""
+
+    main: int
+    mixup: int
+
+    @property
+    def total(self) -> int:
+        return self.main + self.mixup
+
+
+def placeholder_image(encoded: bool) -> np.ndarray:
+    """An 8x8 grey image for unused slots: JPEG bytes (encoded stores) or an HWC array."""
+    px = np.full((8, 8, 3), 114, np.uint8)
+    if not encoded:
+        return px
+    import cv2
+
+    ok, buf = cv2.imencode(".jpg", px)
+    assert ok
+    return np.frombuffer(buf.tobytes(), np.uint8)
+
+
+def dali_matrix(dst_to_src: np.ndarray) -> np.ndarray:
+    """OpenCV-convention destination -> source 3x3 matrix as DALI's ``[2, 3]`` float32 (affine part)."""
+    m = _HALF @ dst_to_src @ _MINUS_HALF
+    return np.ascontiguousarray(m[:2], np.float32)
+
+
+def write_plan(directory: str | os.PathLike, k: int, epoch: int, indices: np.ndarray, mosaic_closed: bool) -> None:
+    """The plan of DALI epoch ``k``: our epoch number, the ordered loader indices and the mosaic switch."""
+    d = Path(directory)
+    tmp = d / f"plan_{k}.tmp.npz"
+    np.savez(tmp, indices=np.asarray(indices, np.int64), meta=np.frombuffer(
+        json.dumps({"epoch": int(epoch), "mosaic_closed": bool(mosaic_closed)}).encode(), np.uint8))
+    os.replace(tmp, d / f"plan_{k}.npz")
+
+
+def _tile_slot(tile: TileParams, out_hw: tuple[int, int], loaded_hw: tuple[int, int]) -> tuple[np.ndarray, ...] | None:
+    """(part box, crop box, part matrix, crop matrix, kind) of one tile; None when it draws nothing.
+
+    Boxes are int32 ``(y0, x0, h, w)`` in the loaded image. ``kind`` 0: an axis-aligned tile drawn
+    like the reference's exact-scale resize (part sampled with clamped edges, written on the output
+    pixels whose nearest source pixel lies in the crop); 1: a warped tile (BORDER_TRANSPARENT: the
+    coverage of the crop weights the blend with what is already there).
+    """
+    from fastload.augment.functional import tiles as ref
+
+    m = tile.matrix
+    x0, y0, x1, y1 = tile.crop
+    sh, sw = loaded_hw
+    crop_box = np.array([y0, x0, y1 - y0, x1 - x0], np.int32)
+    crop_inv = np.linalg.inv(m @ translation(x0, y0))  # output px -> crop px
+    if tile.is_axis_aligned and m[0, 0] > 0 and m[1, 1] > 0:
+        plan = ref.axis_plan
+        xs = plan(m[0, 0], m[0, 2], x0, x1, sw, out_hw[1])
+        ys = plan(m[1, 1], m[1, 2], y0, y1, sh, out_hw[0])
+        phase_max = ref.PHASE_MAX
+        if xs is None or ys is None:
+            return None  # no output pixel samples inside the crop: the reference draws nothing
+        if max(xs.err, ys.err) <= phase_max:
+            a, b = float(m[0, 0]), float(m[1, 1])
+            px0, py0 = max(xs.s0, 0), max(ys.s0, 0)
+            part_box = np.array([py0, px0, max(ys.s1 - py0, 1), max(xs.s1 - px0, 1)], np.int32)
+            # output X (resized-part index j = X - d0 + j0) samples source s0 + (j + 0.5) / a - 0.5
+            inv = np.eye(3)
+            inv[0, 0], inv[1, 1] = 1.0 / a, 1.0 / b
+            inv[0, 2] = xs.s0 - px0 + (xs.j0 - xs.d0 + 0.5) / a - 0.5
+            inv[1, 2] = ys.s0 - py0 + (ys.j0 - ys.d0 + 0.5) / b - 0.5
+            return part_box, crop_box, dali_matrix(inv), dali_matrix(crop_inv), np.array([0.0], np.float32)
+    return crop_box, crop_box, dali_matrix(crop_inv), dali_matrix(crop_inv), np.array([1.0], np.float32)
+
+
+class SampleSource:
+    """Picklable per-sample callback for ``fn.external_source(parallel=True, batch=False)``.
+
+    Args:
+        store: the loader's store view (re-opens its handles lazily in each worker).
+        sampler: the parameter sampler (a copy lives in every worker; the plan carries mosaic state).
+        plan_dir: where the engine writes ``plan_<k>.npz`` before DALI epoch ``k``.
+        layout: tile slots of the graph.
+        imgsz: loaded long side.
+        encoded: emit encoded bytes (decoded by DALI) instead of loaded arrays.
+    """
+
+    def __init__(self, store: Any, sampler: Any, plan_dir: str, layout: SlotLayout, imgsz: int, encoded: bool) -> None:
+        self.store = store
+        self.sampler = sampler
+        self.plan_dir = str(plan_dir)
+        self.layout = layout
+        self.imgsz = int(imgsz)
+        self.encoded = bool(encoded)
+        self._plan: tuple[int, int, np.ndarray] | None = None  # (dali epoch, our epoch, indices)
+        self._closed = False
+        self._placeholder: np.ndarray | None = None
+
+    def _epoch_plan(self, k: int) -> tuple[int, np.ndarray]:
+        if self._plan is None or self._plan[0] != k:
+            with np.load(Path(self.plan_dir) / f"plan_{k}.npz", allow_pickle=False) as z:
+                meta = json.loads(bytes(z["meta"]).decode())
+                indices = z["indices"].astype(np.int64)
+            if meta["mosaic_closed"] and not self._closed:
+                self.sampler.close_mosaic()
+                self._closed = True
+            self._plan = (k, int(meta["epoch"]), indices)
+        return self._plan[1], self._plan[2]
+
+    def _image(self, i: int) -> np.ndarray:
+        if self.encoded:
+            return np.frombuffer(bytes(self.store.read_image(i)), np.uint8)
+        return np.ascontiguousarray(self.store.load(i, self.imgsz))
+
+    def _slots(self, image: ImageParams | None, n: int) -> list[np.ndarray]:
+        out: list[np.ndarray] = []
+        tiles = image.tiles if image is not None else ()
+        if len(tiles) > n:
+            raise ValueError(f"a record has {len(tiles)} tiles but the DALI graph was built with {n} slots")
+        loaded = self.sampler.loaded_shapes
+        used = 0
+        for tile in tiles:
+            hw = (int(loaded[tile.src][0]), int(loaded[tile.src][1]))
+            slot = _tile_slot(tile, image.out_hw, hw)  # type: ignore[union-attr]
+            if slot is None:
+                continue
+            part, crop, pm, cm, kind = slot
+            out += [self._image(tile.src), np.array(hw, np.float32), part, crop, pm, cm, kind, np.array([1.0], np.float32)]
+            used += 1
+        if self._placeholder is None:
+            self._placeholder = placeholder_image(self.encoded)
+        box = np.array([0, 0, 8, 8], np.int32)
+        eye = dali_matrix(np.eye(3))
+        for _ in range(n - used):
+            out += [self._placeholder, np.array([8.0, 8.0], np.float32), box, box, eye, eye,
+                    np.array([0.0], np.float32), np.array([0.0], np.float32)]
+        return out
+
+    def record_arrays(self, rec: SampleParams) -> list[np.ndarray]:
+        """Everything the graph needs for one record, in output order (see :mod:`dali_graph`)."""
+        from fastload.augment.boxes import transform_labels
+
+        oh, ow = rec.image.out_hw
+        sh = rec.shapes
+        shapes = np.full(6, np.nan, np.float64) if sh is None else np.array(
+            [sh[0][0], sh[0][1], sh[1][0][0], sh[1][0][1], sh[1][1][0], sh[1][1][1]], np.float64)
+        head = [
+            np.array([rec.index], np.int64),
+            np.ascontiguousarray(transform_labels(rec, self.store.labels), np.float32).reshape(-1, 5),
+            shapes,
+            np.array([float(oh), float(ow)], np.float32),
+            np.array([float(rec.image.fill)], np.float32),
+            np.array([rec.mixup_ratio if rec.mixup is not None else 1.0], np.float32),
+            np.array([int(rec.flip_lr)], np.int32),
+            np.array([int(rec.flip_ud)], np.int32),
+            np.array(rec.hsv_gain, np.float32),
+        ]
+        return head + self._slots(rec.image, self.layout.main) + self._slots(rec.mixup, self.layout.mixup)
+
+    def __call__(self, info: Any) -> list[np.ndarray]:
+        epoch, indices = self._epoch_plan(int(info.epoch_idx))
+        if info.idx_in_epoch >= len(indices):
+            raise StopIteration
+        rec = self.sampler.sample(epoch, int(indices[info.idx_in_epoch]))
+        return self.record_arrays(rec)
+
+
+HEAD = ("index", "boxes", "shapes", "out_hw", "fill", "ratio", "flip_lr", "flip_ud", "gain")
+
+
+def n_outputs(layout: SlotLayout) -> int:
+    """Number of arrays the source emits per sample."""
+    return len(HEAD) + PER_SLOT * layout.total
+
+
+def shapes_from_array(a: np.ndarray) -> Any:
+    """The YOLOv9 shapes entry back from its 6 floats (NaN: None, a mosaic sample)."""
+    a = np.asarray(a, np.float64).reshape(-1)
+    if math.isnan(a[0]):
+        return None
+    return ((int(a[0]), int(a[1])), ((float(a[2]), float(a[3])), (float(a[4]), float(a[5]))))

@@ -1,0 +1,287 @@
+"""The PyTorch GPU engine (``engine="gpu"``): decode and augment on the device, batched.
+
+Per batch the CPU does only what cannot be batched on the device: sample the records
+(:class:`~fastload.augment.params.ParamSampler`), read the encoded bytes (or loaded arrays) of every
+image the batch draws from, move the boxes (:func:`fastload.augment.boxes.transform_labels`) and
+plan the tiles (a few numbers per tile). The device then
+
+1. decodes the batch's unique source images at once (``torchvision.io.decode_jpeg`` on a list:
+   nvJPEG on CUDA, libjpeg on CPU; non-JPEG files are decoded on the CPU and uploaded) and resizes
+   them to their loaded shape (:func:`fastload.store.gpu.decode_on_device`) - or uploads loaded
+   arrays from a ram/disk store through pinned memory - or, with ``store="gpu"``, reads the
+   resident images in place;
+2. draws mosaics / letterboxes, mixup and flips with :func:`~fastload.augment.functional.torch_tiles.render_batch`
+   (a constant number of kernels per batch) and the HSV gains with
+   :func:`~fastload.augment.functional.torch_ops.apply_hsv_batch`.
+
+Overlap: a background thread prepares batch ``k + 1 .. k + prefetch`` while the training step runs
+on batch ``k``. On CUDA its device work is issued on a side stream; each finished batch carries an
+event that the consumer's stream waits on (``Stream.wait_event``: no host synchronisation in the
+training step), and the batch tensors are marked as used by the consumer's stream
+(``record_stream``) so their memory is not recycled early.
+
+The same code runs unchanged on CPU tensors (``device="cpu"``), which is how CI checks it against
+the CPU reference.
+"""
+from __future__ import annotations
+
+import contextlib
+import queue
+import threading
+import warnings
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+
+from fastload.engines.base import Batch, Engine, chunks, collate_targets, shapes_to_tuple
+from fastload.store.base import Store
+
+__all__ = ["GPUEngine"]
+
+_STOP = object()
+
+
+@dataclass
+class _Ready:
+    """A finished batch and the event its device work recorded (None on CPU)."""
+
+    batch: Batch
+    event: torch.cuda.Event | None
+
+
+def _resolve_device(device: str | torch.device | None) -> torch.device:
+    if device is None:
+        return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError(f"engine='gpu' with device={str(device)!r}: CUDA is not available in this torch build or machine "
+                               f"(torch {torch.__version__}); use device='cpu' or engine='cpu'")
+        if dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
+    return dev
+
+
+class GPUEngine(Engine):
+    """Batches decoded and augmented on ``device`` with PyTorch.
+
+    Options (beyond :class:`~fastload.engines.base.Engine`'s):
+        prefetch: batches prepared ahead by the background thread (0: everything in the caller's
+            thread, no overlap; handy for debugging).
+        layout: ``"nchw"`` (default, contiguous ``imgs``) or ``"nhwc"`` (a channels-last view, one
+            copy less).
+        max_elements: output pixels enumerated per drawing step (bounds temporary memory, about
+            200 bytes per pixel; default 4M on CUDA, 1M on CPU).
+        decode: ``"device"`` (JPEGs decoded by ``decode_jpeg`` on ``device``) or ``"cpu"`` (every image
+            decoded by the CPU decoder in the background thread, then uploaded).
+
+    ``workers`` is accepted for signature compatibility and unused: the CPU side is one thread.
+    """
+
+    name = "gpu"
+
+    def __init__(
+        self,
+        store: Store,
+        sampler: Any,
+        *,
+        batch_size: int,
+        workers: int = 0,
+        device: str | torch.device | None = None,
+        hsv: str = "worker",
+        prefetch: int = 2,
+        layout: str = "nchw",
+        max_elements: int | None = None,
+        decode: str = "device",
+        **options: Any,
+    ) -> None:
+        super().__init__(store, sampler, batch_size=batch_size, workers=workers, device=device, hsv=hsv, **options)
+        self.device = _resolve_device(device)
+        if layout not in ("nchw", "nhwc"):
+            raise ValueError(f"layout must be 'nchw' or 'nhwc', got {layout!r}")
+        if decode not in ("device", "cpu"):
+            raise ValueError(f"decode must be 'device' or 'cpu', got {decode!r}")
+        if prefetch < 0:
+            raise ValueError(f"prefetch must be >= 0, got {prefetch}")
+        self.layout = layout
+        self.decode = decode
+        self.prefetch = int(prefetch)
+        self.cuda = self.device.type == "cuda"
+        self.max_elements = int(max_elements or ((1 << 22) if self.cuda else (1 << 20)))
+        self.imgsz = int(getattr(sampler, "imgsz", 0) or store.imgsz or 640)
+        self.loaded_hw = np.asarray(getattr(sampler, "loaded_shapes"), np.int64).reshape(-1, 2)
+        self.resident = self._resident_store(store)
+        self.mosaic_closed = False
+        self._stream = torch.cuda.Stream(self.device) if self.cuda else None
+        self._worker: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._closed = False
+
+    # -- sources ------------------------------------------------------------------------------------
+    def _resident_store(self, store: Store) -> Any:
+        """The GpuStore behind ``store`` (a view or the store itself) when images live on a device."""
+        if store.kind != "gpu":
+            return None
+        base = getattr(store, "base", store)
+        if not hasattr(base, "pixels"):
+            return None
+        if torch.device(base.device) != self.device:
+            raise ValueError(f"store='gpu' holds its images on {base.device}, the engine renders on {self.device}; "
+                             f"open the store with device={str(self.device)!r}")
+        if base.imgsz != self.imgsz:
+            raise ValueError(f"store='gpu' holds images at imgsz={base.imgsz}, the loader asks for {self.imgsz}")
+        return base
+
+    def _bank(self, srcs: list[int]) -> tuple[Any, dict[int, int]]:
+        """An ImageBank holding the loaded images ``srcs`` (loader indices) and the index -> slot map."""
+        from fastload.augment.functional.torch_tiles import ImageBank, chw_to_rows
+
+        if self.resident is not None:
+            base = self.resident
+            view_idx = getattr(self.store, "base_indices", None)
+            bank = ImageBank(base.pixels, base.px_offsets, base.hw)
+            if view_idx is None:
+                return bank, {i: i for i in srcs}
+            return bank, {i: int(view_idx[i]) for i in srcs}
+        slot = {s: k for k, s in enumerate(srcs)}
+        hw = self.loaded_hw[srcs]
+        if self.store.decoded or self.decode == "cpu":
+            arrays = [np.asarray(self.store.load(i, self.imgsz)) for i in srcs]
+            for i, a in zip(srcs, arrays):
+                if a.shape[:2] != tuple(self.loaded_hw[i]):
+                    raise ValueError(f"{self.store.im_files[i]}: loaded image is {a.shape[:2]}, expected {tuple(self.loaded_hw[i])}")
+            sizes = np.array([a.size for a in arrays], np.int64)
+            stage = torch.empty(int(sizes.sum()), dtype=torch.uint8, pin_memory=self.cuda)
+            view = stage.numpy()
+            o = 0
+            for a in arrays:
+                view[o : o + a.size] = a.reshape(-1)
+                o += a.size
+            pixels = stage.to(self.device, non_blocking=True).view(-1, 3)
+            offsets = np.concatenate(([0], np.cumsum(sizes // 3)[:-1])).astype(np.int64)
+            return ImageBank(pixels, offsets, hw), slot
+        from fastload.store.gpu import decode_on_device
+
+        bufs = [bytes(self.store.read_image(i)) for i in srcs]
+        imgs = decode_on_device(bufs, [self.store.im_files[i] for i in srcs], [tuple(v) for v in hw], self.device)
+        pixels = torch.cat([chw_to_rows(im) for im in imgs], 0)
+        sizes = hw[:, 0] * hw[:, 1]
+        offsets = np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64)
+        return ImageBank(pixels, offsets, hw), slot
+
+    # -- one batch ------------------------------------------------------------------------------------
+    def _render(self, epoch: int, idx: np.ndarray) -> Batch:
+        """Everything for one batch; device work goes to the current stream."""
+        from fastload.augment.boxes import transform_labels
+        from fastload.augment.functional.torch_ops import apply_hsv_batch
+        from fastload.augment.functional.torch_tiles import render_batch
+
+        records = [self.sampler.sample(epoch, int(i)) for i in idx]
+        srcs = sorted({s for r in records for s in r.sources})
+        bank, slot = self._bank(srcs)
+        hwc = render_batch(records, bank, slot.__getitem__, max_elements=self.max_elements)
+        imgs = hwc.permute(0, 3, 1, 2)
+        gains = torch.tensor([r.hsv_gain for r in records], dtype=torch.float32)
+        if bool((gains != 1).any()):
+            imgs = apply_hsv_batch(imgs, gains.to(self.device, non_blocking=True))
+        if self.layout == "nchw":
+            imgs = imgs.contiguous()
+        targets_np = collate_targets([transform_labels(r, self.store.labels) for r in records])
+        targets = torch.from_numpy(targets_np)
+        if self.cuda:
+            targets = targets.pin_memory().to(self.device, non_blocking=True)
+        paths = tuple(self.store.im_files[int(i)] for i in idx)
+        shapes = tuple(shapes_to_tuple(r.shapes) for r in records)
+        return Batch(imgs, targets, paths, shapes)
+
+    def _produce(self, epoch: int, batches: list[np.ndarray], out: "queue.Queue[Any]", stop: threading.Event) -> None:
+        """Background thread: render batches in order onto the side stream, hand them over with events."""
+
+        def put(item: Any) -> bool:
+            while not stop.is_set():
+                try:
+                    out.put(item, timeout=0.1)
+                    return True
+                except queue.Full:
+                    continue
+            return False
+
+        try:
+            # OpenMP teams are per thread: carry the caller's intra-op thread count over
+            torch.set_num_threads(self._threads)
+            if self.cuda:
+                torch.cuda.set_device(self.device)
+            with torch.cuda.stream(self._stream) if self.cuda else contextlib.nullcontext():
+                for idx in batches:
+                    if stop.is_set():
+                        return
+                    batch = self._render(epoch, idx)
+                    event = None
+                    if self.cuda:
+                        event = torch.cuda.Event()
+                        event.record(self._stream)
+                    if not put(_Ready(batch, event)):
+                        return
+        except BaseException as exc:  # handed to the consumer, which re-raises it
+            put(exc)
+        finally:
+            put(_STOP)
+
+    def _deliver(self, ready: _Ready) -> Batch:
+        """Make the consumer's stream wait for the batch (no host sync) and keep its memory alive."""
+        if ready.event is not None:
+            consumer = torch.cuda.current_stream(self.device)
+            consumer.wait_event(ready.event)
+            ready.batch.imgs.record_stream(consumer)
+            ready.batch.targets.record_stream(consumer)
+        return ready.batch
+
+    # -- Engine interface -------------------------------------------------------------------------------
+    def close_mosaic(self) -> None:
+        """Mosaic and mixup off from the next batch on (YOLOv9 ``--close-mosaic``)."""
+        self.sampler.close_mosaic()
+        self.mosaic_closed = True
+
+    def iter_batches(self, epoch: int, indices: np.ndarray) -> Iterator[Batch]:
+        if self._closed:
+            raise RuntimeError("this engine was closed")
+        self._halt()
+        batches = chunks(indices, self.batch_size)
+        if self.prefetch == 0:
+            return (self._render(epoch, idx) for idx in batches)
+        return self._iter_thread(epoch, batches)
+
+    def _iter_thread(self, epoch: int, batches: list[np.ndarray]) -> Iterator[Batch]:
+        q: queue.Queue[Any] = queue.Queue(maxsize=self.prefetch)
+        self._threads = torch.get_num_threads()
+        self._stop = stop = threading.Event()
+        worker = threading.Thread(target=self._produce, args=(epoch, batches, q, stop), name="fastload-gpu", daemon=True)
+        self._worker = worker
+        worker.start()
+        try:
+            while True:
+                item = q.get()
+                if item is _STOP:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield self._deliver(item)
+        finally:
+            self._halt()
+
+    def _halt(self) -> None:
+        """Stop the background thread of an abandoned or finished epoch."""
+        worker, self._worker = self._worker, None
+        if worker is not None and worker.is_alive():
+            self._stop.set()
+            worker.join(timeout=30)
+            if worker.is_alive():
+                warnings.warn("fastload: the GPU engine's background thread did not stop within 30 s")
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._halt()

@@ -1,0 +1,107 @@
+"""Which samples each rank visits in which order, epoch by epoch.
+
+One pure function, :func:`epoch_indices`, with ``torch.utils.data.DistributedSampler`` semantics:
+every rank gets the same number of indices, the ranks' parts are disjoint and together cover the
+whole (shuffled) dataset; when the dataset does not split evenly the permutation is padded by
+wrapping around (a few samples are seen twice) or, with ``drop_last``, its tail is dropped. The
+permutation depends only on ``(seed, epoch)``, so every rank computes the same one without talking
+to the others, and a resumed run replays it exactly.
+
+:func:`rect_order` is the validation counterpart: images sorted by aspect ratio, grouped into
+fixed batches, whole batches dealt out to ranks.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+# A spawn key keeps the order stream apart from the augmentation streams, which are seeded with
+# SeedSequence([seed, epoch, index]): SeedSequence pads short entropy with zeros, so a plain
+# SeedSequence([seed, epoch]) would equal the one of sample index 0.
+_ORDER_STREAM = (0x6F72646572,)  # "order"
+
+
+def _normalise_rank(rank: int, world_size: int) -> tuple[int, int]:
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    if rank < 0:  # YOLOv9 passes rank=-1 for "not distributed"
+        if world_size != 1:
+            raise ValueError(f"rank={rank} with world_size={world_size}: give each process its rank")
+        return 0, 1
+    if rank >= world_size:
+        raise ValueError(f"rank {rank} out of range for world_size {world_size}")
+    return rank, world_size
+
+
+def epoch_permutation(n: int, epoch: int, *, seed: int = 0) -> np.ndarray:
+    """The shuffled order of ``range(n)`` for ``epoch``: a function of ``(seed, epoch)`` only."""
+    ss = np.random.SeedSequence([int(seed), int(epoch)], spawn_key=_ORDER_STREAM)
+    return np.random.Generator(np.random.PCG64(ss)).permutation(n).astype(np.int64)
+
+
+def epoch_indices(
+    n: int,
+    epoch: int,
+    *,
+    seed: int = 0,
+    shuffle: bool = True,
+    rank: int = -1,
+    world_size: int = 1,
+    drop_last: bool = False,
+) -> np.ndarray:
+    """The dataset indices rank ``rank`` visits in ``epoch``, in order (``int64 [m]``).
+
+    Args:
+        n: dataset length.
+        epoch: epoch number; with ``shuffle`` each epoch has its own permutation.
+        seed: the run's seed; all ranks must pass the same one.
+        shuffle: permute (``False``: ``0..n-1`` in order).
+        rank: this process's rank, ``-1`` when not distributed.
+        world_size: number of ranks.
+        drop_last: drop the tail so that ``n`` splits evenly instead of padding by wrap-around.
+
+    Returns ``m = ceil(n / world_size)`` indices (``floor`` with ``drop_last``) for every rank;
+    rank ``r`` takes positions ``r, r + world_size, ...`` of the padded permutation.
+    """
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+    rank, world_size = _normalise_rank(rank, world_size)
+    order = epoch_permutation(n, epoch, seed=seed) if shuffle else np.arange(n, dtype=np.int64)
+    if world_size == 1:
+        return order
+    if drop_last:
+        per_rank = n // world_size
+        order = order[: per_rank * world_size]
+    else:
+        per_rank = -(-n // world_size)
+        pad = per_rank * world_size - n
+        if pad and n:
+            # wrap around as often as needed (tiny datasets can need more than one pass)
+            order = np.concatenate([order, np.resize(order, pad)])
+    return order[rank::world_size].copy()
+
+
+def rect_order(
+    sorted_indices: np.ndarray,
+    batch_size: int,
+    *,
+    rank: int = -1,
+    world_size: int = 1,
+) -> list[np.ndarray]:
+    """Validation batches for rect mode: fixed batches of the aspect-sorted order, dealt to ranks.
+
+    Args:
+        sorted_indices: dataset indices sorted by aspect ratio (the order the rect batch shapes were
+            computed for); consecutive ``batch_size`` chunks share an output shape, so a batch is
+            never split between ranks.
+        batch_size: images per batch (the last batch may be smaller).
+        rank, world_size: as for :func:`epoch_indices`; whole batches go round-robin, so ranks may
+            differ by one batch (validation is normally run on rank 0 only).
+
+    Returns the index arrays (one per batch) rank ``rank`` visits, in order.
+    """
+    rank, world_size = _normalise_rank(rank, world_size)
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    sorted_indices = np.asarray(sorted_indices, np.int64)
+    batches = [sorted_indices[i : i + batch_size] for i in range(0, len(sorted_indices), batch_size)]
+    return batches[rank::world_size]

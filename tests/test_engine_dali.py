@@ -1,0 +1,146 @@
+"""engine="dali": the CPU-only DALI graph applies the same records as the CPU reference.
+
+Boxes, paths and shapes must be identical; pixels within the stated tolerance (DALI's float
+bilinear and antialiased resize vs OpenCV). DALI's CPU mode is slow: few images, imgsz 128.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("nvidia.dali", reason="NVIDIA DALI is not installed (pip install fastload[dali])")
+
+from fastload.augment.hyp import load_hyp  # noqa: E402
+from fastload.fastloader import loader  # noqa: E402
+
+IMGSZ = 128
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def small_yaml(tmp_path_factory):
+    from fastload.data.synthetic import make_synthetic_dataset
+
+    return make_synthetic_dataset(tmp_path_factory.mktemp("dali_synth"), n_train=10, n_val=2, nc=3, seed=1)
+
+
+@pytest.fixture(scope="module")
+def converted(small_yaml, tmp_path_factory):
+    from fastload.store.convert import convert
+
+    root = Path("/dev/shm" if os.path.isdir("/dev/shm") else tmp_path_factory.mktemp("shm")) / f"fastload-test-dali-{os.getpid()}"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("FASTLOAD_SHM_DIR", str(root))
+        res = convert(small_yaml, to="lmdb,ram", out=tmp_path_factory.mktemp("stores"), imgsz=IMGSZ, progress=False,
+                      log=lambda *_: None)
+        yield res.yaml_path
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def run(data, engine, epochs=1, **kw):
+    args = dict(imgsz=IMGSZ, batch_size=4, workers=1, seed=11, store="lmdb")
+    args.update(kw)
+    out = []
+    with loader(data, engine=engine, **args) as fl:
+        for _ in range(epochs):
+            out.append([(b[0].cpu().clone(), b[1].cpu().clone(), b[2], b[3]) for b in fl])
+    return out
+
+
+def hyp_no_hsv() -> dict:
+    hyp = load_hyp(None)
+    hyp.update(hsv_h=0.0, hsv_s=0.0, hsv_v=0.0, mixup=0.5)  # mixup often: exercise the blend slots
+    return hyp
+
+
+def compare(ref, got, *, mean_diff: float, frac_over_3: float):
+    assert len(ref) == len(got)
+    for ea, eb in zip(ref, got):
+        assert len(ea) == len(eb)
+        for a, b in zip(ea, eb):
+            assert a[2] == b[2] and a[3] == b[3]
+            assert torch.equal(a[1], b[1]), "boxes must be identical"
+            assert a[0].shape == b[0].shape and b[0].dtype == torch.uint8 and b[0].is_contiguous()
+            d = (a[0].int() - b[0].int()).abs()
+            assert float(d.float().mean()) <= mean_diff
+            assert float((d > 3).float().mean()) <= frac_over_3
+
+
+@pytest.mark.parametrize("store", ["lmdb", "ram"])
+def test_dali_cpu_matches_cpu_engine(converted, store):
+    """Two epochs (plan files, pipeline reset), mosaic + mixup + flips, without HSV."""
+    ref = run(converted, "cpu", epochs=2, store=store, hyp=hyp_no_hsv(), workers=0)
+    got = run(converted, "dali", epochs=2, store=store, hyp=hyp_no_hsv(), device="cpu")
+    compare(ref, got, mean_diff=0.6, frac_over_3=0.02)
+
+
+def test_dali_validation_letterbox_and_hsv(converted):
+    """Letterboxed validation batches (rect shapes) and full HSV on the training path."""
+    kw = dict(augment=False, rect=True, shuffle=False, pad=0.5, store="ram")
+    compare(run(converted, "cpu", workers=0, **kw), run(converted, "dali", device="cpu", **kw), mean_diff=0.3, frac_over_3=0.01)
+    ref = run(converted, "cpu", store="ram", workers=0)
+    got = run(converted, "dali", store="ram", device="cpu")
+    compare(ref, got, mean_diff=1.0, frac_over_3=0.05)
+
+
+def test_dali_sharding_and_close_mosaic(converted):
+    seen = []
+    for rank in range(2):
+        with loader(converted, imgsz=IMGSZ, batch_size=4, workers=1, store="ram", engine="dali", device="cpu",
+                    rank=rank, world_size=2, close_mosaic=1, epochs=2) as fl:
+            fl.set_epoch(0)
+            first = [b for b in fl]
+            fl.set_epoch(1)
+            last = [b for b in fl]
+            n = fl.n
+            assert len(first) == len(fl)
+            seen.append([p for b in first for p in b[2]])
+            assert any(s is None for b in first for s in b[3]) or n < 4
+            assert all(s is not None for b in last for s in b[3])
+    assert len(seen[0]) == len(seen[1]) == -(-n // 2)
+    assert set(seen[0]) | set(seen[1]) == set(p for p in seen[0] + seen[1]) and len(set(seen[0] + seen[1])) == n
+
+
+def test_dali_errors_are_clear(converted):
+    from fastload.engines.dali import _device_id
+
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="no CUDA GPU is visible"):
+            _device_id("cuda:0")
+    assert _device_id("cpu")[0] is None
+
+
+def test_missing_dali_message(monkeypatch):
+    import builtins
+
+    from fastload.engines import dali as dali_engine
+
+    real = builtins.__import__
+
+    def fake(name, *a, **k):
+        if name.startswith("nvidia.dali"):
+            raise ImportError("No module named 'nvidia.dali'")
+        return real(name, *a, **k)
+
+    monkeypatch.setattr(builtins, "__import__", fake)
+    with pytest.raises(ImportError, match=r"pip install fastload\[dali\]"):
+        dali_engine.require_dali()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_dali_gpu_matches_cpu_engine(converted):
+    ref = run(converted, "cpu", store="lmdb", hyp=hyp_no_hsv(), workers=0)
+    got = run(converted, "dali", store="lmdb", hyp=hyp_no_hsv(), device="cuda")
+    compare(ref, got, mean_diff=2.0, frac_over_3=0.1)

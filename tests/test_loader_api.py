@@ -1,0 +1,201 @@
+"""fastload.loader(): batch format, length, epochs, close_mosaic, rect, filtering, determinism."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import fastload
+from fastload.fastloader import loader
+
+IMGSZ = 128
+
+
+def batches(fl, n=None):
+    out = []
+    for k, (imgs, targets, paths, shapes) in enumerate(fl):
+        out.append((imgs.clone(), targets.clone(), paths, shapes))
+        if n is not None and k + 1 == n:
+            break
+    return out
+
+
+def test_batch_format_feeds_a_training_step(synth_yaml):
+    with fastload.loader(synth_yaml, imgsz=IMGSZ, batch_size=8, workers=1, store="files") as fl:
+        imgs, targets, paths, shapes = next(iter(fl))
+    assert imgs.dtype == torch.uint8 and imgs.shape == (8, 3, IMGSZ, IMGSZ)
+    assert targets.dtype == torch.float32 and targets.ndim == 2 and targets.shape[1] == 6
+    assert len(paths) == 8 and all(isinstance(p, str) for p in paths)
+    assert len(shapes) == 8
+    if len(targets):
+        assert targets[:, 0].min() >= 0 and targets[:, 0].max() < 8
+        assert (targets[:, 2:] >= 0).all() and (targets[:, 2:] <= 1).all()
+        assert (targets[:, 4:] > 0).all()
+    # what the YOLOv9 trainer does with it
+    x = imgs.to("cpu", non_blocking=True).float() / 255
+    conv = torch.nn.Conv2d(3, 4, 3, stride=2)
+    loss = conv(x).sum() + 0 * targets.sum()
+    loss.backward()
+    assert conv.weight.grad is not None and torch.isfinite(conv.weight.grad).all()
+
+
+def test_len_epochs_and_drop_last(synth_yaml):
+    with loader(synth_yaml, imgsz=IMGSZ, batch_size=5, workers=0, augment=False, store="files") as fl:
+        n = fl.dataset.n
+        assert len(fl) == -(-n // 5)
+        b0 = batches(fl)
+        assert len(b0) == len(fl)
+        assert sorted(p for b in b0 for p in b[2]) == sorted(fl.dataset.im_files)
+        b1 = batches(fl)  # the next epoch: another permutation
+        assert [b[2] for b in b0] != [b[2] for b in b1]
+        fl.set_epoch(0)
+        assert [b[2] for b in batches(fl)] == [b[2] for b in b0]
+    with loader(synth_yaml, imgsz=IMGSZ, batch_size=5, workers=0, augment=False, store="files", drop_last=True) as fl:
+        assert len(fl) == n // 5
+        assert all(len(b[2]) == 5 for b in batches(fl))
+
+
+def test_same_seed_same_batches_for_0_1_2_workers(synth_yaml):
+    runs = []
+    for w in (0, 1, 2):
+        with loader(synth_yaml, imgsz=IMGSZ, batch_size=6, workers=w, seed=3, store="files") as fl:
+            runs.append(batches(fl))
+    for other in runs[1:]:
+        assert len(other) == len(runs[0])
+        for a, b in zip(runs[0], other):
+            assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) and a[2] == b[2] and a[3] == b[3]
+    with loader(synth_yaml, imgsz=IMGSZ, batch_size=6, workers=0, seed=4, store="files") as fl:
+        assert not torch.equal(batches(fl, 1)[0][0], runs[0][0][0])
+
+
+def test_close_mosaic_via_method_dataset_flag_and_epochs(synth_yaml):
+    with loader(synth_yaml, imgsz=IMGSZ, batch_size=8, workers=1, store="files") as fl:
+        first = batches(fl)
+        assert any(s is None for b in first for s in b[3])  # mosaic samples
+        assert fl.dataset.mosaic
+        fl.dataset.mosaic = False  # what YOLOv9 train_dual.py does
+        assert not fl.dataset.mosaic
+        for b in batches(fl):
+            assert all(s is not None for s in b[3])
+            assert b[0].shape[-2:] == (IMGSZ, IMGSZ)
+    with loader(synth_yaml, imgsz=IMGSZ, batch_size=8, workers=0, store="files", close_mosaic=2, epochs=5) as fl:
+        fl.set_epoch(2)
+        assert not fl.mosaic_closed
+        fl.set_epoch(3)
+        assert fl.mosaic_closed
+        assert all(s is not None for b in batches(fl) for s in b[3])
+
+
+def test_rect_validation_batches(synth_yaml):
+    kw = dict(split="val", imgsz=IMGSZ, batch_size=3, augment=False, rect=True, pad=0.5, store="files")
+    with loader(synth_yaml, workers=1, **kw) as fl:
+        ds = fl.dataset
+        out = batches(fl)
+        again = batches(fl)
+        assert len(out) == len(fl) == -(-ds.n // 3)
+        assert [b[2] for b in out] == [b[2] for b in again]  # no shuffle
+        hw = {p: tuple(ds.hw[i]) for i, p in enumerate(ds.im_files)}
+        aspects = [hw[p][0] / hw[p][1] for b in out for p in b[2]]
+        assert aspects == sorted(aspects)
+        for k, b in enumerate(out):
+            h, w = b[0].shape[-2:]
+            assert h % 32 == 0 and w % 32 == 0 and max(h, w) <= IMGSZ + 32
+            assert (h, w) == tuple(ds.batch_shapes[k])
+            for (h0, w0), ((rh, rw), (pw, ph)) in b[3]:
+                assert pw >= 0 and ph >= 0
+        assert len({tuple(b[0].shape[-2:]) for b in out}) > 1  # shapes differ between batches
+    with loader(synth_yaml, workers=0, **kw) as fl0:
+        for a, b in zip(out, batches(fl0)):
+            assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+
+def test_min_items_and_single_cls(synth_yaml):
+    with loader(synth_yaml, imgsz=IMGSZ, batch_size=4, workers=0, augment=False, store="files") as fl:
+        n_all = fl.dataset.n
+        counts = [len(lb) for lb in fl.dataset.labels]
+    assert min(counts) == 0  # the synthetic set has empty-label images
+    with loader(synth_yaml, imgsz=IMGSZ, batch_size=4, workers=0, augment=False, store="files", min_items=2) as fl:
+        assert fl.dataset.n == sum(c >= 2 for c in counts) < n_all
+        assert all(len(lb) >= 2 for lb in fl.dataset.labels)
+        assert len(fl.dataset.labels) == len(fl.dataset.im_files) == len(fl.dataset.shapes)
+    with loader(synth_yaml, imgsz=IMGSZ, batch_size=8, workers=1, store="files", single_cls=True) as fl:
+        assert all((lb[:, 0] == 0).all() for lb in fl.dataset.labels if len(lb))
+        t = torch.cat([b[1] for b in batches(fl)])
+        assert len(t) and (t[:, 1] == 0).all()
+
+
+def test_validation_targets_match_labels_including_empty(synth_yaml):
+    """Without augmentation every label survives (boxes move, counts do not) and empty images add none."""
+    with loader(synth_yaml, imgsz=IMGSZ, batch_size=4, workers=0, augment=False, shuffle=False, store="files") as fl:
+        ds = fl.dataset
+        row = {p: i for i, p in enumerate(ds.im_files)}
+        for imgs, targets, paths, shapes in fl:
+            for k, p in enumerate(paths):
+                lb = ds.labels[row[p]]
+                got = targets[targets[:, 0] == k]
+                assert len(got) == len(lb)
+                if len(lb):
+                    assert np.array_equal(got[:, 1].numpy(), lb[:, 0])
+                h0, w0 = shapes[k][0]
+                assert (h0, w0) == tuple(ds.hw[row[p]])
+
+
+def test_odd_images_grayscale_rgba_large_small(synth_yaml):
+    """All synthetic oddities (97x313 ... 1280x720, grayscale and RGBA PNGs) go through both modes."""
+    with loader(synth_yaml, imgsz=64, batch_size=24, workers=0, store="files") as fl:
+        imgs, targets, paths, _ = next(iter(fl))
+        assert imgs.shape == (24, 3, 64, 64)
+        assert any(p.endswith(".png") for p in fl.dataset.im_files)
+    with loader(synth_yaml, imgsz=800, batch_size=4, workers=0, augment=False, store="files") as fl:
+        for imgs, _, _, _ in fl:
+            assert imgs.shape[1:] == (3, 800, 800)
+
+
+def test_dataset_attributes_for_trainer(synth_yaml):
+    with loader(synth_yaml, imgsz=IMGSZ, batch_size=4, workers=0, store="files") as fl:
+        ds = fl.dataset
+        assert ds.n == len(ds.labels) == len(ds.im_files) == len(ds.label_files) == len(ds.shapes)
+        assert ds.names == ["square", "circle", "triangle"][: len(ds.names)] or len(ds.names) == 3
+        assert all(f.endswith(".txt") and "/labels/" in f for f in ds.label_files)
+        np.testing.assert_array_equal(ds.shapes, ds.hw[:, ::-1])  # YOLOv9 keeps (w, h)
+        labels = np.concatenate(ds.labels, 0)
+        assert labels.shape[1] == 5 and int(labels[:, 0].max()) < 3
+        with pytest.raises(TypeError):
+            ds[0]
+        assert "FastLoader" in repr(fl)
+
+
+def test_bad_arguments(synth_yaml):
+    with pytest.raises(ValueError, match="engine"):
+        loader(synth_yaml, engine="nope", store="files")
+    with pytest.raises(ValueError, match="hsv_on"):
+        loader(synth_yaml, hsv_on="gpu", store="files")
+    with pytest.raises(ValueError, match="no images left"):
+        loader(synth_yaml, store="files", min_items=10**6)
+
+
+def test_hsv_consumer_and_defer_match_worker(synth_yaml):
+    from fastload.augment.functional.torch_ops import apply_hsv_batch
+
+    kw = dict(imgsz=64, batch_size=6, seed=5, store="files")
+    with loader(synth_yaml, workers=1, hsv_on="worker", **kw) as fl:
+        ref = batches(fl, 2)
+    with pytest.warns(UserWarning, match="consumer"), loader(synth_yaml, workers=1, hsv_on="consumer", **kw) as fl:
+        cons = batches(fl, 2)
+    with loader(synth_yaml, workers=0, hsv_on="defer", **kw) as fl:
+        deferred = []
+        for k, b in enumerate(fl):
+            assert fl.hsv_gains.shape == (6, 3)
+            deferred.append(apply_hsv_batch(b[0], fl.hsv_gains))
+            if k == 1:
+                break
+    for r, c, d in zip(ref, cons, deferred):
+        assert (r[0].int() - c[0].int()).abs().max() <= 1
+        assert torch.equal(c[0], d)
+        assert torch.equal(r[1], c[1])
+    assert not torch.equal(ref[0][0], batches_nohsv(synth_yaml, kw))
+
+
+def batches_nohsv(synth_yaml, kw):
+    with loader(synth_yaml, workers=0, hsv_on="defer", **kw) as fl:
+        return batches(fl, 1)[0][0]

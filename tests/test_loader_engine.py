@@ -1,0 +1,276 @@
+"""The CPU engine's machinery (workers, shared slots, decode cache, failure handling) with stand-in
+augmentation: a tiny sampler and renderer defined here, so these tests exercise only the engine."""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import psutil
+import pytest
+import torch
+
+from fastload.engines.base import StoreView, collate_targets
+from fastload.engines.cpu import CPUEngine
+from fastload.engines.cpu_workers import WorkerError
+from fastload.engines.shm_cache import SharedDecodeCache
+from fastload.store.base import Store
+
+IMGSZ = 32
+
+
+class ArrayStore(Store):
+    """Decoded-or-encoded in-memory store of small random images (encoded = PNG bytes)."""
+
+    kind = "test"
+
+    def __init__(self, n: int, encoded: bool = False) -> None:
+        super().__init__()
+        rng = np.random.default_rng(0)
+        self.decoded = not encoded
+        self.imgsz = None if encoded else IMGSZ
+        self._imgs = [rng.integers(0, 255, (IMGSZ, IMGSZ, 3), dtype=np.uint8) for _ in range(n)]
+        self.im_files = [f"/data/images/{i:03d}.png" for i in range(n)]
+        self.labels = [np.array([[i % 3, 0.5, 0.5, 0.2, 0.2]] * (i % 3), np.float32).reshape(-1, 5) for i in range(n)]
+        self.shapes = np.full((n, 2), IMGSZ, np.int32)
+        self.names = ["a", "b", "c"]
+        self.loads = 0
+
+    def read_image(self, i: int):
+        return self._imgs[i]
+
+    def load(self, i: int, imgsz: int | None = None) -> np.ndarray:
+        self.loads += 1
+        return self._imgs[i]
+
+
+@dataclass
+class FakeImage:
+    out_hw: tuple[int, int]
+
+
+@dataclass
+class FakeParams:
+    index: int
+    epoch: int
+    image: FakeImage
+    hsv_gain: tuple[float, float, float]
+    shapes: object
+
+
+class FakeSampler:
+    """Draws from SeedSequence([seed, epoch, index]) like the real one; one partner image per sample."""
+
+    imgsz = IMGSZ
+
+    def __init__(self, n: int, seed: int = 0, die_on: int | None = None, fail_on: int | None = None) -> None:
+        self.n, self.seed, self.closed = n, seed, False
+        self.die_on, self.fail_on = die_on, fail_on
+
+    def sample(self, epoch: int, index: int) -> FakeParams:
+        if index == self.die_on:
+            os._exit(3)
+        if index == self.fail_on:
+            raise ValueError(f"cannot sample {index}")
+        rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([self.seed, epoch, index])))
+        partner = int(rng.integers(self.n))
+        shapes = None if not self.closed else ((IMGSZ, IMGSZ), ((1.0, 1.0), (0.0, 0.0)))
+        return FakeParams(index * 1000 + partner, epoch, FakeImage((IMGSZ, IMGSZ)), (1.0, 1.0, float(rng.uniform(0.5, 1.5))), shapes)
+
+    def close_mosaic(self) -> None:
+        self.closed = True
+
+
+def fake_render(p: FakeParams, get_image, out=None, *, hsv=True):
+    a, b = get_image(p.index // 1000), get_image(p.index % 1000)
+    img = (a // 2 + b // 2).astype(np.uint8)
+    if hsv:
+        img = np.clip(img * p.hsv_gain[2], 0, 255).astype(np.uint8)
+    if out is None:
+        return img
+    out[...] = img
+    return out
+
+
+def fake_labels(p: FakeParams, labels):
+    return labels[p.index // 1000]
+
+
+def make_engine(n=20, workers=0, encoded=False, sampler=None, **kw) -> CPUEngine:
+    store = StoreView(ArrayStore(n, encoded))
+    eng = CPUEngine(store, sampler or FakeSampler(n), batch_size=4, workers=workers,
+                    loaded_hw=np.full((n, 2), IMGSZ), **kw)
+    eng.renderer.render_fn, eng.renderer.labels_fn = fake_render, fake_labels
+    return eng
+
+
+def collect(eng: CPUEngine, epoch: int, idx: np.ndarray):
+    return [(b.imgs.clone(), b.targets.clone(), b.paths, b.shapes) for b in eng.iter_batches(epoch, idx)]
+
+
+def assert_same(a, b):
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        assert torch.equal(x[0], y[0]) and torch.equal(x[1], y[1]) and x[2] == y[2] and x[3] == y[3]
+
+
+def test_batches_identical_for_0_1_2_workers():
+    idx = np.random.default_rng(1).permutation(20)
+    results = []
+    for w in (0, 1, 2):
+        with make_engine(workers=w) as eng:
+            results.append(collect(eng, 3, idx))
+    assert_same(results[0], results[1])
+    assert_same(results[0], results[2])
+    imgs, targets, paths, _ = results[0][0]
+    assert imgs.shape == (4, 3, IMGSZ, IMGSZ) and imgs.dtype == torch.uint8
+    assert targets.shape[1] == 6 and len(paths) == 4
+    assert [len(b[2]) for b in results[0]] == [4] * 5
+
+
+def test_last_batch_partial_and_targets_batch_index():
+    with make_engine(n=10, workers=1) as eng:
+        out = collect(eng, 0, np.arange(10))
+    assert [len(b[2]) for b in out] == [4, 4, 2]
+    t = out[1][1]
+    assert set(t[:, 0].tolist()) <= {0.0, 1.0, 2.0, 3.0}
+    # index 4..7 have 1, 2, 0, 1 labels (i % 3)
+    assert t.shape[0] == 1 + 2 + 0 + 1
+
+
+def test_layouts_give_equal_pixels():
+    idx = np.arange(12)
+    with make_engine(layout="nhwc") as a, make_engine(layout="nchw", workers=1) as b:
+        ra, rb = collect(a, 0, idx), collect(b, 0, idx)
+    assert_same(ra, rb)
+    with make_engine(layout="nchw") as b:
+        assert next(iter(b.iter_batches(0, idx))).imgs.is_contiguous()
+    with make_engine(layout="nhwc") as a:
+        assert next(iter(a.iter_batches(0, idx))).imgs.is_contiguous(memory_format=torch.channels_last)
+
+
+def test_keep_latest_batches_valid_and_slots_reused():
+    with make_engine(n=40, workers=2, keep=2) as eng:
+        it = eng.iter_batches(0, np.arange(40))
+        prev = next(it)
+        prev_copy = prev.imgs.clone()
+        for b in it:
+            assert torch.equal(prev.imgs, prev_copy)  # the previous batch survives one more request
+            prev, prev_copy = b, b.imgs.clone()
+        assert eng.ring.n_slots == 2 * 2 + 2
+
+
+def test_abandoned_epoch_then_next_epoch_is_clean():
+    idx = np.arange(20)
+    with make_engine(workers=2) as eng:
+        ref = collect(eng, 1, idx)
+        it = eng.iter_batches(0, idx)
+        next(it)  # abandon with batches in flight
+        again = collect(eng, 1, idx)
+        assert_same(ref, again)
+        assert eng.ring.n_free == eng.ring.n_slots - len(eng._held)
+
+
+def test_close_mosaic_reaches_persistent_workers():
+    with make_engine(workers=2) as eng:
+        before = collect(eng, 0, np.arange(8))
+        assert all(s is None for b in before for s in b[3])
+        eng.close_mosaic()
+        after = collect(eng, 1, np.arange(8))
+        assert all(s is not None for b in after for s in b[3])
+
+
+def test_worker_death_raises_clear_error_not_hang():
+    eng = make_engine(workers=2, sampler=FakeSampler(20, die_on=13))
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(WorkerError, match=r"worker 1 .*exit.*code 3.*batch 3"):
+            collect(eng, 0, np.arange(20))
+        assert time.monotonic() - t0 < 20
+    finally:
+        eng.close()
+
+
+def test_worker_exception_is_reported_with_traceback_and_loader_recovers():
+    eng = make_engine(workers=2, sampler=FakeSampler(20, fail_on=5))
+    try:
+        with pytest.raises(WorkerError, match="cannot sample 5"):
+            collect(eng, 0, np.arange(20))
+        out = collect(eng, 0, np.arange(4))  # a batch without the bad index still works
+        assert len(out) == 1
+    finally:
+        eng.close()
+
+
+def test_inline_render_failures_do_not_leak_slots():
+    """With workers=0 a failing sample raises in the caller; repeated failures must not use up the ring."""
+    eng = make_engine(workers=0, sampler=FakeSampler(20, fail_on=5))
+    try:
+        for _ in range(2 * eng.ring.n_slots + 1):
+            with pytest.raises(ValueError, match="cannot sample 5"):
+                collect(eng, 0, np.arange(4, 8))
+        assert len(collect(eng, 1, np.r_[0:4, 8:12])) == 2
+    finally:
+        eng.close()
+
+
+def test_close_stops_workers():
+    eng = make_engine(workers=2)
+    collect(eng, 0, np.arange(8))
+    pids = eng.worker_pids
+    assert len(pids) == 2 and all(psutil.pid_exists(p) for p in pids)
+    eng.close()
+    time.sleep(0.1)
+    for p in pids:
+        assert not psutil.pid_exists(p) or psutil.Process(p).status() == psutil.STATUS_ZOMBIE
+
+
+def test_shared_decode_cache_decodes_each_image_once_across_workers_and_epochs():
+    n = 16
+    with make_engine(n=n, workers=2, encoded=True) as eng:
+        first = collect(eng, 0, np.arange(n))
+        collect(eng, 1, np.arange(n))
+        second = collect(eng, 0, np.arange(n))
+        hits, misses = eng.cache_stats
+        assert len(eng.cache) == n  # every image cached once, in the shared mapping
+        assert misses <= n + 2 * 2  # at most a few duplicate decodes when two workers race
+        assert hits > misses
+    assert_same(first, second)
+
+
+def test_decode_cache_bound_and_off():
+    hw = np.full((10, 2), 4)
+    c = SharedDecodeCache(hw, 4 * 4 * 3 * 3 + 5)  # room for 3 images
+    assert c.n_cached == 3
+    img = np.ones((4, 4, 3), np.uint8)
+    assert c.get(2, lambda i: img).base is not None and c.get(2, lambda i: 1 / 0).sum() == 48
+    assert c.get(7, lambda i: img) is img  # beyond the bound: loaded, not cached
+    with make_engine(n=8, encoded=True, decode_cache_bytes=0) as eng:
+        assert eng.cache is None
+
+
+def test_consumer_hsv_returns_gains(monkeypatch):
+    import types
+    import sys
+
+    calls = []
+
+    def apply_hsv_batch(imgs, gains):
+        calls.append(gains.clone())
+        return imgs
+
+    mod = types.ModuleType("fastload.augment.functional.torch_ops")
+    mod.apply_hsv_batch = apply_hsv_batch
+    monkeypatch.setitem(sys.modules, "fastload.augment.functional.torch_ops", mod)
+    with make_engine(workers=1, hsv="consumer") as eng, make_engine(workers=0, hsv="consumer") as eng0:
+        a, b = collect(eng, 0, np.arange(8)), collect(eng0, 0, np.arange(8))
+    assert_same(a, b)
+    assert len(calls) == 4 and calls[0].shape == (4, 3)
+    assert torch.equal(calls[0], calls[2])
+    assert not torch.all(calls[0][:, 2] == 1)
+
+
+def test_collate_targets_empty():
+    t = collate_targets([np.zeros((0, 5), np.float32)] * 3)
+    assert t.shape == (0, 6)

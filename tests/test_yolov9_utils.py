@@ -1,0 +1,118 @@
+"""Trainer helpers: optimiser groups, LR schedules, EMA, checkpoints, data-wait meter, letterbox maths."""
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+
+from yolov9.boxes import scale_boxes_to_original
+from yolov9.checkpoint import jsonable, load_model, read_checkpoint, save_checkpoint
+from yolov9.detect import letterbox
+from yolov9.models import DetectionModel, load_cfg
+from yolov9.throughput import GpuUtilSampler, StepTimer, fmt_util
+from yolov9.torch_utils import ModelEMA, build_optimizer, lr_lambda
+
+
+def _tiny() -> DetectionModel:
+    cfg = load_cfg("gelan-t.yaml")
+    cfg["width_multiple"] = 0.25
+    return DetectionModel(cfg, nc=2)
+
+
+def test_optimizer_groups_no_decay_on_bn_and_bias():
+    model = _tiny()
+    opt = build_optimizer(model, "SGD", lr=0.01, momentum=0.937, decay=5e-4)
+    biases, weights, norms = (set(map(id, g["params"])) for g in opt.param_groups)
+    assert [g["weight_decay"] for g in opt.param_groups] == [0.0, 5e-4, 0.0]
+    assert opt.param_groups[0]["nesterov"] and opt.param_groups[0]["momentum"] == 0.937
+    for mod in model.modules():
+        for name, p in mod.named_parameters(recurse=False):
+            if not p.requires_grad:
+                continue
+            if name == "bias":
+                assert id(p) in biases
+            elif isinstance(mod, nn.BatchNorm2d):
+                assert id(p) in norms
+            else:
+                assert id(p) in weights
+    n_trainable = sum(1 for p in model.parameters() if p.requires_grad)
+    assert len(biases) + len(weights) + len(norms) == n_trainable
+    with pytest.raises(ValueError, match="LION"):
+        build_optimizer(model, "LION")
+
+
+@pytest.mark.parametrize("cosine", [False, True])
+def test_lr_schedule_endpoints(cosine):
+    f = lr_lambda(100, 0.01, cosine)
+    assert f(0) == pytest.approx(1.0) and f(100) == pytest.approx(0.01)
+    vals = [f(e) for e in range(101)]
+    assert all(a >= b for a, b in zip(vals, vals[1:]))
+
+
+def test_ema_tracks_weights():
+    model = _tiny()
+    ema = ModelEMA(model)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+    before = next(iter(ema.ema.parameters())).clone()
+    for _ in range(3):
+        ema.update(model)
+    after = next(iter(ema.ema.parameters()))
+    assert ema.updates == 3 and not torch.equal(before, after)
+    assert all(not p.requires_grad for p in ema.ema.parameters())
+
+
+def test_checkpoint_roundtrip_weights_only(tmp_path):
+    model = _tiny()
+    model.names = ["a", "b"]
+    opt = build_optimizer(model)
+    meta = {"epoch": 3, "cfg": model.yaml, "nc": 2, "names": model.names, "opt": {"project": tmp_path}}
+    path = tmp_path / "w.pt"
+    save_checkpoint(path, model=model, ema=model, optimizer=opt, meta=meta)
+    raw = torch.load(path, weights_only=True)
+    assert raw["meta"]["opt"]["project"] == str(tmp_path) and raw["meta"]["format"].startswith("fastload-yolov9")
+    loaded, ckpt = load_model(path)
+    assert loaded.names == ["a", "b"]
+    for k, v in model.state_dict().items():
+        torch.testing.assert_close(loaded.state_dict()[k], v)
+    # a bare state_dict needs --cfg
+    torch.save(model.state_dict(), tmp_path / "sd.pt")
+    with pytest.raises(ValueError, match="--cfg"):
+        load_model(tmp_path / "sd.pt")
+    assert load_model(tmp_path / "sd.pt", cfg=model.yaml)[0].nc == 2
+    with pytest.raises(FileNotFoundError, match="missing.pt"):
+        read_checkpoint(tmp_path / "missing.pt")
+    with pytest.raises(TypeError):
+        jsonable({"x": object()})
+
+
+def test_step_timer_counts_and_fraction():
+    timer = StepTimer()
+    batches = [(torch.zeros(4, 3, 8, 8), None), (torch.zeros(2, 3, 8, 8), None)]
+    seen = [b for b in timer.wrap(batches)]
+    assert len(seen) == 2 and timer.steps == 2 and timer.images == 6
+    assert 0.0 <= timer.wait_frac <= 1.0 and timer.images_per_s > 0
+
+
+def test_gpu_sampler_reports_na_without_nvml(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # import fails
+    s = GpuUtilSampler(0)
+    s.start()
+    assert not s.available and s.stop() is None and fmt_util(s.stop()) == "n/a"
+    assert GpuUtilSampler(None).stop() is None
+
+
+def test_letterbox_and_scale_back_roundtrip():
+    img = np.zeros((100, 200, 3), np.uint8)
+    out, shape = letterbox(img, 128, stride=32)
+    assert out.shape[:2] == (64, 128)
+    boxes = torch.tensor([[10.0, 20.0, 50.0, 80.0]])  # original pixels
+    (h0, w0), ((gh, gw), (pw, ph)) = shape
+    lb = boxes.clone()
+    lb[:, [0, 2]] = lb[:, [0, 2]] * gw + pw
+    lb[:, [1, 3]] = lb[:, [1, 3]] * gh + ph
+    torch.testing.assert_close(scale_boxes_to_original(lb, shape, out.shape[:2]), boxes)

@@ -1,0 +1,91 @@
+"""Checkpoints: plain tensors/state_dicts plus JSON-able metadata, loadable with ``torch.load(weights_only=True)``.
+
+Layout::
+
+    {"model": state_dict, "ema": state_dict | None, "optimizer": state_dict | None, "scaler": state_dict | None,
+     "meta": {"epoch": int, "best_fitness": float, "ema_updates": int, "cfg": <model yaml dict>, "nc": int,
+              "names": [str], "opt": {...}, "hyp": {...}, "date": str, "format": "fastload-yolov9/1"}}
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .models.yolo import DetectionModel
+
+__all__ = ["FORMAT", "jsonable", "save_checkpoint", "read_checkpoint", "load_model"]
+
+FORMAT = "fastload-yolov9/1"
+
+
+def jsonable(obj: Any) -> Any:
+    """Recursively turn Paths/tuples/numpy scalars into JSON types; fails loudly on anything else."""
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    if isinstance(obj, Path):
+        return str(obj)
+    if isinstance(obj, dict):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [jsonable(v) for v in obj]
+    if hasattr(obj, "item") and callable(obj.item):  # numpy / torch scalar
+        return obj.item()
+    raise TypeError(f"cannot store {type(obj).__name__} in checkpoint metadata")
+
+
+def save_checkpoint(path: str | Path, *, model, ema=None, optimizer=None, scaler=None, meta: dict) -> None:
+    """Write atomically (temp file + rename) so that an interrupted save never leaves a broken last.pt."""
+    meta = jsonable(dict(meta, format=FORMAT, date=_dt.datetime.now().isoformat(timespec="seconds")))
+    json.dumps(meta)  # proves the metadata is JSON-able
+    ckpt = {
+        "model": {k: v.detach().cpu() for k, v in model.state_dict().items()},
+        "ema": None if ema is None else {k: v.detach().cpu() for k, v in ema.state_dict().items()},
+        "optimizer": None if optimizer is None else optimizer.state_dict(),
+        "scaler": None if scaler is None else scaler.state_dict(),
+        "meta": meta,
+    }
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(ckpt, tmp)
+    os.replace(tmp, path)
+
+
+def read_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict:
+    """``torch.load(weights_only=True)`` with a clear error for missing files and foreign (pickled-model) files."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"weights file {path} not found")
+    try:
+        ckpt = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as e:
+        raise ValueError(f"{path}: not a weights_only checkpoint (pickled model objects, e.g. the official "
+                         f"YOLOv9 .pt files, are not loaded; convert them to a state_dict first): {e}") from e
+    if isinstance(ckpt, dict) and "meta" not in ckpt and all(isinstance(v, torch.Tensor) for v in ckpt.values()):
+        ckpt = {"model": ckpt, "ema": None, "optimizer": None, "scaler": None, "meta": {}}  # bare state_dict
+    if not isinstance(ckpt, dict) or "model" not in ckpt:
+        raise ValueError(f"{path}: expected a checkpoint dict with a 'model' state_dict")
+    return ckpt
+
+
+def load_model(weights: str | Path, cfg: str | Path | dict | None = None, nc: int | None = None,
+               prefer_ema: bool = True) -> tuple[DetectionModel, dict]:
+    """Build the model recorded in a checkpoint (or ``cfg`` for bare state_dicts) and load its weights."""
+    ckpt = read_checkpoint(weights)
+    meta = ckpt.get("meta") or {}
+    model_cfg = cfg if cfg is not None else meta.get("cfg")
+    if model_cfg is None:
+        raise ValueError(f"{weights}: no model config recorded; pass --cfg")
+    model = DetectionModel(model_cfg, nc=nc if nc is not None else meta.get("nc"))
+    sd = ckpt["ema"] if prefer_ema and ckpt.get("ema") is not None else ckpt["model"]
+    missing, unexpected = model.load_state_dict(sd, strict=False)
+    if missing or unexpected:
+        raise ValueError(f"{weights}: weights do not fit the model config "
+                         f"(missing {list(missing)[:5]}..., unexpected {list(unexpected)[:5]}...)")
+    if meta.get("names"):
+        model.names = list(meta["names"])
+    return model, ckpt

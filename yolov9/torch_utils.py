@@ -1,0 +1,115 @@
+"""Training helpers: device selection, seeding, parameter groups + optimiser, model EMA, LR schedules."""
+from __future__ import annotations
+
+import copy
+import math
+import os
+import random
+from typing import Callable
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+__all__ = ["select_device", "init_seeds", "de_parallel", "build_optimizer", "ModelEMA", "lr_lambda"]
+
+
+def select_device(device: str | None = "", rank: int = -1) -> torch.device:
+    """``''`` (CUDA if available, else CPU), ``'cpu'``, ``'0'``, ``'0,1'``, ``'cuda:1'``.
+
+    Under DDP each process takes ``cuda:LOCAL_RANK``. A CUDA request on a machine without CUDA raises.
+    """
+    d = str(device or "").strip().lower().replace("cuda:", "")
+    if d == "cpu":
+        return torch.device("cpu")
+    if d == "":
+        if not torch.cuda.is_available():
+            return torch.device("cpu")
+        ids = [0]
+    else:
+        try:
+            ids = [int(x) for x in d.split(",") if x != ""]
+        except ValueError:
+            raise ValueError(f"--device {device!r}: expected 'cpu', '' or CUDA ids like '0' or '0,1'") from None
+        if not torch.cuda.is_available():
+            raise ValueError(f"--device {device!r} asks for CUDA but torch.cuda.is_available() is False")
+        if max(ids) >= torch.cuda.device_count():
+            raise ValueError(f"--device {device!r}: only {torch.cuda.device_count()} CUDA device(s) visible")
+    local = int(os.environ.get("LOCAL_RANK", -1))
+    idx = ids[local % len(ids)] if local >= 0 else ids[0]
+    torch.cuda.set_device(idx)
+    return torch.device("cuda", idx)
+
+
+def init_seeds(seed: int = 0, deterministic: bool = False) -> None:
+    """Seed python, numpy and torch (weights init, dropout); the loader has its own seeding."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    torch.cuda.manual_seed_all(seed)
+    if deterministic:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+
+
+def de_parallel(model: nn.Module) -> nn.Module:
+    """The bare model inside a DDP / DataParallel wrapper."""
+    return model.module if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)) else model
+
+
+def build_optimizer(model: nn.Module, name: str = "SGD", lr: float = 0.01, momentum: float = 0.937,
+                    decay: float = 5e-4) -> torch.optim.Optimizer:
+    """Three parameter groups: 0 = biases (no decay), 1 = conv/linear weights (decay), 2 = norm weights (no decay).
+
+    SGD is Nesterov; Adam/AdamW use ``betas=(momentum, 0.999)``.
+    """
+    biases, weights, norms = [], [], []
+    norm_types = tuple(v for k, v in vars(nn).items() if "Norm" in k and isinstance(v, type))
+    for module in model.modules():
+        for pname, p in module.named_parameters(recurse=False):
+            if not p.requires_grad:
+                continue
+            if pname == "bias":
+                biases.append(p)
+            elif isinstance(module, norm_types):
+                norms.append(p)
+            else:
+                weights.append(p)
+    name_l = name.lower()
+    if name_l == "sgd":
+        opt = torch.optim.SGD(biases, lr=lr, momentum=momentum, nesterov=True)
+    elif name_l == "adam":
+        opt = torch.optim.Adam(biases, lr=lr, betas=(momentum, 0.999))
+    elif name_l == "adamw":
+        opt = torch.optim.AdamW(biases, lr=lr, betas=(momentum, 0.999), weight_decay=0.0)
+    else:
+        raise ValueError(f"--optimizer {name!r} is not supported (choose SGD, Adam or AdamW)")
+    opt.add_param_group({"params": weights, "weight_decay": decay})
+    opt.add_param_group({"params": norms, "weight_decay": 0.0})
+    return opt
+
+
+def lr_lambda(epochs: int, lrf: float, cosine: bool = False) -> Callable[[float], float]:
+    """LR multiplier per epoch: linear from 1 to ``lrf`` or a half cosine from 1 to ``lrf``."""
+    if cosine:
+        return lambda x: ((1 - math.cos(x * math.pi / epochs)) / 2) * (lrf - 1) + 1
+    return lambda x: max(1 - x / epochs, 0) * (1.0 - lrf) + lrf
+
+
+class ModelEMA:
+    """Exponential moving average of the weights (and BN buffers); decay ramps up as ``d * (1 - exp(-n / tau))``."""
+
+    def __init__(self, model: nn.Module, decay: float = 0.9999, tau: float = 2000, updates: int = 0) -> None:
+        self.ema = copy.deepcopy(de_parallel(model)).eval()
+        self.updates = updates
+        self.decay_fn = lambda n: decay * (1 - math.exp(-n / tau))
+        for p in self.ema.parameters():
+            p.requires_grad_(False)
+
+    @torch.no_grad()
+    def update(self, model: nn.Module) -> None:
+        self.updates += 1
+        d = self.decay_fn(self.updates)
+        msd = de_parallel(model).state_dict()
+        for k, v in self.ema.state_dict().items():
+            if v.dtype.is_floating_point:
+                v.mul_(d).add_(msd[k].detach(), alpha=1 - d)

@@ -1,0 +1,439 @@
+"""Train a YOLOv9 / GELAN detector on fastload batches.
+
+Single process::
+
+    python -m yolov9.train --data data.yaml --cfg yolov9-s.yaml --hyp hyp.scratch-high.yaml --epochs 100 --batch 16
+
+DDP (one process per GPU, or per CPU slot with gloo)::
+
+    torchrun --nproc_per_node 2 -m yolov9.train --data data.yaml --cfg yolov9-s.yaml --batch 64 --device 0,1
+
+Flags follow YOLOv9's ``train_dual.py``; additions: ``--loader cpu|gpu|dali``, ``--store``, ``--accumulate``,
+``--amp/--no-amp``, ``--amp-dtype``. Each epoch reports the data-wait fraction (time blocked on the loader /
+step time), images/s and, on NVIDIA GPUs, mean NVML utilisation, in the progress bar and in ``results.csv``.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import logging
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from .checkpoint import jsonable, read_checkpoint, save_checkpoint
+from .loss import DetectionLoss
+from .models.yolo import DetectionModel
+from .throughput import GpuUtilSampler, StepTimer, fmt_util
+from .torch_utils import ModelEMA, build_optimizer, de_parallel, init_seeds, lr_lambda, select_device
+from .val import evaluate, fitness, make_val_loader
+
+__all__ = ["parse_args", "train", "main", "RESULTS_COLUMNS"]
+
+LOG = logging.getLogger("yolov9.train")
+NBS = 64  # nominal batch size: weight decay and the default accumulation are scaled to it
+RESULTS_COLUMNS = [
+    "epoch", "train/box_loss", "train/cls_loss", "train/dfl_loss", "metrics/precision", "metrics/recall",
+    "metrics/mAP_0.5", "metrics/mAP_0.5:0.95", "val/box_loss", "val/cls_loss", "val/dfl_loss",
+    "x/lr0", "x/lr1", "x/lr2", "data_wait_frac", "images_per_s", "gpu_util", "epoch_time_s",
+]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The ``train_dual.py`` flags plus fastload's; unknown flags are an error (argparse)."""
+    p = argparse.ArgumentParser(prog="python -m yolov9.train", description=__doc__.split("\n\n")[0])
+    p.add_argument("--weights", default="", help="initial weights: a checkpoint from this trainer or a state_dict")
+    p.add_argument("--cfg", default="", help="model config: a yaml path or a bundled name (yolov9-s, gelan-c, ...)")
+    p.add_argument("--data", required=True, help="data.yaml")
+    p.add_argument("--hyp", default=None, help="hyp yaml (default: YOLOv9 hyp.scratch-high values)")
+    p.add_argument("--epochs", type=int, default=None, help="total epochs (default 100; with --resume: extend to N)")
+    p.add_argument("--batch-size", "--batch", dest="batch_size", type=int, default=16,
+                   help="total batch size over all DDP processes")
+    p.add_argument("--imgsz", "--img", "--img-size", dest="imgsz", type=int, default=640, help="train/val image size")
+    p.add_argument("--rect", action="store_true", help="rectangular training batches (no mosaic, no shuffle)")
+    p.add_argument("--resume", nargs="?", const=True, default=False, help="resume the latest run, or a given last.pt")
+    p.add_argument("--nosave", action="store_true", help="only save the final checkpoint")
+    p.add_argument("--noval", action="store_true", help="only validate after the final epoch")
+    p.add_argument("--cache", nargs="?", const="ram", default=None, choices=("ram", "disk"),
+                   help="use the ram/disk store written by `fastload convert` (same as --store ram|disk)")
+    p.add_argument("--device", default="", help="cuda device(s), e.g. 0 or 0,1, or cpu")
+    p.add_argument("--multi-scale", action="store_true", help="vary the batch size of images by +/- 50%%")
+    p.add_argument("--single-cls", action="store_true", help="train all classes as one")
+    p.add_argument("--optimizer", default="SGD", choices=("SGD", "Adam", "AdamW", "LION"), help="optimiser")
+    p.add_argument("--sync-bn", action="store_true", help="SyncBatchNorm under DDP (CUDA only)")
+    p.add_argument("--workers", type=int, default=8, help="loader worker processes per DDP rank")
+    p.add_argument("--project", default="runs/train")
+    p.add_argument("--name", default="exp")
+    p.add_argument("--exist-ok", action="store_true")
+    p.add_argument("--cos-lr", action="store_true", help="cosine LR schedule")
+    p.add_argument("--label-smoothing", type=float, default=0.0)
+    p.add_argument("--patience", type=int, default=100, help="early stopping: epochs without improvement (0: off)")
+    p.add_argument("--freeze", nargs="+", type=int, default=[0], help="freeze the first N layers, or layer indices")
+    p.add_argument("--save-period", type=int, default=-1, help="also save epoch{N}.pt every N epochs")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--local_rank", "--local-rank", dest="local_rank", type=int, default=-1, help=argparse.SUPPRESS)
+    p.add_argument("--min-items", type=int, default=0, help="drop training images with fewer labels")
+    p.add_argument("--close-mosaic", type=int, default=0, help="switch mosaic off for the last N epochs")
+    # fastload additions
+    p.add_argument("--loader", choices=("cpu", "gpu", "dali"), default="cpu", help="fastload augmentation engine")
+    p.add_argument("--store", default=None, help="fastload store: auto, files, lmdb, disk, ram (default auto)")
+    p.add_argument("--accumulate", type=int, default=None, help="optimizer step every N batches "
+                   "(default max(round(64 / batch), 1))")
+    p.add_argument("--amp", action=argparse.BooleanOptionalAction, default=True, help="mixed precision on CUDA")
+    p.add_argument("--amp-dtype", choices=("fp16", "bf16"), default="fp16", help="autocast dtype on CUDA")
+    opt = p.parse_args(argv)
+    if opt.optimizer == "LION":
+        p.error("--optimizer LION is not implemented here; use SGD, Adam or AdamW")
+    if opt.cache and opt.store and opt.store != opt.cache:
+        p.error(f"--cache {opt.cache} contradicts --store {opt.store}")
+    if opt.batch_size < 1 or opt.imgsz < 32:
+        p.error("--batch-size must be >= 1 and --imgsz >= 32")
+    if opt.accumulate is not None and opt.accumulate < 1:
+        p.error("--accumulate must be >= 1")
+    return opt
+
+
+# ----------------------------------------------------------------------------------------------------------
+def _increment_path(path: Path, exist_ok: bool) -> Path:
+    if exist_ok or not path.exists():
+        return path
+    for n in range(2, 10000):
+        cand = path.with_name(f"{path.name}{n}")
+        if not cand.exists():
+            return cand
+    raise RuntimeError(f"no free run directory next to {path}")
+
+
+def _latest_last(project: Path) -> Path:
+    runs = sorted(project.glob("**/last.pt"), key=lambda p: p.stat().st_mtime)
+    if not runs:
+        raise FileNotFoundError(f"--resume: no last.pt found under {project}")
+    return runs[-1]
+
+
+class _Dist:
+    """DDP process info from torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE)."""
+
+    def __init__(self) -> None:
+        self.rank = int(os.environ.get("RANK", -1))
+        self.local_rank = int(os.environ.get("LOCAL_RANK", -1))
+        self.world = int(os.environ.get("WORLD_SIZE", 1))
+        self.enabled = self.rank >= 0 and self.world > 1
+
+    @property
+    def main(self) -> bool:
+        return self.rank in (-1, 0)
+
+    def barrier(self) -> None:
+        if self.enabled:
+            dist.barrier()
+
+    def broadcast_obj(self, obj: Any) -> Any:
+        if not self.enabled:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+
+def _freeze(model: nn.Module, freeze: list[int]) -> list[str]:
+    layers = list(range(freeze[0])) if len(freeze) == 1 else list(freeze)
+    prefixes = [f"model.{x}." for x in layers]
+    frozen = []
+    for k, v in model.named_parameters():
+        if any(k.startswith(p) for p in prefixes):
+            v.requires_grad_(False)
+            frozen.append(k)
+    return frozen
+
+
+def _transfer(model: nn.Module, sd: dict[str, torch.Tensor]) -> int:
+    """Load the tensors whose name and shape match (a different nc leaves the class convs fresh)."""
+    own = model.state_dict()
+    fit = {k: v for k, v in sd.items() if k in own and own[k].shape == v.shape}
+    model.load_state_dict(fit, strict=False)
+    return len(fit)
+
+
+# ----------------------------------------------------------------------------------------------------------
+def train(opt: argparse.Namespace) -> dict:
+    """Run a training job; returns the last epoch's metrics and the run directory (on rank 0)."""
+    import fastload
+    from fastload.augment.hyp import load_hyp
+    from fastload.data.config import load_data_config
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    ddp = _Dist()
+    cli_epochs = opt.epochs
+    resume_ckpt = None
+    if opt.resume:
+        last = Path(opt.resume) if isinstance(opt.resume, str) else _latest_last(Path(opt.project))
+        resume_ckpt = read_checkpoint(last)
+        saved = resume_ckpt["meta"].get("opt")
+        if not saved:
+            raise ValueError(f"{last}: no training options recorded, cannot resume")
+        keep = {"device": opt.device, "workers": opt.workers}
+        opt = argparse.Namespace(**{**vars(opt), **saved, **keep})
+        opt.resume, opt.weights, opt.save_dir = str(last), str(last), str(last.parent.parent)
+        opt.epochs = cli_epochs if cli_epochs is not None else saved["epochs"]
+    opt.epochs = 100 if opt.epochs is None else opt.epochs
+    if not opt.cfg and not opt.weights:
+        raise ValueError("give --cfg (a model yaml or bundled name) and/or --weights")
+
+    device = select_device(opt.device) if not ddp.enabled else None
+    if ddp.enabled:
+        cuda = torch.cuda.is_available() and str(opt.device).lower() != "cpu"
+        if cuda:
+            torch.cuda.set_device(ddp.local_rank)
+            device = torch.device("cuda", ddp.local_rank)
+        else:
+            device = torch.device("cpu")
+        if not dist.is_initialized():
+            dist.init_process_group("nccl" if cuda else "gloo")
+        if opt.batch_size % ddp.world:
+            raise ValueError(f"--batch-size {opt.batch_size} must be a multiple of WORLD_SIZE {ddp.world}")
+    if opt.sync_bn and device.type != "cuda":
+        raise ValueError("--sync-bn needs CUDA DDP (SyncBatchNorm has no CPU implementation)")
+    cuda = device.type == "cuda"
+    amp = bool(opt.amp) and cuda
+    amp_dtype = torch.bfloat16 if opt.amp_dtype == "bf16" else torch.float16
+
+    # Run directory (rank 0 decides, the others follow).
+    if getattr(opt, "save_dir", None) and opt.resume:
+        save_dir = Path(opt.save_dir)
+    else:
+        save_dir = _increment_path(Path(opt.project) / opt.name, opt.exist_ok) if ddp.main else None
+        save_dir = Path(ddp.broadcast_obj(str(save_dir) if save_dir else None))
+    opt.save_dir = str(save_dir)
+    wdir = save_dir / "weights"
+    if ddp.main:
+        wdir.mkdir(parents=True, exist_ok=True)
+
+    init_seeds(opt.seed + 1 + max(ddp.rank, 0))
+    hyp = load_hyp(opt.hyp)
+    hyp["label_smoothing"] = float(opt.label_smoothing)
+    data_cfg = load_data_config(opt.data)
+    nc = 1 if opt.single_cls else int(data_cfg.nc)
+    names = ["item"] if opt.single_cls else list(data_cfg.names)
+
+    # Model.
+    if opt.weights:
+        ckpt = resume_ckpt or read_checkpoint(opt.weights)
+        cfg = opt.cfg or ckpt["meta"].get("cfg")
+        if not cfg:
+            raise ValueError(f"{opt.weights}: no model config recorded; give --cfg")
+        model = DetectionModel(cfg, nc=nc)
+        n_loaded = _transfer(model, ckpt["model"])
+        if ddp.main:
+            LOG.info(f"transferred {n_loaded}/{len(model.state_dict())} tensors from {opt.weights}")
+    else:
+        ckpt = None
+        model = DetectionModel(opt.cfg, nc=nc)
+    model.names = names
+    model.to(device)
+    if opt.freeze != [0]:
+        _freeze(model, opt.freeze)
+    gs = max(int(model.stride.max()), 32)
+    if opt.imgsz % gs:
+        raise ValueError(f"--imgsz {opt.imgsz} must be a multiple of the max stride {gs}")
+
+    # Optimiser: decay scaled to the effective batch, as YOLOv9 does.
+    accumulate = opt.accumulate or max(round(NBS / opt.batch_size), 1)
+    hyp["weight_decay"] = float(hyp["weight_decay"]) * opt.batch_size * accumulate / NBS
+    optimizer = build_optimizer(model, opt.optimizer, hyp["lr0"], hyp["momentum"], hyp["weight_decay"])
+    lf = lr_lambda(opt.epochs, hyp["lrf"], opt.cos_lr)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda=lf)
+    ema = ModelEMA(model) if ddp.main else None
+    scaler = torch.amp.GradScaler("cuda", enabled=amp and amp_dtype == torch.float16)
+
+    start_epoch, best_fitness = 0, 0.0
+    if resume_ckpt is not None:
+        meta = resume_ckpt["meta"]
+        if resume_ckpt.get("optimizer"):
+            optimizer.load_state_dict(resume_ckpt["optimizer"])
+        if ema is not None and resume_ckpt.get("ema") is not None:
+            ema.ema.load_state_dict(resume_ckpt["ema"])
+            ema.updates = int(meta.get("ema_updates", 0))
+        if resume_ckpt.get("scaler") and scaler.is_enabled():
+            scaler.load_state_dict(resume_ckpt["scaler"])
+        start_epoch = int(meta["epoch"]) + 1
+        best_fitness = float(meta.get("best_fitness", 0.0))
+        if start_epoch >= opt.epochs:
+            raise ValueError(f"{opt.resume}: training to {opt.epochs} epochs is already finished "
+                             f"(give --epochs N > {start_epoch} to extend it)")
+        scheduler.last_epoch = start_epoch - 1
+        if ddp.main:
+            LOG.info(f"resuming {opt.resume} from epoch {start_epoch} to {opt.epochs}")
+
+    if ddp.enabled:
+        if opt.sync_bn:
+            model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+        model = nn.parallel.DistributedDataParallel(
+            model, device_ids=[device.index] if cuda else None, output_device=device.index if cuda else None)
+
+    # Data.
+    store = opt.store or opt.cache or "auto"
+    per_rank = opt.batch_size // ddp.world
+    train_loader = fastload.loader(
+        opt.data, split="train", imgsz=opt.imgsz, batch_size=per_rank, hyp=hyp, augment=True, store=store,
+        engine=opt.loader, workers=opt.workers, shuffle=True, rect=opt.rect, stride=gs, pad=0.0, seed=opt.seed,
+        rank=ddp.rank, world_size=ddp.world, min_items=opt.min_items, single_cls=opt.single_cls,
+        device=device if cuda else None,
+        hsv_on="consumer" if cuda else "worker")
+    val_loader = None
+    if ddp.main:
+        val_loader = make_val_loader(opt.data, opt.imgsz, max(per_rank * 2, 1), workers=min(opt.workers, 4),
+                                     stride=gs, single_cls=opt.single_cls, store=store, engine=opt.loader,
+                                     device=device)
+    nb = len(train_loader)
+    nw = max(round(float(hyp["warmup_epochs"]) * nb), 100)
+    loss_fn = DetectionLoss(de_parallel(model), hyp)
+    timer = StepTimer()
+    gpu = GpuUtilSampler(device.index if cuda else None)
+    meta_base = {"cfg": de_parallel(model).yaml, "nc": nc, "names": names, "hyp": hyp,
+                 "opt": {k: v for k, v in vars(opt).items() if k not in ("local_rank",)}}
+    results: dict = {}
+    csv_path = save_dir / "results.csv"
+    if ddp.main and not csv_path.exists():
+        with open(csv_path, "w", newline="") as f:
+            csv.writer(f).writerow(RESULTS_COLUMNS)
+    if ddp.main:
+        LOG.info(f"{opt.cfg or opt.weights}: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params, "
+                 f"{nb} batches/epoch x {per_rank} x {ddp.world} rank(s), accumulate {accumulate}, "
+                 f"device {device}, AMP {'off' if not amp else opt.amp_dtype}, loader {opt.loader}, run {save_dir}")
+
+    last_opt_step = -1
+    stale, best_epoch = 0, start_epoch - 1
+    multi_rng = np.random.default_rng(opt.seed)
+    try:
+        for epoch in range(start_epoch, opt.epochs):
+            t_epoch = time.perf_counter()
+            model.train()
+            train_loader.set_epoch(epoch)
+            if opt.close_mosaic and epoch >= opt.epochs - opt.close_mosaic:
+                train_loader.close_mosaic()  # idempotent; also right after a resume past the switch
+            mloss = torch.zeros(3, device=device)
+            timer.reset()
+            gpu.start()
+            optimizer.zero_grad()
+            batches = timer.wrap(train_loader)
+            if ddp.main:
+                from tqdm import tqdm
+
+                batches = tqdm(batches, total=nb, bar_format="{l_bar}{bar:10}{r_bar}", file=sys.stderr)
+            for i, (imgs, targets, _paths, _shapes) in enumerate(batches):
+                ni = i + nb * epoch
+                imgs = imgs.to(device, non_blocking=True).float().div_(255)
+                targets = targets.to(device, non_blocking=True)
+                acc_now = accumulate
+                if ni <= nw:  # warm-up: bias LR falls from warmup_bias_lr, the others rise from 0
+                    xi = [0, nw]
+                    acc_now = max(1, int(np.interp(ni, xi, [1, accumulate]).round()))
+                    for j, g in enumerate(optimizer.param_groups):
+                        g["lr"] = float(np.interp(ni, xi, [hyp["warmup_bias_lr"] if j == 0 else 0.0,
+                                                            g["initial_lr"] * lf(epoch)]))
+                        if "momentum" in g:
+                            g["momentum"] = float(np.interp(ni, xi, [hyp["warmup_momentum"], hyp["momentum"]]))
+                if opt.multi_scale:
+                    sz = int(multi_rng.uniform(opt.imgsz * 0.5, opt.imgsz * 1.5 + gs)) // gs * gs
+                    sf = sz / max(imgs.shape[2:])
+                    if sf != 1:
+                        ns = [math.ceil(x * sf / gs) * gs for x in imgs.shape[2:]]
+                        imgs = nn.functional.interpolate(imgs, size=ns, mode="bilinear", align_corners=False)
+                with torch.autocast(device.type, dtype=amp_dtype, enabled=amp):
+                    pred = model(imgs)
+                loss, items = loss_fn(pred, targets)
+                if ddp.enabled:
+                    loss = loss * ddp.world  # DDP averages gradients over ranks
+                scaler.scale(loss).backward()
+                if ni - last_opt_step >= acc_now:
+                    scaler.unscale_(optimizer)
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=10.0)
+                    scaler.step(optimizer)
+                    scaler.update()
+                    optimizer.zero_grad()
+                    if ema is not None:
+                        ema.update(model)
+                    last_opt_step = ni
+                mloss = (mloss * i + items) / (i + 1)
+                if ddp.main:
+                    mem = f"{torch.cuda.memory_reserved(device) / 1e9:.3g}G" if cuda else "cpu"
+                    batches.set_description(
+                        f"{epoch}/{opt.epochs - 1} {mem} box {mloss[0]:.4f} cls {mloss[1]:.4f} dfl {mloss[2]:.4f} "
+                        f"inst {targets.shape[0]} {imgs.shape[-1]} wait {100 * timer.wait_frac:.0f}% "
+                        f"{timer.images_per_s * ddp.world:.1f} img/s gpu {fmt_util(gpu.current())}")
+            util = gpu.stop()
+            lrs = [g["lr"] for g in optimizer.param_groups]
+            scheduler.step()
+            stop = False
+            if ddp.main:
+                final = epoch + 1 == opt.epochs
+                if not opt.noval or final:
+                    results = evaluate(ema.ema, val_loader, device, loss_fn=DetectionLoss(ema.ema, hyp),
+                                       amp=amp, amp_dtype=amp_dtype, single_cls=opt.single_cls)
+                else:
+                    results = {"precision": 0.0, "recall": 0.0, "mAP50": 0.0, "mAP50-95": 0.0,
+                               "box_loss": 0.0, "cls_loss": 0.0, "dfl_loss": 0.0}
+                fi = fitness(results)
+                if fi > best_fitness or best_epoch < start_epoch:
+                    best_fitness, best_epoch, stale = max(fi, best_fitness), epoch, 0
+                    improved = True
+                else:
+                    stale += 1
+                    improved = False
+                row = [epoch, *mloss.tolist(), results["precision"], results["recall"], results["mAP50"],
+                       results["mAP50-95"], results["box_loss"], results["cls_loss"], results["dfl_loss"], *lrs,
+                       round(timer.wait_frac, 4), round(timer.images_per_s * ddp.world, 2),
+                       "n/a" if util is None else round(util, 1), round(time.perf_counter() - t_epoch, 2)]
+                with open(csv_path, "a", newline="") as f:
+                    csv.writer(f).writerow([f"{v:.6g}" if isinstance(v, float) else v for v in row])
+                LOG.info(f"epoch {epoch}: P {results['precision']:.3f} R {results['recall']:.3f} "
+                         f"mAP50 {results['mAP50']:.3f} mAP50-95 {results['mAP50-95']:.3f} | data wait "
+                         f"{100 * timer.wait_frac:.1f}% | {timer.images_per_s * ddp.world:.1f} img/s | "
+                         f"GPU util {fmt_util(util)}")
+                if not opt.nosave or final:
+                    meta = dict(meta_base, epoch=epoch, best_fitness=best_fitness, ema_updates=ema.updates,
+                                results=results)
+                    kw = dict(model=de_parallel(model), ema=ema.ema, optimizer=optimizer,
+                              scaler=scaler if scaler.is_enabled() else None, meta=meta)
+                    save_checkpoint(wdir / "last.pt", **kw)
+                    if improved:
+                        save_checkpoint(wdir / "best.pt", **kw)
+                    if opt.save_period > 0 and (epoch + 1) % opt.save_period == 0:
+                        save_checkpoint(wdir / f"epoch{epoch}.pt", **kw)
+                stop = opt.patience > 0 and stale >= opt.patience
+                if stop:
+                    LOG.info(f"early stop: no improvement for {opt.patience} epochs (best epoch {best_epoch})")
+            if ddp.broadcast_obj(stop):
+                break
+    finally:
+        train_loader.close()
+        if val_loader is not None:
+            val_loader.close()
+        if ddp.enabled and dist.is_initialized():
+            dist.barrier()
+            dist.destroy_process_group()
+    if ddp.main:
+        results = dict(results, save_dir=str(save_dir))
+        with open(save_dir / "opt.json", "w") as f:
+            json.dump(jsonable(vars(opt)), f, indent=1)
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    opt = parse_args(argv)
+    train(opt)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
