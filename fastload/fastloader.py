@@ -110,10 +110,13 @@ class FastLoader:
 
     def __init__(self, *, engine: Engine, dataset: LoaderDataset, store: Store, n: int, batch_size: int,
                  seed: int, shuffle: bool, rank: int, world_size: int, drop_last: bool,
-                 rect_batches: list[np.ndarray] | None, close_mosaic_epochs: int, epochs: int | None) -> None:
+                 rect_batches: list[np.ndarray] | None, close_mosaic_epochs: int, epochs: int | None,
+                 owns_store: bool = True) -> None:
         self.engine = engine
         self.dataset = dataset
         self.store = store
+        # a store the caller passed in stays open (a ram store's shared-memory hold is theirs)
+        self._owns_store = bool(owns_store)
         self.n = n
         self.batch_size = batch_size
         self.seed = seed
@@ -164,11 +167,7 @@ class FastLoader:
         if self.mosaic_closed:
             return
         self.mosaic_closed = True
-        closer = getattr(self.engine, "close_mosaic", None)
-        if closer is not None:
-            closer()
-        else:
-            self.engine.sampler.close_mosaic()
+        self.engine.close_mosaic()
 
     # -- iteration ------------------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Batch]:
@@ -189,19 +188,20 @@ class FastLoader:
 
     def stats(self) -> dict[str, Any]:
         """Counters for benchmarks: decoded-cache hits/misses (CPU engine), worker PIDs."""
-        out: dict[str, Any] = {"engine": getattr(self.engine, "name", type(self.engine).__name__), "store": self.store.kind}
+        out: dict[str, Any] = {"engine": self.engine.name, "store": self.store.kind}
         if hasattr(self.engine, "cache_stats"):
             out["decode_cache_hits"], out["decode_cache_misses"] = self.engine.cache_stats
         out["worker_pids"] = list(getattr(self.engine, "worker_pids", []))
         return out
 
     def close(self) -> None:
-        """Stop workers and release buffers and the store. Idempotent."""
+        """Stop workers and release buffers, and the store if :func:`loader` opened it. Idempotent."""
         if self._closed:
             return
         self._closed = True
         self.engine.close()
-        self.store.close()
+        if self._owns_store:
+            self.store.close()
 
     def __enter__(self) -> "FastLoader":
         return self
@@ -210,7 +210,7 @@ class FastLoader:
         self.close()
 
     def __repr__(self) -> str:
-        return (f"FastLoader(engine={getattr(self.engine, 'name', '?')}, store={self.store.kind}, n={self.n}, "
+        return (f"FastLoader(engine={self.engine.name}, store={self.store.kind}, n={self.n}, "
                 f"batch_size={self.batch_size}, batches={len(self)}, rank={self.rank}/{self.world_size})")
 
 
@@ -284,7 +284,8 @@ def loader(
 
     Args:
         data: a ``data.yaml`` path, a dict with the same keys, a ``DataConfig`` or an open ``Store``
-            (then ``split`` and ``store`` are ignored).
+            (then ``split`` and ``store`` are ignored). A ``Store`` passed in (here or as ``store``)
+            stays open when the loader closes: it is the caller's to close.
         split: ``train``, ``val`` or ``test``.
         imgsz: output size (long side of loaded images; training batches are imgsz x imgsz).
         batch_size: images per batch (per rank).
@@ -346,6 +347,7 @@ def loader(
         warnings.warn("fastload.loader: hsv_on='consumer' without a GPU device applies HSV in the main process "
                       "with torch ops (slow on a CPU); use hsv_on='worker' there")
     rank, world_size = _resolve_world(rank, world_size)
+    owns_store = not isinstance(data, Store) and not isinstance(store, Store)
     if isinstance(data, Store):
         base = data
     elif isinstance(store, Store):
@@ -385,14 +387,15 @@ def loader(
                         timeout=timeout, world_size=world_size)
         eng = cls(view, sampler, batch_size=batch_size, workers=workers, device=device, hsv=hsv_on, **opts)
     except BaseException:
-        if not isinstance(data, Store) and not isinstance(store, Store):
+        if owns_store:
             base.close()
         raise
     ds = LoaderDataset(None, view, img_size=imgsz, augment=augment, hyp=hyp_d, rect=rect,  # type: ignore[arg-type]
                        stride=stride, pad=pad, batch_shapes=batch_shapes)
     fl = FastLoader(engine=eng, dataset=ds, store=base, n=len(view), batch_size=batch_size, seed=seed,
                     shuffle=shuffle and not rect, rank=rank, world_size=world_size, drop_last=drop_last,
-                    rect_batches=rect_batches, close_mosaic_epochs=int(close_mosaic), epochs=epochs)
+                    rect_batches=rect_batches, close_mosaic_epochs=int(close_mosaic), epochs=epochs,
+                    owns_store=owns_store)
     ds._owner = fl
     if close_mosaic and epochs is None:
         warnings.warn("fastload.loader: close_mosaic needs epochs=...; call loader.close_mosaic() yourself")

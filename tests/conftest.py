@@ -1,10 +1,14 @@
-"""Shared fixtures: the real coco128 set (skipped with a reason where it is absent) and small synthetic sets."""
+"""Shared fixtures: the real coco128 set (skipped with a reason where it is absent), small synthetic
+sets, a private shared-memory root and a one-thread torch setting."""
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
+
+from store_helpers import isolated_shm
 
 REPO = Path(__file__).resolve().parents[1]
 COCO128 = Path(os.environ.get("FASTLOAD_COCO128", REPO.parent / "shared" / "datasets" / "coco128"))
@@ -26,3 +30,25 @@ def synth_yaml(tmp_path_factory) -> Path:
 
     out = tmp_path_factory.mktemp("synth")
     return make_synthetic_dataset(out, n_train=24, n_val=8, nc=3, seed=0)
+
+
+@pytest.fixture
+def shm_root(monkeypatch, request):
+    """A private shm root (``FASTLOAD_SHM_DIR``) for one test, removed afterwards."""
+    root = isolated_shm(monkeypatch, request.node.name[:24].replace("[", "_").replace("]", ""))
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def one_torch_thread():
+    """Intra-op threads fight over the few shared CPU cores of CI; one is faster and deterministic.
+
+    Opt in per module with ``pytestmark = pytest.mark.usefixtures("one_torch_thread")``.
+    """
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -2,9 +2,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import os
 import shutil
+import uuid
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -36,9 +40,6 @@ def copy_tree(src: Path, dst: Path) -> Path:
 
 def isolated_shm(monkeypatch, name: str) -> Path:
     """Point FASTLOAD_SHM_DIR at a private folder under /dev/shm (or the tmp dir) for one test."""
-    import os
-    import uuid
-
     base = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path("/tmp")
     root = base / f"fltest-{name}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
     root.mkdir()
@@ -46,9 +47,21 @@ def isolated_shm(monkeypatch, name: str) -> Path:
     return root
 
 
-@pytest.fixture
-def shm_root(monkeypatch, request):
-    """A private shm root for one test, removed afterwards."""
-    root = isolated_shm(monkeypatch, request.node.name[:24].replace("[", "_").replace("]", ""))
-    yield root
-    shutil.rmtree(root, ignore_errors=True)
+@contextlib.contextmanager
+def converted_stores(yaml_path: Path, to: str, out: Path, *, imgsz: int, tag: str) -> Iterator[Path]:
+    """Convert ``yaml_path`` to the stores ``to`` (e.g. ``"lmdb,ram"``) under ``out`` and yield the new yaml.
+
+    Ram stores go to a private shm root (``/dev/shm/fastload-test-<tag>-<pid>``, or under ``out``
+    without /dev/shm) that ``FASTLOAD_SHM_DIR`` points at while the block runs; it is removed after.
+    """
+    from fastload.store.convert import convert
+
+    base = Path("/dev/shm") if os.path.isdir("/dev/shm") else out / "shm"
+    root = base / f"fastload-test-{tag}-{os.getpid()}"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("FASTLOAD_SHM_DIR", str(root))
+        try:
+            res = convert(yaml_path, to=to, out=out / "stores", imgsz=imgsz, progress=False, log=lambda *_: None)
+            yield res.yaml_path
+        finally:
+            shutil.rmtree(root, ignore_errors=True)

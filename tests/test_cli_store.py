@@ -10,7 +10,7 @@ import pytest
 
 from fastload.data.index import build_index
 from fastload.store import open_store
-from store_helpers import make_faults_dataset, run_cli, shm_root  # noqa: F401  (fixture)
+from store_helpers import make_faults_dataset, run_cli
 
 
 @pytest.fixture(scope="module")

@@ -5,10 +5,6 @@ bilinear and antialiased resize vs OpenCV). DALI's CPU mode is slow: few images,
 """
 from __future__ import annotations
 
-import os
-import shutil
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -16,16 +12,12 @@ pytest.importorskip("nvidia.dali", reason="NVIDIA DALI is not installed (pip ins
 
 from fastload.augment.hyp import load_hyp  # noqa: E402
 from fastload.fastloader import loader  # noqa: E402
+from store_helpers import converted_stores  # noqa: E402
 
 IMGSZ = 128
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
@@ -37,15 +29,9 @@ def small_yaml(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def converted(small_yaml, tmp_path_factory):
-    from fastload.store.convert import convert
-
-    root = Path("/dev/shm" if os.path.isdir("/dev/shm") else tmp_path_factory.mktemp("shm")) / f"fastload-test-dali-{os.getpid()}"
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("FASTLOAD_SHM_DIR", str(root))
-        res = convert(small_yaml, to="lmdb,ram", out=tmp_path_factory.mktemp("stores"), imgsz=IMGSZ, progress=False,
-                      log=lambda *_: None)
-        yield res.yaml_path
-    shutil.rmtree(root, ignore_errors=True)
+    """The small set converted to lmdb and ram (private shm root)."""
+    with converted_stores(small_yaml, "lmdb,ram", tmp_path_factory.mktemp("dali"), imgsz=IMGSZ, tag="dali") as yaml_path:
+        yield yaml_path
 
 
 def run(data, engine, epochs=1, **kw):

@@ -5,10 +5,6 @@ Everything runs on CPU tensors here (the engine's code is device-agnostic); the 
 """
 from __future__ import annotations
 
-import os
-import shutil
-from pathlib import Path
-
 import cv2
 import numpy as np
 import pytest
@@ -19,32 +15,20 @@ from fastload.augment.params import ParamSampler
 from fastload.augment.pipeline import render_sample
 from fastload.augment.functional.torch_tiles import ImageBank, render_batch
 from fastload.fastloader import loader
+from store_helpers import converted_stores
 
 IMGSZ = 128
 HAS_CUDA = torch.cuda.is_available()
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Intra-op threads fight over the few shared CPU cores of CI; one is faster and deterministic."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
 def converted(synth_yaml, tmp_path_factory):
     """The shared synthetic set converted to lmdb and ram (private shm root)."""
-    from fastload.store.convert import convert
-
-    root = Path("/dev/shm" if os.path.isdir("/dev/shm") else tmp_path_factory.mktemp("shm")) / f"fastload-test-gpu-{os.getpid()}"
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("FASTLOAD_SHM_DIR", str(root))
-        out = tmp_path_factory.mktemp("stores")
-        res = convert(synth_yaml, to="lmdb,ram", out=out, imgsz=IMGSZ, progress=False, log=lambda *_: None)
-        yield res.yaml_path
-    shutil.rmtree(root, ignore_errors=True)
+    with converted_stores(synth_yaml, "lmdb,ram", tmp_path_factory.mktemp("gpu"), imgsz=IMGSZ, tag="gpu") as yaml_path:
+        yield yaml_path
 
 
 def no_hsv() -> dict:

@@ -15,7 +15,6 @@ from fastload.store import IncompleteStoreError, StoreError, open_store
 from fastload.store import convert as convert_mod
 from fastload.store.convert import convert, output_lock
 from fastload.store.packed import PackedStore
-from store_helpers import shm_root  # noqa: F401  (fixture)
 
 QUIET = dict(progress=False, log=lambda s: None)
 

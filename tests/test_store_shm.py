@@ -12,7 +12,6 @@ import pytest
 
 from fastload.store import StoreError, open_store, shm
 from fastload.store.convert import convert
-from store_helpers import shm_root  # noqa: F401  (fixture)
 
 QUIET = dict(progress=False, log=lambda s: None)
 

@@ -23,7 +23,8 @@ class TaskAlignedAssigner(nn.Module):
 
     @torch.no_grad()
     def forward(self, pd_scores: torch.Tensor, pd_bboxes: torch.Tensor, anc_points: torch.Tensor,
-                gt_labels: torch.Tensor, gt_bboxes: torch.Tensor, mask_gt: torch.Tensor):
+                gt_labels: torch.Tensor, gt_bboxes: torch.Tensor, mask_gt: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Shapes: scores ``[B, A, nc]`` (probabilities), boxes ``[B, A, 4]`` xyxy, anchors ``[A, 2]``,
         gt labels ``[B, M, 1]``, gt boxes ``[B, M, 4]`` xyxy, mask ``[B, M, 1]`` (1 = real ground truth).
 

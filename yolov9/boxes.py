@@ -69,7 +69,7 @@ def clip_boxes(boxes: torch.Tensor, hw: tuple[int, int]) -> torch.Tensor:
     return boxes
 
 
-def scale_boxes_to_original(boxes: torch.Tensor, shape, input_hw: tuple[int, int] | None = None) -> torch.Tensor:
+def scale_boxes_to_original(boxes: torch.Tensor, shape: tuple, input_hw: tuple[int, int] | None = None) -> torch.Tensor:
     """Map xyxy boxes from the letterboxed network input back to the original image, in place.
 
     ``shape`` is the loader's per-image YOLOv9 tuple ``((h0, w0), ((gain_h, gain_w), (padw, padh)))``; when its

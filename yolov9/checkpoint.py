@@ -38,7 +38,8 @@ def jsonable(obj: Any) -> Any:
     raise TypeError(f"cannot store {type(obj).__name__} in checkpoint metadata")
 
 
-def save_checkpoint(path: str | Path, *, model, ema=None, optimizer=None, scaler=None, meta: dict) -> None:
+def save_checkpoint(path: str | Path, *, model: torch.nn.Module, ema: Any = None, optimizer: torch.optim.Optimizer | None = None,
+                    scaler: Any = None, meta: dict) -> None:
     """Write atomically (temp file + rename) so that an interrupted save never leaves a broken last.pt."""
     meta = jsonable(dict(meta, format=FORMAT, date=_dt.datetime.now().isoformat(timespec="seconds")))
     json.dumps(meta)  # proves the metadata is JSON-able

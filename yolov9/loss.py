@@ -40,7 +40,7 @@ class DetectionLoss:
         eps = float(hyp.get("label_smoothing", 0.0))
         self.cls_pos, self.cls_neg = 1.0 - 0.5 * eps, 0.5 * eps  # label smoothing of BCE targets
         self.assigner = TaskAlignedAssigner(self.nc, topk=topk, alpha=0.5, beta=6.0)
-        self.dual = getattr(head, "n_branches", 1) == 2
+        self.dual = head.n_branches == 2
 
     def __call__(self, preds, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if isinstance(preds, tuple):  # eval-mode output (y, raw)

@@ -65,7 +65,8 @@ def _coco_ap(tp: np.ndarray, conf: np.ndarray, n_gt: int) -> tuple[np.ndarray, n
     return ap, recall[:, 0], precision[:, 0]
 
 
-def ap_per_class(tp: np.ndarray, conf: np.ndarray, pred_cls: np.ndarray, gt_cls: np.ndarray, eps: float = 1e-16):
+def ap_per_class(tp: np.ndarray, conf: np.ndarray, pred_cls: np.ndarray, gt_cls: np.ndarray, eps: float = 1e-16
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Per-class COCO AP ``[C, T]`` over classes that have ground truth, and P/R at the best mean-F1 confidence.
 
     Returns ``(classes, ap, p, r)`` with ``p``/``r`` ``[C]`` at IoU 0.5.

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import torch
 import torch.nn as nn
@@ -18,12 +18,15 @@ from .boxes import scale_boxes_to_original, xywh2xyxy
 from .metrics import DetectionMetrics
 from .nms import non_max_suppression
 
+if TYPE_CHECKING:
+    from fastload.fastloader import FastLoader
+
 __all__ = ["evaluate", "make_val_loader", "run", "parse_args", "main"]
 
 
 def make_val_loader(data: Any, imgsz: int, batch_size: int, *, workers: int = 4, stride: int = 32,
                     single_cls: bool = False, store: str = "auto", engine: str = "cpu", split: str = "val",
-                    device: torch.device | None = None):
+                    device: torch.device | None = None) -> FastLoader:
     """Validation batches as YOLOv9 builds them: no augmentation, rect batches, pad 0.5, fixed order."""
     import fastload
 
@@ -33,7 +36,7 @@ def make_val_loader(data: Any, imgsz: int, batch_size: int, *, workers: int = 4,
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, loader, device: torch.device, *, loss_fn: Callable | None = None,
+def evaluate(model: nn.Module, loader: Iterable, device: torch.device, *, loss_fn: Callable | None = None,
              conf_thres: float = 0.001, iou_thres: float = 0.7, max_det: int = 300, amp: bool = False,
              amp_dtype: torch.dtype = torch.float16, single_cls: bool = False, progress: bool = False) -> dict:
     """Run ``model`` over ``loader``; returns P, R, mAP50, mAP50-95 and (with ``loss_fn``) val losses.

@@ -234,10 +234,8 @@ def _store_info(store: Any, imgsz: int) -> StoreInfo:
 
 
 def _decode_cache_bytes() -> int:
-    try:
-        from fastload.engines.cpu import auto_decode_cache_bytes
-    except ImportError:
-        return 0
+    from fastload.engines.cpu import auto_decode_cache_bytes
+
     return int(auto_decode_cache_bytes())
 
 

@@ -204,13 +204,11 @@ def measure_augment(
     Also counts how many source images each output sample reads (``reads_per_sample``: 4 per
     mosaic, +4 when mixup fires), the multiplier that turns a decode rate into a loader ceiling.
     """
-    try:
-        from fastload.augment.boxes import transform_labels
-        from fastload.augment.hyp import load_hyp
-        from fastload.augment.params import ParamSampler
-        from fastload.augment.pipeline import render_sample
-    except ImportError as e:
-        return Measurement("augment", "cpu", skipped=f"fastload.augment unavailable: {e}")
+    from fastload.augment.boxes import transform_labels
+    from fastload.augment.hyp import load_hyp
+    from fastload.augment.params import ParamSampler
+    from fastload.augment.pipeline import render_sample
+
     n = len(store)
     if n == 0:
         return Measurement("augment", "cpu", skipped="store is empty")
@@ -308,11 +306,10 @@ def measure_loader(
     batch (worker start-up, first decodes) is timed separately as ``first_batch_s``.
     """
     name = f"{engine}/{store_kind}"
-    try:
-        import fastload.fastloader as _  # noqa: F401  (lands last; its absence is a skip, not a crash)
-        from fastload import loader as make_loader
-    except ImportError as e:
-        return Measurement("loader", name, skipped=f"fastload.loader unavailable: {e}")
+    import torch
+
+    from fastload.fastloader import loader as make_loader
+
     kwargs: dict[str, Any] = dict(split=split, imgsz=imgsz, batch_size=batch, engine=engine, store=store_kind,
                                   augment=True, shuffle=True)
     if workers is not None:
@@ -333,15 +330,12 @@ def measure_loader(
     epoch = 0
     try:
         while True:
-            if hasattr(ld, "set_epoch"):
-                ld.set_epoch(epoch)
+            ld.set_epoch(epoch)
             got_any = False
             for batch_ in ld:
                 imgs = batch_[0]
                 got_any = True
-                if getattr(imgs, "is_cuda", False):  # GPU work is asynchronous: count it when done
-                    import torch
-
+                if imgs.is_cuda:  # GPU work is asynchronous: count it when done
                     torch.cuda.synchronize(imgs.device)
                 now = time.perf_counter()
                 if t0 is None:
@@ -350,7 +344,7 @@ def measure_loader(
                     cpu0 = CpuClock()
                 else:
                     samples += int(imgs.shape[0])
-                    nbytes += int(imgs.numel() * imgs.element_size()) if hasattr(imgs, "numel") else int(imgs.nbytes)
+                    nbytes += int(imgs.numel() * imgs.element_size())
                 if now - t0 >= seconds:
                     break
             if not got_any:
@@ -360,14 +354,12 @@ def measure_loader(
             epoch += 1
         dt = time.perf_counter() - t0 if t0 is not None else 0.0
         cpu = cpu0.cores_since(dt) if cpu0 is not None else {}
-        stats = ld.stats() if hasattr(ld, "stats") else {}
+        stats = ld.stats()
     except Exception as e:
         return Measurement("loader", name, skipped=f"failed while iterating: {type(e).__name__}: {e}")
     finally:
-        close = getattr(ld, "close", None)
-        if close is not None:
-            close()
-    n_workers = getattr(getattr(ld, "engine", None), "workers", workers)
+        ld.close()
+    n_workers = ld.engine.workers
     extra: dict[str, Any] = {"first_batch_s": first_batch_s, "epochs": epoch + 1, "workers": n_workers, **cpu}
     hits, misses = stats.get("decode_cache_hits"), stats.get("decode_cache_misses")
     if hits is not None and misses is not None and hits + misses > 0:

@@ -77,13 +77,39 @@ class Engine(abc.ABC):
         self.hsv = hsv
         self.options = options
         self.last_gains: torch.Tensor | None = None
+        self.mosaic_closed = False
+        self._closed = False
 
     @abc.abstractmethod
     def iter_batches(self, epoch: int, indices: np.ndarray) -> Iterator[Batch]:
-        """Yield the batches of ``indices`` (loader indices, already ordered and sharded) for ``epoch``."""
+        """Yield the batches of ``indices`` (loader indices, already ordered and sharded) for ``epoch``.
+
+        Implementations call :meth:`_check_open` first.
+        """
+
+    def close_mosaic(self) -> None:
+        """Mosaic and mixup off from now on (YOLOv9 ``--close-mosaic``).
+
+        Takes effect from the next batch the engine plans; an engine whose records are drawn in
+        other processes overrides this to tell them (or reads :attr:`mosaic_closed` when it plans).
+        """
+        self.sampler.close_mosaic()
+        self.mosaic_closed = True
+
+    def _check_open(self) -> None:
+        """Raise if :meth:`close` ran (its workers, buffers or pipeline are gone)."""
+        if self._closed:
+            raise RuntimeError(f"this {self.name or type(self).__name__} engine was closed")
 
     def close(self) -> None:
-        """Release workers, buffers and device memory. Idempotent."""
+        """Release workers, buffers and device memory. Idempotent: :meth:`_release` runs once."""
+        if self._closed:
+            return
+        self._closed = True
+        self._release()
+
+    def _release(self) -> None:
+        """The engine's own clean-up, called once by :meth:`close`."""
 
     def __enter__(self) -> "Engine":
         return self

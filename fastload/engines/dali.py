@@ -67,7 +67,7 @@ def _device_id(device: str | torch.device | None) -> tuple[int | None, torch.dev
 
 
 def _max_tiles(sampler: Any) -> int:
-    return 9 if getattr(sampler, "mosaic9", False) else 4
+    return 9 if sampler.mosaic9 else 4
 
 
 class DALIEngine(Engine):
@@ -79,6 +79,8 @@ class DALIEngine(Engine):
         layout: only ``"nchw"`` (DALI emits contiguous CHW).
 
     ``workers`` is the number of ``external_source`` worker processes (at least 1).
+    :meth:`close_mosaic` takes effect from the next epoch: the workers hold their own sampler copies
+    and learn it from the next plan.
     """
 
     name = "dali"
@@ -104,19 +106,18 @@ class DALIEngine(Engine):
                              "use engine='gpu' with store='gpu', or store='ram'/'lmdb' with engine='dali'")
         from fastload.engines.dali_source import SampleSource, SlotLayout
 
-        self.imgsz = int(getattr(sampler, "imgsz", 0) or store.imgsz or 640)
+        self.imgsz = int(sampler.imgsz)
         k = _max_tiles(sampler)
-        mixup = k if float(getattr(sampler, "mixup_prob", 0.0)) > 0 and float(getattr(sampler, "mosaic_prob", 0.0)) > 0 else 0
-        self.layout = SlotLayout(k if getattr(sampler, "mosaic_prob", 0.0) > 0 else 1, mixup)
+        # slots are sized once, for the largest record the sampler can draw before close_mosaic
+        mixup = k if float(sampler.mixup_prob) > 0 and float(sampler.mosaic_prob) > 0 else 0
+        self.layout = SlotLayout(k if sampler.mosaic_prob > 0 else 1, mixup)
         self.threads = int(threads or max(2, self.workers))
         self.prefetch = max(1, int(prefetch))
-        self.mosaic_closed = False
         self._dir = tempfile.mkdtemp(prefix="fastload-dali-")
         self._source = SampleSource(store, sampler, self._dir, self.layout, self.imgsz, encoded=not store.decoded)
         self._pipe: Any = None
         self._epochs = 0  # DALI epochs run by the current pipeline
         self._clean = True  # the current pipeline finished its last epoch
-        self._closed = False
 
     # -- pipeline ----------------------------------------------------------------------------------------
     def _build(self) -> Any:
@@ -153,15 +154,9 @@ class DALIEngine(Engine):
                 pass
             del pipe
 
-    def close_mosaic(self) -> None:
-        """Mosaic and mixup off from the next epoch on (the workers learn it from the next plan)."""
-        self.sampler.close_mosaic()
-        self.mosaic_closed = True
-
     # -- batches -----------------------------------------------------------------------------------------
     def iter_batches(self, epoch: int, indices: np.ndarray) -> Iterator[Batch]:
-        if self._closed:
-            raise RuntimeError("this engine was closed")
+        self._check_open()
         return self._iter(epoch, np.asarray(indices, np.int64))
 
     def _iter(self, epoch: int, indices: np.ndarray) -> Iterator[Batch]:
@@ -219,10 +214,7 @@ class DALIEngine(Engine):
         feed_ndarray(dense, out, cuda_stream=torch.cuda.current_stream(self.device))
         return out[:n]
 
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
+    def _release(self) -> None:
         self._drop_pipe()
         shutil.rmtree(self._dir, ignore_errors=True)
 

@@ -110,14 +110,12 @@ class GPUEngine(Engine):
         self.prefetch = int(prefetch)
         self.cuda = self.device.type == "cuda"
         self.max_elements = int(max_elements or ((1 << 22) if self.cuda else (1 << 20)))
-        self.imgsz = int(getattr(sampler, "imgsz", 0) or store.imgsz or 640)
-        self.loaded_hw = np.asarray(getattr(sampler, "loaded_shapes"), np.int64).reshape(-1, 2)
+        self.imgsz = int(sampler.imgsz)
+        self.loaded_hw = np.asarray(sampler.loaded_shapes, np.int64).reshape(-1, 2)
         self.resident = self._resident_store(store)
-        self.mosaic_closed = False
         self._stream = torch.cuda.Stream(self.device) if self.cuda else None
         self._worker: threading.Thread | None = None
         self._stop = threading.Event()
-        self._closed = False
 
     # -- sources ------------------------------------------------------------------------------------
     def _resident_store(self, store: Store) -> Any:
@@ -239,14 +237,8 @@ class GPUEngine(Engine):
         return ready.batch
 
     # -- Engine interface -------------------------------------------------------------------------------
-    def close_mosaic(self) -> None:
-        """Mosaic and mixup off from the next batch on (YOLOv9 ``--close-mosaic``)."""
-        self.sampler.close_mosaic()
-        self.mosaic_closed = True
-
     def iter_batches(self, epoch: int, indices: np.ndarray) -> Iterator[Batch]:
-        if self._closed:
-            raise RuntimeError("this engine was closed")
+        self._check_open()
         self._halt()
         batches = chunks(indices, self.batch_size)
         if self.prefetch == 0:
@@ -280,8 +272,5 @@ class GPUEngine(Engine):
             if worker.is_alive():
                 warnings.warn("fastload: the GPU engine's background thread did not stop within 30 s")
 
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
+    def _release(self) -> None:
         self._halt()

@@ -60,7 +60,7 @@ def open_store(
     from fastload.data.config import DataConfig, load_data_config
 
     cfg = data if isinstance(data, DataConfig) else load_data_config(data)
-    recorded = {k: Path(p) for k, p in (getattr(cfg, "stores", None) or {}).get(split, {}).items()}
+    recorded = {k: Path(p) for k, p in cfg.stores.get(split, {}).items()}
     if kind == "files":
         return _files(cfg, split, **kwargs)
     if kind == "ram":

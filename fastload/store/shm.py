@@ -188,16 +188,6 @@ def release(segment: Path) -> bool:
         return True
 
 
-def unpin(segment: Path) -> None:
-    """Let the segment go when its last user exits (removing it now if it has none)."""
-    with locked(Path(segment)) as reg:
-        reg.pinned = False
-        reg.prune()
-        if not reg.pids:
-            _remove_tree(Path(segment))
-            reg.info["_removed"] = True
-
-
 def remove(segment: Path, *, force: bool = False) -> None:
     """Remove a segment now. Refuses while live processes hold it unless ``force``."""
     from fastload.store.base import StoreError

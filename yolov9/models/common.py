@@ -124,7 +124,23 @@ class RepNCSP(nn.Module):
         return self.cv3(torch.cat((self.m(self.cv1(x)), self.cv2(x)), 1))
 
 
-class RepNCSPELAN4(nn.Module):
+class _ELAN(nn.Module):
+    """The ELAN data flow: 1x1 ``cv1`` split in two halves ``a, b``; ``c = cv2(b)``, ``d = cv3(c)``;
+    1x1 ``cv4`` over ``cat(a, b, c, d)``. Subclasses choose the two stages ``cv2`` and ``cv3``."""
+
+    cv1: nn.Module
+    cv2: nn.Module
+    cv3: nn.Module
+    cv4: nn.Module
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a, b = self.cv1(x).chunk(2, 1)
+        c = self.cv2(b)
+        d = self.cv3(c)
+        return self.cv4(torch.cat((a, b, c, d), 1))
+
+
+class RepNCSPELAN4(_ELAN):
     """GELAN block: 1x1 conv split in two; the second half feeds two (RepNCSP + 3x3) stages; all four concatenated.
 
     Args: ``c1`` in, ``c2`` out, ``c3`` width of the first 1x1 conv, ``c4`` width of each stage, ``n``
@@ -139,14 +155,8 @@ class RepNCSPELAN4(nn.Module):
         self.cv3 = nn.Sequential(RepNCSP(c4, c4, n), Conv(c4, c4, 3, 1))
         self.cv4 = Conv(c3 + 2 * c4, c2, 1, 1)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        a, b = self.cv1(x).chunk(2, 1)
-        c = self.cv2(b)
-        d = self.cv3(c)
-        return self.cv4(torch.cat((a, b, c, d), 1))
 
-
-class ELAN1(nn.Module):
+class ELAN1(_ELAN):
     """Light ELAN block (YOLOv9-T/S stem): like RepNCSPELAN4 with plain 3x3 convs as stages."""
 
     def __init__(self, c1: int, c2: int, c3: int, c4: int) -> None:
@@ -156,12 +166,6 @@ class ELAN1(nn.Module):
         self.cv2 = Conv(c3 // 2, c4, 3, 1)
         self.cv3 = Conv(c4, c4, 3, 1)
         self.cv4 = Conv(c3 + 2 * c4, c2, 1, 1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        a, b = self.cv1(x).chunk(2, 1)
-        c = self.cv2(b)
-        d = self.cv3(c)
-        return self.cv4(torch.cat((a, b, c, d), 1))
 
 
 def _smooth(x: torch.Tensor) -> torch.Tensor:

@@ -103,7 +103,7 @@ class DDetect(nn.Module):
         dbox = dist2bbox(dfl(box), self.anchors.unsqueeze(0), xywh=True, dim=1) * self.strides
         return torch.cat((dbox, cls.sigmoid()), 1)
 
-    def forward(self, xs: list[torch.Tensor]):
+    def forward(self, xs: list[torch.Tensor]) -> list[torch.Tensor] | tuple[torch.Tensor, list[torch.Tensor]]:
         feats = self._run(xs, self.cv2, self.cv3)
         if self.training:
             return feats
@@ -130,7 +130,9 @@ class DualDDetect(DDetect):
         self.cv4, self.cv5 = _branch(ch[nl:], nc, self.reg_max)
         self.dfl2 = DFL(self.reg_max)
 
-    def forward(self, xs: list[torch.Tensor]):
+    def forward(  # type: ignore[override]
+        self, xs: list[torch.Tensor]
+    ) -> list[list[torch.Tensor]] | tuple[torch.Tensor, list[list[torch.Tensor]]]:
         aux = self._run(xs[:self.nl], self.cv2, self.cv3)
         main = self._run(xs[self.nl:], self.cv4, self.cv5)
         if self.training:

@@ -189,7 +189,7 @@ class DetectionModel(nn.Module):
             if isinstance(m, nn.SiLU):
                 m.inplace = True
 
-    def forward(self, x: torch.Tensor):
+    def forward(self, x: torch.Tensor) -> Any:
         outs: list[Any] = []
         for m in self.model:
             if isinstance(m.f, list):
