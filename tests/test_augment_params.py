@@ -183,3 +183,27 @@ def test_distributions_match_stock():
     m_st, m_us = np.mean(st["nbox"]), np.mean(us["nbox"])
     se = np.hypot(np.std(st["nbox"]), np.std(us["nbox"])) / np.sqrt(n_draw)
     assert abs(m_st - m_us) < 4 * se + 0.2, (m_st, m_us)
+
+
+def test_batched_perspective_draws_equal_scalar_uniform_draws():
+    """_perspective draws its eight uniforms in one call; they must equal rng.uniform's, one by one."""
+    import math
+
+    hyp = {"degrees": 7.0, "shear": 3.0, "perspective": 0.0004, "translate": 0.2, "scale": 0.6}
+    s = ParamSampler(np.array([[480, 640]]), hyp, 640, seed=0)
+    h = s.hyp
+    for seed in range(5):
+        m, scale = s._perspective(np.random.default_rng(seed), (1280, 1280), (640, 640))
+        rng = np.random.default_rng(seed)
+        px, py = rng.uniform(-h["perspective"], h["perspective"]), rng.uniform(-h["perspective"], h["perspective"])
+        angle, want_scale = rng.uniform(-h["degrees"], h["degrees"]), rng.uniform(1 - h["scale"], 1 + h["scale"])
+        shx, shy = rng.uniform(-h["shear"], h["shear"]), rng.uniform(-h["shear"], h["shear"])
+        tx, ty = rng.uniform(0.5 - h["translate"], 0.5 + h["translate"]), rng.uniform(0.5 - h["translate"], 0.5 + h["translate"])
+        assert scale == want_scale
+        c = np.array([[1, 0, -640], [0, 1, -640], [0, 0, 1.0]])
+        p = np.array([[1, 0, 0], [0, 1, 0], [px, py, 1.0]])
+        a, b = want_scale * math.cos(math.radians(angle)), want_scale * math.sin(math.radians(angle))
+        r = np.array([[a, b, 0], [-b, a, 0], [0, 0, 1.0]])
+        sh = np.array([[1, math.tan(math.radians(shx)), 0], [math.tan(math.radians(shy)), 1, 0], [0, 0, 1.0]])
+        t = np.array([[1, 0, tx * 640], [0, 1, ty * 640], [0, 0, 1.0]])
+        assert np.array_equal(m, t @ sh @ r @ p @ c)

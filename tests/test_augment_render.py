@@ -231,3 +231,49 @@ def test_sliver_tile_whose_resize_ends_before_its_offset():
     fast = render_image(image, [src].__getitem__)
     ref = render_image_record(image, [src].__getitem__, mosaic=True)
     assert np.abs(fast.astype(np.int16) - ref.astype(np.int16)).mean() <= 1.0
+
+
+# ------------------------------------------------------------------------------ speed-ups stay exact
+def test_bbox_bounds_every_drawn_pixel_and_hsv_in_box_equals_whole_image():
+    """render_image_bbox's box holds every drawn pixel, and HSV on its rows only (what
+    render_sample does) gives the same bytes as HSV on the whole image."""
+    from fastload.augment.functional.color import apply_hsv_in_box
+    from fastload.augment.functional.tiles import render_image_bbox
+
+    images = smooth_images(10, 320, seed=7)
+    s = ParamSampler(shapes_of(images), {"mixup": 0.5, "scale": 0.9}, 320, seed=5)
+    borders = 0
+    for i in range(20):
+        p = s.sample(0, i % 10)
+        img, box = render_image_bbox(p.image, images.__getitem__)
+        outside = np.ones(img.shape[:2], bool)
+        if box is not None:
+            outside[box[0] : box[1], box[2] : box[3]] = False
+        assert (img[outside] == p.image.fill).all()
+        borders += int(outside.any())
+        for g in ((1.01, 0.5, 1.3), (0.99, 1.6, 0.7)):
+            assert np.array_equal(apply_hsv_in_box(img.copy(), g, box), apply_hsv(img.copy(), g))
+        # the whole sample: mixup boxes are united, flips come last
+        want = render_sample(p, images.__getitem__, hsv=False)
+        unflip = want[:: -1 if p.flip_ud else 1, :: -1 if p.flip_lr else 1].copy()
+        apply_hsv(unflip, p.hsv_gain)
+        got = render_sample(p, images.__getitem__, out=np.empty_like(want))
+        assert np.array_equal(got, unflip[:: -1 if p.flip_ud else 1, :: -1 if p.flip_lr else 1])
+    assert borders > 0  # the border path was exercised
+
+
+def test_padded_tiles_do_not_depend_on_scratch_contents():
+    """Tiles whose resize origin lies before the image use a reused, partly zeroed pad buffer:
+    the kept pixels must not depend on what that buffer held before."""
+    from fastload.augment.functional import scratch as scratch_mod
+
+    images = smooth_images(6, 320, seed=8)
+    s = ParamSampler(shapes_of(images), {"scale": 0.95}, 320, seed=2)
+    for i in range(12):
+        p = s.sample(1, i % 6)
+        a = render_image(p.image, images.__getitem__)
+        for name in ("tile_pad", "tile_full"):
+            buf = getattr(scratch_mod._local, "pool", {}).get(name)
+            if buf is not None:
+                buf[:] = 255 if i % 2 else 0
+        assert np.array_equal(render_image(p.image, images.__getitem__), a)

@@ -38,39 +38,49 @@ def box_candidates(
 
 
 def image_boxes(image: ImageParams, get_labels: Callable[[int], np.ndarray]) -> np.ndarray:
-    """float64 [n, 5] (cls, x0, y0, x1, y1) in output pixels for every tile of ``image``.
+    """float64 [n, 5] (cls, x0, y0, x1, y1) in output pixels for every tile of ``image``."""
+    return _boxes((image,), get_labels)
 
-    All tiles are processed in one vectorised pass (rows carry their tile's crop and matrix).
+
+def _boxes(images: Sequence[ImageParams], get_labels: Callable[[int], np.ndarray]) -> np.ndarray:
+    """:func:`image_boxes` of several images sharing one output size, in one vectorised pass.
+
+    The per-tile loop only collects label arrays and tile constants; every row then carries its
+    tile's crop, matrix and candidate scale, so the arithmetic is a handful of array operations
+    per sample whatever its number of tiles and boxes.
     """
-    labs, crops, mats, persp = [], [], [], False
-    for tile in image.tiles:
-        lab = np.asarray(get_labels(tile.src), dtype=np.float64).reshape(-1, 5)
-        if len(lab) == 0:
-            continue
-        if tile.src_hw is None:
-            raise ValueError(f"TileParams of image {tile.src} has no src_hw (loaded shape); records must come from ParamSampler")
-        h, w = tile.src_hw
-        px = np.empty_like(lab)
-        px[:, 0] = lab[:, 0]
-        px[:, 1] = (lab[:, 1] - lab[:, 3] / 2) * w
-        px[:, 2] = (lab[:, 2] - lab[:, 4] / 2) * h
-        px[:, 3] = (lab[:, 1] + lab[:, 3] / 2) * w
-        px[:, 4] = (lab[:, 2] + lab[:, 4] / 2) * h
-        labs.append(px)
-        crops.append(np.broadcast_to(np.asarray(tile.crop, np.float64), (len(lab), 4)))
-        mats.append(np.broadcast_to(_EDGE_OUT @ tile.matrix @ _EDGE_IN, (len(lab), 3, 3)))
-        persp = persp or not tile.is_affine
+    labs, counts, consts, mats = [], [], [], []
+    persp = False
+    for image in images:
+        cand = np.nan if image.candidate_scale is None else float(image.candidate_scale)
+        for tile in image.tiles:
+            lab = get_labels(tile.src)
+            if len(lab) == 0:
+                continue
+            if tile.src_hw is None:
+                raise ValueError(f"TileParams of image {tile.src} has no src_hw (loaded shape); records must come from ParamSampler")
+            h, w = tile.src_hw
+            x0, y0, x1, y1 = tile.crop
+            labs.append(np.asarray(lab).reshape(-1, 5))
+            counts.append(len(labs[-1]))
+            consts.append((x0, y0, x0, y0, x1, y1, x1, y1, w, h, cand))
+            mats.append(tile.matrix)
+            persp = persp or not tile.is_affine
     if not labs:
         return np.zeros((0, 5))
-    lab = np.concatenate(labs)
-    crop = np.concatenate(crops)
-    m = np.concatenate(mats)
-    # clip to the visible crop (YOLOv9 clips to its canvas, which is the same region)
+    lab = np.concatenate(labs, dtype=np.float64) if len(labs) > 1 else labs[0].astype(np.float64)
+    rows = np.repeat(np.arange(len(counts)), counts) if len(counts) > 1 else np.zeros(len(lab), np.intp)
+    c = np.array(consts, np.float64)[rows]  # per row: crop lo (x, y, x, y), crop hi, (w, h), candidate scale
+    m = (_EDGE_OUT @ np.array(mats) @ _EDGE_IN)[rows]  # box edges -> output edges (module docstring)
+    # normalised (xc, yc, w, h) -> loaded px (x0, y0, x1, y1), clipped to the visible crop
+    # (YOLOv9 clips to its canvas, which is the same region)
     xy = np.empty((len(lab), 4))
-    xy[:, 0] = np.clip(lab[:, 1], crop[:, 0], crop[:, 2])
-    xy[:, 1] = np.clip(lab[:, 2], crop[:, 1], crop[:, 3])
-    xy[:, 2] = np.clip(lab[:, 3], crop[:, 0], crop[:, 2])
-    xy[:, 3] = np.clip(lab[:, 4], crop[:, 1], crop[:, 3])
+    half = lab[:, 3:5] / 2
+    np.subtract(lab[:, 1:3], half, out=xy[:, 0:2])
+    np.add(lab[:, 1:3], half, out=xy[:, 2:4])
+    xy *= c[:, [8, 9, 8, 9]]
+    np.maximum(xy, c[:, 0:4], out=xy)  # np.clip's exact semantics, without its Python-level overhead
+    np.minimum(xy, c[:, 4:8], out=xy)
     # four corners through each row's matrix, then their bounding box
     cx = xy[:, [0, 2, 0, 2]]
     cy = xy[:, [1, 3, 3, 1]]
@@ -79,15 +89,20 @@ def image_boxes(image: ImageParams, get_labels: Callable[[int], np.ndarray]) -> 
     if persp:
         mz = m[:, 2, 0:1] * cx + m[:, 2, 1:2] * cy + m[:, 2, 2:3]
         mx, my = mx / mz, my / mz
-    oh, ow = image.out_hw
-    new = np.empty((len(lab), 4))
-    new[:, 0] = mx.min(1).clip(0, ow)
-    new[:, 1] = my.min(1).clip(0, oh)
-    new[:, 2] = mx.max(1).clip(0, ow)
-    new[:, 3] = my.max(1).clip(0, oh)
-    out = np.concatenate((lab[:, :1], new), axis=1)
-    if image.candidate_scale is not None:
-        out = out[box_candidates(xy * image.candidate_scale, new)]
+    oh, ow = images[0].out_hw
+    out = np.empty((len(lab), 5))
+    out[:, 0] = lab[:, 0]
+    np.min(mx, 1, out=out[:, 1])
+    np.min(my, 1, out=out[:, 2])
+    np.max(mx, 1, out=out[:, 3])
+    np.max(my, 1, out=out[:, 4])
+    np.maximum(out[:, 1:5], 0, out=out[:, 1:5])
+    np.minimum(out[:, 1:5], (ow, oh, ow, oh), out=out[:, 1:5])
+    cand = c[:, 10]
+    filtered = ~np.isnan(cand)
+    if filtered.any():
+        keep = box_candidates(xy * cand[:, None], out[:, 1:5])
+        out = out[keep | ~filtered]
     return out
 
 
@@ -95,15 +110,15 @@ def xyxy_to_xywhn(boxes: np.ndarray, out_hw: tuple[int, int], eps: float = 1e-3)
     """(cls, x0, y0, x1, y1) px -> float32 (cls, xc, yc, w, h) normalised, clipped to
     ``[0, size - eps]`` first (YOLOv9 ``xyxy2xywhn(clip=True, eps=1e-3)``)."""
     h, w = out_hw
-    b = boxes.copy()
-    b[:, [1, 3]] = b[:, [1, 3]].clip(0, w - eps)
-    b[:, [2, 4]] = b[:, [2, 4]].clip(0, h - eps)
-    out = np.empty((len(b), 5), np.float32)
-    out[:, 0] = b[:, 0]
-    out[:, 1] = (b[:, 1] + b[:, 3]) / 2 / w
-    out[:, 2] = (b[:, 2] + b[:, 4]) / 2 / h
-    out[:, 3] = (b[:, 3] - b[:, 1]) / w
-    out[:, 4] = (b[:, 4] - b[:, 2]) / h
+    b = np.maximum(boxes[:, 1:5], 0)
+    np.minimum(b, (w - eps, h - eps, w - eps, h - eps), out=b)
+    x, y = b[:, 0::2], b[:, 1::2]
+    out = np.empty((len(boxes), 5), np.float32)
+    out[:, 0] = boxes[:, 0]
+    out[:, 1] = (x[:, 0] + x[:, 1]) / 2 / w
+    out[:, 2] = (y[:, 0] + y[:, 1]) / 2 / h
+    out[:, 3] = (x[:, 1] - x[:, 0]) / w
+    out[:, 4] = (y[:, 1] - y[:, 0]) / h
     return out
 
 
@@ -116,10 +131,8 @@ def transform_labels(params: SampleParams, labels: Labels) -> np.ndarray:
             callable ``index -> labels``).
     """
     get = labels if callable(labels) else labels.__getitem__
-    parts = [image_boxes(params.image, get)]
-    if params.mixup is not None:
-        parts.append(image_boxes(params.mixup, get))
-    out = xyxy_to_xywhn(np.concatenate(parts, axis=0), params.image.out_hw)
+    images = (params.image,) if params.mixup is None else (params.image, params.mixup)
+    out = xyxy_to_xywhn(_boxes(images, get), params.image.out_hw)
     if params.flip_ud:
         out[:, 2] = 1 - out[:, 2]
     if params.flip_lr:

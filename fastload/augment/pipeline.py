@@ -11,9 +11,10 @@ from typing import Callable, Iterable
 import cv2
 import numpy as np
 
-from fastload.augment.functional.color import apply_hsv
+from fastload.augment.functional.color import apply_hsv_in_box
 from fastload.augment.functional.flip import flip_inplace
-from fastload.augment.functional.tiles import render_image
+from fastload.augment.functional.scratch import scratch as scratch_buffer
+from fastload.augment.functional.tiles import render_image_bbox, union_rect
 from fastload.augment.params import ParamSampler, SampleParams
 
 __all__ = ["render_sample", "mixup_blend", "sample_batch_records"]
@@ -46,12 +47,16 @@ def render_sample(
             commute with HSV, so deferring it is exact).
         scratch: optional HWC uint8 buffer of the output size for the mixup partner.
     """
-    out = render_image(params.image, get_image, out)
+    out, box = render_image_bbox(params.image, get_image, out)
     if params.mixup is not None:
-        other = render_image(params.mixup, get_image, scratch)
+        if scratch is None:  # a reused buffer: a fresh 1.2 MB array per mixup sample costs page faults
+            oh, ow = params.mixup.out_hw
+            scratch = scratch_buffer("mixup", (oh, ow, 3))
+        other, box2 = render_image_bbox(params.mixup, get_image, scratch)
+        box = union_rect(box, box2)  # outside both, the blend of two grey fills is one colour again
         mixup_blend(out, other, params.mixup_ratio)
-    if hsv:
-        apply_hsv(out, params.hsv_gain)
+    if hsv:  # only the drawn box is converted: the uniform grey border is mapped once
+        apply_hsv_in_box(out, params.hsv_gain, box)
     flip_inplace(out, params.flip_ud, params.flip_lr)
     return out
 

@@ -19,18 +19,20 @@ Pixels near a tile seam differ from YOLOv9 where its bilinear filter mixes two n
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import cv2
 import numpy as np
 
+from fastload.augment.functional.scratch import scratch
 from fastload.augment.params import ImageParams, TileParams, translation
 
-__all__ = ["render_image", "draw_tile"]
+__all__ = ["render_image", "render_image_bbox", "draw_tile", "union_rect"]
+
+Rect = tuple[int, int, int, int]  # (y0, y1, x0, x1) of the output
 
 _EXACT = 1e-9
-_SEARCH = np.arange(64)  # source-origin candidates tried per axis
+_SEARCH = np.arange(64, dtype=np.float64)  # source-origin candidates tried per axis
 _PHASE_OK = 0.01  # output px: take the first origin at least this well aligned
 PHASE_MAX = 0.05  # output px: beyond this the tile is warped instead
 
@@ -48,25 +50,78 @@ def render_image(image: ImageParams, get_image: Callable[[int], np.ndarray], out
 
     ``get_image(i)`` returns the *loaded* RGB HWC uint8 image of dataset index ``i``.
     """
+    return render_image_bbox(image, get_image, out)[0]
+
+
+def render_image_bbox(
+    image: ImageParams, get_image: Callable[[int], np.ndarray], out: np.ndarray | None = None
+) -> tuple[np.ndarray, Rect | None]:
+    """:func:`render_image`, also returning the bounding rectangle ``(y0, y1, x0, x1)`` of the
+    pixels any tile wrote (None: no tile drew anything). Every pixel outside it is ``image.fill``,
+    which lets later per-pixel steps (HSV) skip the uniform border.
+
+    When every tile is drawn by a resize (opaque rectangles: the scratch-high case) only the
+    pixels no tile covers are filled, after drawing, instead of filling the whole output first.
+    """
     out = _check_out(out, image.out_hw)
-    out[...] = image.fill
+    jobs = []
+    opaque = True
     for tile in image.tiles:
         src = get_image(tile.src)
         if tile.src_hw is not None and src.shape[:2] != tile.src_hw:
             raise ValueError(f"image {tile.src} has shape {src.shape[:2]}, the record expects the loaded shape {tile.src_hw}")
-        draw_tile(out, src, tile)
-    return out
+        plan = _resize_plan(tile, src.shape[:2], out.shape[:2])
+        opaque = opaque and plan is not False
+        jobs.append((tile, src, plan))
+    if not opaque:  # a warped tile only writes inside its crop's outline: fill first
+        out[...] = image.fill
+    box: Rect | None = None
+    rects = []
+    for tile, src, plan in jobs:
+        rect = _draw_warp(out, src, tile) if plan is False else _draw_planned(out, src, tile, plan)
+        box = union_rect(box, rect)
+        if rect is not None:
+            rects.append(rect)
+    if opaque:
+        _fill_outside(out, rects, image.fill)
+    return out, box
 
 
-def draw_tile(out: np.ndarray, src: np.ndarray, tile: TileParams) -> None:
-    """Draw one tile of loaded image ``src`` into ``out`` (in place)."""
-    if tile.is_axis_aligned and tile.matrix[0, 0] > 0 and tile.matrix[1, 1] > 0 and _draw_resize(out, src, tile):
+def _fill_outside(out: np.ndarray, rects: list[Rect], fill: int) -> None:
+    """Set every pixel of ``out`` outside all ``rects`` to ``fill`` (horizontal bands between the
+    rectangles' edges; a mosaic has at most 9 rectangles)."""
+    h, w = out.shape[:2]
+    if not rects:
+        out[...] = fill
         return
-    _draw_warp(out, src, tile)
+    edges = sorted({0, h, *(r[0] for r in rects), *(r[1] for r in rects)})
+    for a, b in zip(edges[:-1], edges[1:]):
+        x = 0
+        for _, _, x0, x1 in sorted((r for r in rects if r[0] <= a and r[1] >= b), key=lambda r: r[2]):
+            if x0 > x:
+                out[a:b, x:x0] = fill
+            x = max(x, x1)
+        if x < w:
+            out[a:b, x:w] = fill
 
 
-@dataclass(frozen=True)
-class Span:
+def union_rect(a: Rect | None, b: Rect | None) -> Rect | None:
+    """Bounding rectangle of two ``(y0, y1, x0, x1)`` rectangles (None: empty)."""
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return (min(a[0], b[0]), max(a[1], b[1]), min(a[2], b[2]), max(a[3], b[3]))
+
+
+def draw_tile(out: np.ndarray, src: np.ndarray, tile: TileParams) -> Rect | None:
+    """Draw one tile of loaded image ``src`` into ``out`` (in place); returns the output rectangle
+    ``(y0, y1, x0, x1)`` it may have written, None when it drew nothing."""
+    plan = _resize_plan(tile, src.shape[:2], out.shape[:2])
+    return _draw_warp(out, src, tile) if plan is False else _draw_planned(out, src, tile, plan)
+
+
+class Span(NamedTuple):
     """1-D plan of an exact-scale resize (see :func:`axis_plan`)."""
 
     d0: int  # output pixels [d0, d1) owned by the tile
@@ -87,50 +142,89 @@ def axis_plan(a: float, t: float, c0: int, c1: int, n_src: int, n_out: int) -> S
     Among ``s0 = base, base - 1, ... base - 63`` the one with the smallest phase error is taken
     (``a * s0`` mod 1 spreads over [0, 1) for a generic scale), padding the source when it is < 0.
     """
+    a, t = float(a), float(t)  # Python floats: the same IEEE arithmetic, without numpy-scalar overhead
     d0 = max(0, math.ceil(a * (c0 - 0.5) + t - _EXACT))
     d1 = min(n_out, math.ceil(a * (c1 - 0.5) + t - _EXACT))
     if d1 <= d0:
         return None
     base = math.floor((d0 - t - 0.5 + 0.5 * a) / a + _EXACT)
-    cand = base - _SEARCH
-    x_start = t + a * cand + 0.5 - 0.5 * a
+    x_start = (base - _SEARCH) * a  # evaluated exactly as t + a * cand + 0.5 - 0.5 * a, in place
+    x_start += t
+    x_start += 0.5
+    x_start -= 0.5 * a
     err = np.abs(x_start - np.round(x_start))
-    good = np.nonzero(err < _PHASE_OK)[0]
-    k = int(good[0]) if len(good) else int(np.argmin(err))
-    s0 = int(cand[k])
-    j0 = d0 - int(round(x_start[k]))
+    k = int(np.argmax(err < _PHASE_OK))  # the first good origin, else the best one
+    if not err[k] < _PHASE_OK:
+        k = int(np.argmin(err))
+    s0 = base - k
+    j0 = d0 - int(round(float(x_start[k])))
     # source end: the crop end, the image end, or just past the last output pixel's taps
     s1 = min(n_src, c1 + 1, math.floor((d1 - 1 - t) / a) + 3)
     return Span(d0, d1, s0, s1, j0, float(err[k]))
 
 
-def _draw_resize(out: np.ndarray, src: np.ndarray, tile: TileParams) -> bool:
-    """Draw an axis-aligned tile with one exact-scale resize; False when the phase cannot be
-    matched within ``PHASE_MAX`` (the caller then warps)."""
+def _pad_origin(part: np.ndarray, top: int, left: int, a: float, b: float) -> np.ndarray:
+    """``part`` with ``top`` rows and ``left`` columns in front, in a reused scratch buffer.
+
+    The resize output pixels that are kept sample at or after ``-0.5 - PHASE_MAX / scale`` image
+    pixels, so only the few pad rows / columns next to the image are ever read (they replicate the
+    edge, like BORDER_REPLICATE); the rest only feed discarded outputs and are zeroed (cheaper
+    than replicating them, and deterministic).
+    """
+    h, w = part.shape[:2]
+    buf = scratch("tile_pad", (h + top, w + left, 3))
+    buf[top:, left:] = part
+    if top:
+        q = min(top, 2 + int(PHASE_MAX / b))
+        buf[top - q : top, left:] = part[:1]
+        buf[: top - q] = 0
+    if left:
+        q = min(left, 2 + int(PHASE_MAX / a))
+        buf[:, left - q : left] = buf[:, left : left + 1]
+        buf[:, : left - q] = 0
+    return buf
+
+
+def _resize_plan(tile: TileParams, src_hw: tuple[int, int], out_hw: tuple[int, int]) -> tuple[Span, Span] | None | bool:
+    """The two axis plans of drawing ``tile`` by one exact-scale resize; None when it draws
+    nothing; False when it must be warped (not axis-aligned, or no source origin matches the
+    phase within ``PHASE_MAX``)."""
     m = tile.matrix
+    if not (tile.is_axis_aligned and m[0, 0] > 0 and m[1, 1] > 0):
+        return False
     x0, y0, x1, y1 = tile.crop
-    oh, ow = out.shape[:2]
-    sh, sw = src.shape[:2]
-    xs = axis_plan(m[0, 0], m[0, 2], x0, x1, sw, ow)
-    ys = axis_plan(m[1, 1], m[1, 2], y0, y1, sh, oh)
+    xs = axis_plan(float(m[0, 0]), float(m[0, 2]), x0, x1, src_hw[1], out_hw[1])
+    ys = axis_plan(float(m[1, 1]), float(m[1, 2]), y0, y1, src_hw[0], out_hw[0])
     if xs is None or ys is None:
-        return True
+        return None
     if max(xs.err, ys.err) > PHASE_MAX:
         return False
+    return xs, ys
+
+
+def _draw_planned(out: np.ndarray, src: np.ndarray, tile: TileParams, plan: tuple[Span, Span] | None) -> Rect | None:
+    """Draw an axis-aligned tile with one exact-scale resize following ``plan``; returns the
+    rectangle it filled (every pixel of it is written)."""
+    if plan is None:
+        return None
+    xs, ys = plan
+    fx, fy = float(tile.matrix[0, 0]), float(tile.matrix[1, 1])
     part = src[max(ys.s0, 0) : ys.s1, max(xs.s0, 0) : xs.s1]
     if xs.s0 < 0 or ys.s0 < 0:  # origin before the image: pad (only feeds the seam pixels)
-        part = cv2.copyMakeBorder(part, max(-ys.s0, 0), 0, max(-xs.s0, 0), 0, cv2.BORDER_REPLICATE)
+        part = _pad_origin(part, max(-ys.s0, 0), max(-xs.s0, 0), fx, fy)
     dst = out[ys.d0 : ys.d1, xs.d0 : xs.d1]
-    fx, fy = float(m[0, 0]), float(m[1, 1])
+    rect = (ys.d0, ys.d1, xs.d0, xs.d1)
     if fx == 1.0 and fy == 1.0:  # unit scale: a plain copy
         _copy_clamped(dst, part, ys.j0, xs.j0)
-        return True
-    if xs.j0 == 0 and ys.j0 == 0 and round(part.shape[1] * fx) == dst.shape[1] and round(part.shape[0] * fy) == dst.shape[0]:
+        return rect
+    # cv2.resize's own output size for fx, fy (saturate_cast rounds half to even, as round() does)
+    rw, rh = round(part.shape[1] * fx), round(part.shape[0] * fy)
+    if xs.j0 == 0 and ys.j0 == 0 and rw == dst.shape[1] and rh == dst.shape[0]:
         cv2.resize(part, (0, 0), dst=dst, fx=fx, fy=fy, interpolation=cv2.INTER_LINEAR)  # straight into the output
-        return True
-    full = cv2.resize(part, (0, 0), fx=fx, fy=fy, interpolation=cv2.INTER_LINEAR)
+        return rect
+    full = cv2.resize(part, (0, 0), dst=scratch("tile_full", (rh, rw, 3)), fx=fx, fy=fy, interpolation=cv2.INTER_LINEAR)
     _copy_clamped(dst, full, ys.j0, xs.j0)
-    return True
+    return rect
 
 
 def _copy_clamped(dst: np.ndarray, full: np.ndarray, j0: int, i0: int) -> None:
@@ -150,7 +244,7 @@ def _copy_clamped(dst: np.ndarray, full: np.ndarray, j0: int, i0: int) -> None:
         dst[h:] = dst[h - 1 : h]
 
 
-def _draw_warp(out: np.ndarray, src: np.ndarray, tile: TileParams) -> None:
+def _draw_warp(out: np.ndarray, src: np.ndarray, tile: TileParams) -> Rect | None:
     m = tile.matrix
     x0, y0, x1, y1 = tile.crop
     oh, ow = out.shape[:2]
@@ -166,7 +260,7 @@ def _draw_warp(out: np.ndarray, src: np.ndarray, tile: TileParams) -> None:
     dx1 = min(ow, math.ceil(p[:, 0].max()) + 1)
     dy1 = min(oh, math.ceil(p[:, 1].max()) + 1)
     if dx1 <= dx0 or dy1 <= dy0:
-        return
+        return None
     local = translation(-dx0, -dy0) @ m @ translation(x0, y0)  # crop px -> ROI px
     part = src[y0:y1, x0:x1]
     dst = out[dy0:dy1, dx0:dx1]
@@ -175,3 +269,4 @@ def _draw_warp(out: np.ndarray, src: np.ndarray, tile: TileParams) -> None:
         cv2.warpAffine(part, local[:2], size, dst=dst, flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_TRANSPARENT)
     else:
         cv2.warpPerspective(part, local, size, dst=dst, flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_TRANSPARENT)
+    return (dy0, dy1, dx0, dx1)
