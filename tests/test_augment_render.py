@@ -263,8 +263,9 @@ def test_bbox_bounds_every_drawn_pixel_and_hsv_in_box_equals_whole_image():
 
 
 def test_padded_tiles_do_not_depend_on_scratch_contents():
-    """Tiles whose resize origin lies before the image use a reused, partly zeroed pad buffer:
-    the kept pixels must not depend on what that buffer held before."""
+    """Tiles whose resize origin lies before the image use a reused pad buffer of which only the
+    rows / columns next to the image are written: the kept pixels must not depend on what that
+    buffer held before."""
     from fastload.augment.functional import scratch as scratch_mod
 
     images = smooth_images(6, 320, seed=8)
@@ -277,3 +278,38 @@ def test_padded_tiles_do_not_depend_on_scratch_contents():
             if buf is not None:
                 buf[:] = 255 if i % 2 else 0
         assert np.array_equal(render_image(p.image, images.__getitem__), a)
+
+
+@pytest.mark.parametrize("a", [0.33374, 0.39978, 1.00263, 1.49865])
+def test_near_rational_scales_stay_on_resize_path(a):
+    """Scales near a ratio of small integers drift slowly through the resize phases: when the
+    first 64 source origins are all off by more than PHASE_MAX, the wide search often finds one
+    (the tile is resized, not warped); output pixel d0 then lands within PHASE_MAX of its exact
+    sampling point, and the pixels match a warp of the crop."""
+    from fastload.augment.functional.tiles import PHASE_MAX, _resize_plan, axis_plan
+
+    wide = []
+    for t in 17.0 + np.linspace(0.0, 1.0, 41):
+        sp = axis_plan(a, t, 3, 300, 480, 640)
+        if sp.err > PHASE_MAX:
+            continue  # still warped
+        exact = (sp.d0 - t) / a  # source position output pixel d0 must sample
+        drawn = sp.s0 + (sp.j0 + 0.5) / a - 0.5
+        assert abs(exact - drawn) * a <= PHASE_MAX + 1e-9
+        if exact - sp.s0 > 64:  # the origin lies beyond the first 64 candidates
+            wide.append(t)
+    assert wide  # the wide search was exercised
+    img = smooth_images(1, 480, seed=5)[0]
+    t = wide[0]
+    m = np.array([[a, 0, t], [0, a, t], [0, 0, 1]])
+    tile = TileParams(0, (3, 3, 300, 300), m, img.shape[:2])
+    assert _resize_plan(tile, img.shape[:2], (640, 640)) is not False
+    got = render_image(ImageParams((tile,), (640, 640)), [img].__getitem__)
+    ref = cv2.warpAffine(img[3:300, 3:300], (m @ _shift(3))[:2], (640, 640), flags=cv2.INTER_LINEAR, borderValue=(114, 114, 114))
+    n = int(297 * a) - 4  # inner pixels: away from the crop's edges
+    inner = (slice(int(t + 3 * a) + 2, int(t + 3 * a) + n),) * 2
+    assert np.abs(got[inner].astype(int) - ref[inner]).max() <= 2
+
+
+def _shift(d: float) -> np.ndarray:
+    return np.array([[1.0, 0, d], [0, 1, d], [0, 0, 1]])

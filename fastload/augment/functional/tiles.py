@@ -33,6 +33,10 @@ Rect = tuple[int, int, int, int]  # (y0, y1, x0, x1) of the output
 
 _EXACT = 1e-9
 _SEARCH = np.arange(64, dtype=np.float64)  # source-origin candidates tried per axis
+# tried only when none of _SEARCH is within PHASE_MAX: scales near a ratio of small integers
+# (a ~ 1, 1/2, 2/3 ...) drift slowly through the phases; a longer search keeps them on the resize
+# path (every extra candidate costs one resized row / column, far less than a warp)
+_WIDE_SEARCH = np.arange(len(_SEARCH), 256, dtype=np.float64)
 _PHASE_OK = 0.01  # output px: take the first origin at least this well aligned
 PHASE_MAX = 0.05  # output px: beyond this the tile is warped instead
 
@@ -139,8 +143,10 @@ def axis_plan(a: float, t: float, c0: int, c1: int, n_src: int, n_out: int) -> S
     pixel cells ``[c0 - 0.5, c1 - 0.5)``.  ``cv2.resize`` with ``dsize=(0, 0), fx=a`` samples
     output ``j`` at ``s0 + (j + 0.5) / a - 0.5``: the scale is exact, but the output lands at
     ``X = t + a * s0 + 0.5 - 0.5 * a + j``, an integer only for a suitable source origin ``s0``.
-    Among ``s0 = base, base - 1, ... base - 63`` the one with the smallest phase error is taken
-    (``a * s0`` mod 1 spreads over [0, 1) for a generic scale), padding the source when it is < 0.
+    Among ``s0 = base, base - 1, ... base - 63`` the first within ``_PHASE_OK``, else the one with
+    the smallest phase error is taken (``a * s0`` mod 1 spreads over [0, 1) for a generic scale);
+    when that is still beyond ``PHASE_MAX`` (scales near a ratio of small integers), the same
+    rule over ``base - 64 ... base - 255``. The source is padded when ``s0 < 0``.
     """
     a, t = float(a), float(t)  # Python floats: the same IEEE arithmetic, without numpy-scalar overhead
     d0 = max(0, math.ceil(a * (c0 - 0.5) + t - _EXACT))
@@ -148,40 +154,54 @@ def axis_plan(a: float, t: float, c0: int, c1: int, n_src: int, n_out: int) -> S
     if d1 <= d0:
         return None
     base = math.floor((d0 - t - 0.5 + 0.5 * a) / a + _EXACT)
-    x_start = (base - _SEARCH) * a  # evaluated exactly as t + a * cand + 0.5 - 0.5 * a, in place
-    x_start += t
-    x_start += 0.5
-    x_start -= 0.5 * a
-    err = np.abs(x_start - np.round(x_start))
+    cand = base - _SEARCH
+    x_start, err = _phases(cand, a, t)
     k = int(np.argmax(err < _PHASE_OK))  # the first good origin, else the best one
     if not err[k] < _PHASE_OK:
         k = int(np.argmin(err))
-    s0 = base - k
+    if err[k] > PHASE_MAX:  # the wide search, same rule over the next candidates
+        wide = base - _WIDE_SEARCH
+        wide_start, wide_err = _phases(wide, a, t)
+        w = int(np.argmax(wide_err < _PHASE_OK))
+        if not wide_err[w] < _PHASE_OK:
+            w = int(np.argmin(wide_err))
+        if wide_err[w] < err[k]:
+            k, cand, x_start, err = w, wide, wide_start, wide_err
+    s0 = int(cand[k])
     j0 = d0 - int(round(float(x_start[k])))
     # source end: the crop end, the image end, or just past the last output pixel's taps
     s1 = min(n_src, c1 + 1, math.floor((d1 - 1 - t) / a) + 3)
     return Span(d0, d1, s0, s1, j0, float(err[k]))
 
 
+def _phases(cand: np.ndarray, a: float, t: float) -> tuple[np.ndarray, np.ndarray]:
+    """Output position of resize column 0 for each source-origin candidate, and its distance to
+    the nearest integer (evaluated exactly as ``t + a * cand + 0.5 - 0.5 * a``, in place)."""
+    x_start = cand * a
+    x_start += t
+    x_start += 0.5
+    x_start -= 0.5 * a
+    return x_start, np.abs(x_start - np.round(x_start))
+
+
+def _pad_taps(scale: float) -> int:
+    """Pad rows / columns next to the image that a kept output pixel can read: a kept output
+    samples at or after ``-0.5 - PHASE_MAX / scale`` image pixels, two taps each."""
+    return 2 + int(PHASE_MAX / scale)
+
+
 def _pad_origin(part: np.ndarray, top: int, left: int, a: float, b: float) -> np.ndarray:
     """``part`` with ``top`` rows and ``left`` columns in front, in a reused scratch buffer.
 
-    The resize output pixels that are kept sample at or after ``-0.5 - PHASE_MAX / scale`` image
-    pixels, so only the few pad rows / columns next to the image are ever read (they replicate the
-    edge, like BORDER_REPLICATE); the rest only feed discarded outputs and are zeroed (cheaper
-    than replicating them, and deterministic).
+    Only the few pad rows / columns next to the image that kept output pixels read are written
+    (replicating the edge, like BORDER_REPLICATE), together with the copy, by one
+    ``copyMakeBorder``; the rest of the pad only feeds discarded resize outputs and keeps
+    whatever the buffer held (writing it cost as much as copying the crop).
     """
     h, w = part.shape[:2]
     buf = scratch("tile_pad", (h + top, w + left, 3))
-    buf[top:, left:] = part
-    if top:
-        q = min(top, 2 + int(PHASE_MAX / b))
-        buf[top - q : top, left:] = part[:1]
-        buf[: top - q] = 0
-    if left:
-        q = min(left, 2 + int(PHASE_MAX / a))
-        buf[:, left - q : left] = buf[:, left : left + 1]
-        buf[:, : left - q] = 0
+    qy, qx = min(top, _pad_taps(b)), min(left, _pad_taps(a))
+    cv2.copyMakeBorder(part, qy, 0, qx, 0, cv2.BORDER_REPLICATE, dst=buf[top - qy :, left - qx :])
     return buf
 
 
