@@ -226,6 +226,15 @@ def test_close_stops_workers():
         assert not psutil.pid_exists(p) or psutil.Process(p).status() == psutil.STATUS_ZOMBIE
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_closed_engine_refuses_to_iterate(workers):
+    eng = make_engine(workers=workers)
+    eng.close()
+    eng.close()  # idempotent
+    with pytest.raises(RuntimeError, match="engine was closed"):
+        collect(eng, 0, np.arange(4))
+
+
 def test_shared_decode_cache_decodes_each_image_once_across_workers_and_epochs():
     n = 16
     with make_engine(n=n, workers=2, encoded=True) as eng:

@@ -94,24 +94,21 @@ class CPUEngine(Engine):
         n_slots = self.workers * self.prefetch + self.keep if self.workers else self.keep
         self.ring = SlotRing(n_slots, self.batch_size * self.max_hw[0] * self.max_hw[1] * 3)
         self.pool: WorkerPool | None = None
-        self.mosaic_closed = False
         self.cache_stats = [0, 0]  # [hits, misses] summed over the workers' last reports
         self._worker_stats: dict[int, list[int]] = {}
         self.timeout = float(timeout)
         self._held: collections.deque[int] = collections.deque()  # slots of the latest yielded batches
         self._active: Iterator[Batch] | None = None
-        self._closed = False
 
     # -- consumer-side state ------------------------------------------------------------------------------
     def close_mosaic(self) -> None:
-        """Turn mosaic (and with it mixup) off from the next batch on, in every worker."""
-        self.sampler.close_mosaic()
+        """Turn mosaic (and with it mixup) off from the next batch on, in every worker (each batch's task carries
+        :attr:`mosaic_closed`)."""
+        super().close_mosaic()
         self.renderer._mosaic_closed = True  # the in-process sampler is the one just closed
-        self.mosaic_closed = True
 
     def _start(self) -> WorkerPool:
-        if self._closed:
-            raise RuntimeError("this loader was closed")
+        self._check_open()
         if self.pool is None or not self.pool.alive():
             if self.pool is not None:
                 self.pool.close(timeout=1.0)
@@ -124,6 +121,7 @@ class CPUEngine(Engine):
 
     # -- batches --------------------------------------------------------------------------------------------
     def iter_batches(self, epoch: int, indices: np.ndarray) -> Iterator[Batch]:
+        self._check_open()
         if self._active is not None:  # an abandoned iteration still holds slots and in-flight tasks
             self._active.close()
             self._active = None
@@ -204,10 +202,7 @@ class CPUEngine(Engine):
             for slot in slots.values():
                 self.ring.release(slot)
 
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
+    def _release(self) -> None:
         if self._active is not None:
             self._active.close()
             self._active = None
