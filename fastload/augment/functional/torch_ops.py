@@ -9,7 +9,9 @@ HSV->RGB) for a batch of CHW uint8 images with per-image gains:
 * HSV -> RGB follows OpenCV's float32 formula (sector table, S and V scaled by 1/255, result
   times 255 *truncated*, as OpenCV's 8-bit path does); over all 180*256*256 HSV triples it
   differs from ``cv2.cvtColor(..., COLOR_HSV2RGB)`` by one grey level on 5e-5 of them (float
-  operation order), never more.
+  operation order), never more. (OpenCV's scalar tail of each row -- the last ``width mod 64``
+  pixels in OpenCV 5.1, ``mod 32`` in 5.0 -- rounds instead of truncating, so there stock itself
+  is one level off its own SIMD result; 640-wide images have no tail.)
 
 Images are processed in chunks of ``chunk`` images to bound the int32 / float32 temporaries.
 """
