@@ -264,10 +264,14 @@ def _copy_clamped(dst: np.ndarray, full: np.ndarray, j0: int, i0: int) -> None:
         dst[h:] = dst[h - 1 : h]
 
 
-def _draw_warp(out: np.ndarray, src: np.ndarray, tile: TileParams) -> Rect | None:
+def warp_rect(tile: TileParams, out_hw: tuple[int, int]) -> tuple[int, int, int, int] | None:
+    """``(x0, y0, x1, y1)``: the output rectangle a warped (rotated/sheared/perspective) tile can touch, or None.
+
+    Shared with the torch engines so that every engine warps the same region of interest.
+    """
     m = tile.matrix
     x0, y0, x1, y1 = tile.crop
-    oh, ow = out.shape[:2]
+    oh, ow = out_hw
     corners = np.array([[x0 - 0.5, y0 - 0.5, 1], [x1 - 0.5, y0 - 0.5, 1], [x0 - 0.5, y1 - 0.5, 1], [x1 - 0.5, y1 - 0.5, 1]])
     p = corners @ m.T
     if not tile.is_affine:
@@ -281,6 +285,16 @@ def _draw_warp(out: np.ndarray, src: np.ndarray, tile: TileParams) -> Rect | Non
     dy1 = min(oh, math.ceil(p[:, 1].max()) + 1)
     if dx1 <= dx0 or dy1 <= dy0:
         return None
+    return dx0, dy0, dx1, dy1
+
+
+def _draw_warp(out: np.ndarray, src: np.ndarray, tile: TileParams) -> Rect | None:
+    rect = warp_rect(tile, out.shape[:2])
+    if rect is None:
+        return None
+    dx0, dy0, dx1, dy1 = rect
+    m = tile.matrix
+    x0, y0, x1, y1 = tile.crop
     local = translation(-dx0, -dy0) @ m @ translation(x0, y0)  # crop px -> ROI px
     part = src[y0:y1, x0:x1]
     dst = out[dy0:dy1, dx0:dx1]

@@ -162,29 +162,8 @@ def _resize_row(k: int, order: int, tile: TileParams, off: int, sh: int, sw: int
             (1.0 / fx, 1.0 / fy), np.eye(3))
 
 
-def _warp_rect(tile: TileParams, out_hw: tuple[int, int]) -> tuple[int, int, int, int] | None:
-    """Bounding rectangle of a warped crop in the output (the reference's ROI), or None."""
-    m = tile.matrix
-    x0, y0, x1, y1 = tile.crop
-    oh, ow = out_hw
-    corners = np.array([[x0 - 0.5, y0 - 0.5, 1], [x1 - 0.5, y0 - 0.5, 1], [x0 - 0.5, y1 - 0.5, 1], [x1 - 0.5, y1 - 0.5, 1]])
-    p = corners @ m.T
-    if not tile.is_affine:
-        if (p[:, 2] <= 0).any():  # part of the crop goes to infinity: the whole output
-            p = np.array([[0, 0, 1], [ow, oh, 1]], np.float64)
-        else:
-            p = p / p[:, 2:3]
-    dx0 = max(0, math.floor(p[:, 0].min()))
-    dy0 = max(0, math.floor(p[:, 1].min()))
-    dx1 = min(ow, math.ceil(p[:, 0].max()) + 1)
-    dy1 = min(oh, math.ceil(p[:, 1].max()) + 1)
-    if dx1 <= dx0 or dy1 <= dy0:
-        return None
-    return dx0, dy0, dx1, dy1
-
-
 def _warp_row(k: int, order: int, tile: TileParams, off: int, sw: int, out_hw: tuple[int, int]) -> tuple | None:
-    rect = _warp_rect(tile, out_hw)
+    rect = _ref_tiles().warp_rect(tile, out_hw)
     if rect is None:
         return None
     x0, y0, x1, y1 = tile.crop
