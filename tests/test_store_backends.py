@@ -156,3 +156,21 @@ def test_unknown_kind_and_split(synth_yaml, tmp_path):
         convert(synth_yaml, "lmdb", out=tmp_path, splits="test", **QUIET)
     with pytest.raises(StoreError, match="no disk store recorded"):
         open_store(synth_yaml, "train", kind="disk")
+
+
+def _sigterm_is_default(_task: int) -> bool:
+    import signal
+
+    return signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+
+
+def test_conversion_workers_die_on_sigterm_whatever_the_parent_installed():
+    """`fastload bench --convert` turns SIGTERM into SystemExit in its own process; the conversion pool's forked
+    workers must not inherit that, or Pool.terminate() at the end of a conversion can hang on the queue's lock."""
+    import signal
+
+    previous = signal.signal(signal.SIGTERM, lambda *_: None)
+    try:
+        assert all(convert_mod.parallel_map(_sigterm_is_default, list(range(8)), workers=2))
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -41,7 +41,9 @@ def _worker_main(
     foreign: list[Connection],
 ) -> None:
     # The consumer handles Ctrl-C and shuts us down; a KeyboardInterrupt traceback per worker helps nobody.
+    # SIGTERM kills: a handler inherited from the parent (e.g. `fastload bench`'s clean-up) must not run here.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     for c in foreign:  # pipe ends inherited from the parent: holding them would hide the parent's death
         c.close()
     try:  # one thread each: the parallelism is the worker count; oversubscription only thrashes

@@ -26,6 +26,7 @@ import json
 import multiprocessing
 import os
 import shutil
+import signal
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
@@ -180,8 +181,16 @@ def parallel_map(fn: Callable[[Any], Any], tasks: Sequence[Any], workers: int) -
         yield from map(fn, tasks)
         return
     chunk = max(1, min(32, len(tasks) // (workers * 8)))
-    with multiprocessing.get_context("fork").Pool(workers) as pool:
+    with multiprocessing.get_context("fork").Pool(workers, initializer=_plain_worker_signals) as pool:
         yield from pool.imap(fn, tasks, chunksize=chunk)
+
+
+def _plain_worker_signals() -> None:
+    # A forked worker inherits its parent's Python signal handlers (e.g. `fastload bench` turns SIGTERM into
+    # SystemExit to clean up). Pool.terminate() must simply kill the worker: a handler that runs instead can
+    # leave it blocked on the task queue's lock and the terminate() hangs. Ctrl-C is the parent's to handle.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 class Progress:
