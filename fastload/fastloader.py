@@ -293,7 +293,8 @@ def loader(
         augment: apply training augmentation (mosaic, mixup, perspective, HSV, flips). False:
             letterbox only (validation).
         store: ``auto`` (the fastest store ``fastload convert`` recorded for this split and imgsz:
-            ram > disk > lmdb > files), one of ``files | lmdb | disk | ram``, or a ``Store``.
+            ram > disk > lmdb > files), one of ``files | lmdb | disk | ram``, ``gpu`` (decoded images
+            resident on ``device``; ``engine="gpu"`` only), or a ``Store``.
         engine: ``cpu`` (worker processes), ``gpu`` (PyTorch on ``device``) or ``dali``.
         workers: CPU worker processes (0: render in the calling process). Persistent across epochs.
         shuffle: new permutation every epoch (a function of ``seed`` and the epoch). Ignored in rect mode.
