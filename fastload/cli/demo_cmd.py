@@ -55,6 +55,7 @@ def run(args: argparse.Namespace) -> int:
         ram_segment = result.stores.get("train", {}).get("ram")
         if ram_segment and not args.keep_ram:
             shm.remove(Path(ram_segment), force=True)
+            print(f"removed the demo's RAM store {ram_segment} (--keep-ram keeps it)")
     return 0
 
 
