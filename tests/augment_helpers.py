@@ -33,5 +33,21 @@ def smooth_images(n: int, imgsz: int, seed: int = 0) -> list[np.ndarray]:
     return out
 
 
+def random_world(n: int, imgsz: int, seed: int = 0, *, max_boxes: int, nc: int,
+                 wh: tuple[float, float]) -> tuple[np.ndarray, list[np.ndarray]]:
+    """Loaded shapes (long side imgsz) and random normalised labels (up to ``max_boxes - 1`` per image, class
+    ids below ``nc``, box sides in ``wh``), for tests that need boxes but no pixels."""
+    rng = np.random.default_rng(seed)
+    shapes, labels = [], []
+    for _ in range(n):
+        short = int(rng.integers(imgsz // 3, imgsz + 1))
+        shapes.append((imgsz, short) if rng.random() < 0.5 else (short, imgsz))
+        k = int(rng.integers(0, max_boxes))
+        box_wh = rng.uniform(wh[0], wh[1], (k, 2))
+        xy = rng.uniform(box_wh / 2, 1 - box_wh / 2)
+        labels.append(np.concatenate((rng.integers(0, nc, (k, 1)), xy, box_wh), 1).astype(np.float32))
+    return np.array(shapes), labels
+
+
 def shapes_of(images: list[np.ndarray]) -> np.ndarray:
     return np.array([im.shape[:2] for im in images], np.int64)

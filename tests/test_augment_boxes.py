@@ -11,21 +11,12 @@ import pytest
 from fastload.augment.boxes import transform_labels
 from fastload.augment.params import ImageParams, ParamSampler, SampleParams
 from fastload.augment.pipeline import render_sample
-from tests.augment_helpers import load_folder, shapes_of
+from tests.augment_helpers import load_folder, random_world, shapes_of
 from tests.reference.stock_yolov9 import labels_record
 
 
 def _world(seed=0, n=12, imgsz=640):
-    rng = np.random.default_rng(seed)
-    shapes, labels = [], []
-    for _ in range(n):
-        short = int(rng.integers(imgsz // 3, imgsz + 1))
-        shapes.append((imgsz, short) if rng.random() < 0.5 else (short, imgsz))
-        k = int(rng.integers(0, 8))
-        wh = rng.uniform(0.02, 0.6, (k, 2))
-        xy = rng.uniform(wh / 2, 1 - wh / 2)
-        labels.append(np.concatenate((rng.integers(0, 80, (k, 1)), xy, wh), 1).astype(np.float32))
-    return np.array(shapes), labels
+    return random_world(n, imgsz, seed, max_boxes=8, nc=80, wh=(0.02, 0.6))
 
 
 @pytest.mark.parametrize("hyp", [None, {"degrees": 10.0, "shear": 3.0}, {"perspective": 0.0003}, {"mosaic": 0.0}])

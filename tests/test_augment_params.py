@@ -14,6 +14,7 @@ from fastload.augment.params import (
     rect_batch_shapes,
 )
 from fastload.augment.boxes import transform_labels
+from tests.augment_helpers import random_world
 from tests.reference.stock_yolov9 import StockAugmenter
 
 SHAPES = np.array([[480, 640], [640, 427], [640, 640], [20, 30], [300, 640], [640, 200]])
@@ -131,18 +132,7 @@ def test_rect_batch_shapes():
 
 # ----------------------------------------------------------------------- distributions vs stock
 def _synthetic_world(n=16, imgsz=160, seed=0):
-    rng = np.random.default_rng(seed)
-    shapes = []
-    labels = []
-    for _ in range(n):
-        long = imgsz
-        short = int(rng.integers(imgsz // 3, imgsz + 1))
-        shapes.append((long, short) if rng.random() < 0.5 else (short, long))
-        k = int(rng.integers(0, 6))
-        wh = rng.uniform(0.05, 0.5, (k, 2))
-        xy = rng.uniform(wh / 2, 1 - wh / 2)
-        labels.append(np.concatenate((rng.integers(0, 3, (k, 1)), xy, wh), 1).astype(np.float32))
-    return np.array(shapes), labels
+    return random_world(n, imgsz, seed, max_boxes=6, nc=3, wh=(0.05, 0.5))
 
 
 def test_distributions_match_stock():
