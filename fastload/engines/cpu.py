@@ -105,7 +105,7 @@ class CPUEngine(Engine):
         """Turn mosaic (and with it mixup) off from the next batch on, in every worker (each batch's task carries
         :attr:`mosaic_closed`)."""
         super().close_mosaic()
-        self.renderer._mosaic_closed = True  # the in-process sampler is the one just closed
+        self.renderer.sync(True)  # the in-process renderer shares this sampler; workers sync from each task
 
     def _start(self) -> WorkerPool:
         self._check_open()

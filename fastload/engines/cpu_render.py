@@ -12,6 +12,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from fastload.augment.boxes import transform_labels
+from fastload.augment.pipeline import render_sample
 from fastload.engines.base import collate_targets
 from fastload.engines.shm_cache import SharedDecodeCache
 from fastload.store.base import Store
@@ -62,8 +64,8 @@ class BatchRenderer:
         self._scratch: np.ndarray | None = None
         self._mosaic_closed = False
         # the pixel and box functions; replaceable (before workers fork) to test the machinery alone
-        self.render_fn: Callable[..., np.ndarray] | None = None
-        self.labels_fn: Callable[[Any, Sequence[np.ndarray]], np.ndarray] | None = None
+        self.render_fn: Callable[..., np.ndarray] = render_sample
+        self.labels_fn: Callable[[Any, Sequence[np.ndarray]], np.ndarray] = transform_labels
 
     # -- images ---------------------------------------------------------------------------------------
     def _load(self, i: int) -> np.ndarray:
@@ -89,10 +91,7 @@ class BatchRenderer:
         All samples of a batch must share one output size (square ``imgsz`` in training, the rect
         batch shape in validation).
         """
-        render_sample, transform_labels = self.render_fn, self.labels_fn
-        if render_sample is None or transform_labels is None:
-            from fastload.augment.boxes import transform_labels
-            from fastload.augment.pipeline import render_sample
+        render, move_labels = self.render_fn, self.labels_fn
         params = [self.sampler.sample(epoch, int(i)) for i in indices]
         hws = {tuple(int(v) for v in p.image.out_hw) for p in params}
         if len(hws) != 1:
@@ -102,19 +101,15 @@ class BatchRenderer:
         labels = []
         for k, p in enumerate(params):
             if self.layout == "nhwc":
-                render_sample(p, self.get_image, out=out[k], hsv=self.hsv_in_worker)
+                render(p, self.get_image, out=out[k], hsv=self.hsv_in_worker)
             else:
                 if self._scratch is None or self._scratch.shape != (h, w, 3):
                     self._scratch = np.empty((h, w, 3), np.uint8)
-                img = render_sample(p, self.get_image, out=self._scratch, hsv=self.hsv_in_worker)
+                img = render(p, self.get_image, out=self._scratch, hsv=self.hsv_in_worker)
                 np.copyto(out[k], img.transpose(2, 0, 1))
-            labels.append(transform_labels(p, self.labels))
+            labels.append(move_labels(p, self.labels))
         gains = None
         if not self.hsv_in_worker:
-            gains = np.array([_gain(p) for p in params], np.float32).reshape(-1, 3)
+            gains = np.array([p.hsv_gain for p in params], np.float32).reshape(-1, 3)
         return RenderedBatch((h, w), collate_targets(labels), [p.shapes for p in params], gains)
 
-
-def _gain(p: Any) -> tuple[float, float, float]:
-    g = getattr(p, "hsv_gain", None)
-    return (1.0, 1.0, 1.0) if g is None else tuple(float(v) for v in g)  # type: ignore[return-value]
