@@ -62,7 +62,6 @@ class BatchRenderer:
         self.layout = layout
         self.labels: Sequence[np.ndarray] = store.labels
         self._scratch: np.ndarray | None = None
-        self._mosaic_closed = False
         # the pixel and box functions; replaceable (before workers fork) to test the machinery alone
         self.render_fn: Callable[..., np.ndarray] = render_sample
         self.labels_fn: Callable[[Any, Sequence[np.ndarray]], np.ndarray] = transform_labels
@@ -80,9 +79,8 @@ class BatchRenderer:
     # -- state that the consumer may change between epochs ------------------------------------------------
     def sync(self, mosaic_closed: bool) -> None:
         """Bring this process's sampler copy in line with the consumer's (forked workers hold copies)."""
-        if mosaic_closed and not self._mosaic_closed:
+        if mosaic_closed:  # closing is idempotent: no need to remember it
             self.sampler.close_mosaic()
-            self._mosaic_closed = True
 
     # -- the work ------------------------------------------------------------------------------------------
     def render(self, epoch: int, indices: np.ndarray, slot_array) -> RenderedBatch:

@@ -126,7 +126,6 @@ class SampleSource:
         self.imgsz = int(imgsz)
         self.encoded = bool(encoded)
         self._plan: tuple[int, int, np.ndarray] | None = None  # (dali epoch, our epoch, indices)
-        self._mosaic_closed = False  # this worker's sampler copy was told close_mosaic
         self._placeholder: np.ndarray | None = None
 
     def _epoch_plan(self, k: int) -> tuple[int, np.ndarray]:
@@ -134,9 +133,8 @@ class SampleSource:
             with np.load(Path(self.plan_dir) / f"plan_{k}.npz", allow_pickle=False) as z:
                 meta = json.loads(bytes(z["meta"]).decode())
                 indices = z["indices"].astype(np.int64)
-            if meta["mosaic_closed"] and not self._mosaic_closed:
+            if meta["mosaic_closed"]:  # this worker's sampler copy follows the engine's (idempotent)
                 self.sampler.close_mosaic()
-                self._mosaic_closed = True
             self._plan = (k, int(meta["epoch"]), indices)
         return self._plan[1], self._plan[2]
 
