@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+import cv2
 import numpy as np
 import psutil
 import torch
@@ -181,7 +182,7 @@ def run_stock(yaml_path: Path, seconds: float, *, imgsz: int, batch: int, worker
     dl = torch.utils.data.DataLoader(ds, batch_size=batch, shuffle=not rect, num_workers=workers,
                                      collate_fn=StockDataset.collate_fn, persistent_workers=workers > 0)
     try:
-        return time_batches(lambda: dl, seconds, pids=lambda it: [w.pid for w in getattr(it, "_workers", [])])
+        return time_batches(lambda dl=dl: dl, seconds, pids=lambda it: [w.pid for w in getattr(it, "_workers", [])])
     finally:
         del dl
 
@@ -247,6 +248,31 @@ def measure_pss(yaml_path: Path, batch: int, world: int = 2) -> dict[str, Any]:
         return json.loads(Path(d, "pss.json").read_text())
 
 
+# ----------------------------------------------------------------------------------------- goals
+#: issue #3's targets: (goal, configurations it applies to, min images/s, min ratio to the row's baseline)
+GOALS = (
+    ("ram/disk >= 900 img/s and >= 4x stock ram cache",
+     ("cpu ram", "cpu ram, HSV deferred to device", "cpu disk", "cpu disk, HSV deferred to device"), 900.0, 4.0),
+    ("lmdb/files >= 500 img/s and >= 5x stock files",
+     ("cpu lmdb", "cpu lmdb, HSV deferred to device", "cpu files", "cpu files, HSV deferred to device"), 500.0, 5.0),
+    ("validation within 2x of the decode ceiling", ("val rect files, no cache",), 0.0, 0.5),
+)
+
+
+def check_goals(configs: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """One verdict per (goal, configuration) from the median rates and same-round ratios."""
+    out = []
+    for goal, names, min_ips, min_ratio in GOALS:
+        for name in names:
+            r = configs.get(name)
+            if not r or "images_per_s" not in r:
+                continue
+            ips, ratio = float(r["images_per_s"]), float(r.get("ratio", float("nan")))
+            out.append({"goal": goal, "config": name, "images_per_s": ips, "ratio": ratio,
+                        "met": bool(ips >= min_ips and ratio >= min_ratio)})
+    return out
+
+
 # ----------------------------------------------------------------------------------------- main
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -269,7 +295,8 @@ def main(argv: list[str] | None = None) -> int:
     shm_dir = Path("/dev/shm" if os.path.isdir("/dev/shm") else work) / f"fastload-bench-{os.getpid()}"
     os.environ["FASTLOAD_SHM_DIR"] = str(shm_dir)
     results: dict[str, Any] = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                                           "torch": torch.__version__, "loadavg_start": os.getloadavg()},
+                                           "torch": torch.__version__, "opencv": cv2.__version__,
+                                           "loadavg_start": os.getloadavg()},
                                "args": vars(args), "configs": {}}
     try:
         from fastload.store.convert import convert
@@ -293,7 +320,9 @@ def main(argv: list[str] | None = None) -> int:
             ("cpu ram", "stock ram cache", lambda t: run_fastload(y, t, store="ram", **common)),
             ("cpu ram, HSV deferred to device", "stock ram cache", lambda t: run_fastload(y, t, store="ram", hsv_on="defer", **common)),
             ("cpu disk", "stock ram cache", lambda t: run_fastload(y, t, store="disk", **common)),
+            ("cpu disk, HSV deferred to device", "stock ram cache", lambda t: run_fastload(y, t, store="disk", hsv_on="defer", **common)),
             ("cpu lmdb", "stock files", lambda t: run_fastload(y, t, store="lmdb", min_epochs=2, **common)),
+            ("cpu lmdb, HSV deferred to device", "stock files", lambda t: run_fastload(y, t, store="lmdb", hsv_on="defer", min_epochs=2, **common)),
             ("cpu files", "stock files", lambda t: run_fastload(y, t, store="files", min_epochs=2, **common)),
             ("cpu files, HSV deferred to device", "stock files", lambda t: run_fastload(y, t, store="files", hsv_on="defer", min_epochs=2, **common)),
             ("cpu files, no decode cache", "stock files", lambda t: run_fastload(y, t, store="files", decode_cache_mb=0, **common)),
@@ -368,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
 
         print(f"\nfastload loader throughput: {args.images} images (coco128 x{args.images // 128}), batch {args.batch}, "
               f"{args.workers} workers, imgsz {args.imgsz}, {args.seconds:.0f} s per config in {args.rounds} interleaved rounds "
-              f"(median), {os.cpu_count()} CPUs")
+              f"(median), {os.cpu_count()} CPUs, OpenCV {cv2.__version__}")
         print(f"ceilings (1 core): decode {ceil['decode_1core']:.0f} img/s, decode+resize {ceil['decode_resize_1core']:.0f} img/s, "
               f"memcpy 640x640x3 {ceil['memcpy_640_1core']:.0f} img/s ({ceil['memcpy_GBps']:.1f} GB/s); "
               f"decode ceiling with {args.workers} workers: {decode_ceiling:.0f} img/s")
@@ -377,7 +406,13 @@ def main(argv: list[str] | None = None) -> int:
         ncpu = min(os.cpu_count() or 1, max(args.workers, 1))
         for name, ips, base, ratio, cpu in rows:
             bound = ncpu * 1e3 / cpu if cpu == cpu and cpu > 0 else float("nan")
-            print(f"| {name:38s} | {ips:8.1f} | {base:24s} | {ratio:6.2f} | {cpu:10.2f} | {bound:12.0f} |")
+            def cell(v: float, width: int, fmt: str) -> str:
+                return format(v, f"{width}{fmt}") if v == v else "-".rjust(width)
+
+            print(f"| {name:38s} | {ips:8.1f} | {base:24s} | {cell(ratio, 6, '.2f')} | {cell(cpu, 10, '.2f')} | {cell(bound, 12, '.0f')} |")
+        results["goals"] = goals = check_goals(results["configs"])
+        for g in goals:
+            print(f"goal {g['goal']}: {g['config']} {g['images_per_s']:.0f} img/s, {g['ratio']:.2f}x -> {'MET' if g['met'] else 'missed'}")
         if "pss_2ranks_2workers" in results:
             print(f"PSS, 2 ranks x (main + 2 workers), ram store: {json.dumps(results['pss_2ranks_2workers'])}")
         print(f"load average start {results['machine']['loadavg_start']}, end {results['machine']['loadavg_end']}")

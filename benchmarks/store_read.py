@@ -117,8 +117,8 @@ def format_table(r: dict[str, Any]) -> str:
         f"1 process, warm page cache, {r['seconds']:.0f} s each",
         f"memcpy ceiling (numpy copy, 256 MB, one core): {r['memcpy_gb_s']:.2f} GB/s",
         "",
-        f"| store | read samples/s | read MB/s | % memcpy | loaded samples/s | x files | stored MB |",
-        f"|---|---:|---:|---:|---:|---:|---:|",
+        "| store | read samples/s | read MB/s | % memcpy | loaded samples/s | x files | stored MB |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for kind, s in r["stores"].items():
         lines.append(

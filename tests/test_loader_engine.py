@@ -93,15 +93,15 @@ def fake_render(p: FakeParams, get_image, out=None, *, hsv=True):
     return out
 
 
-def fake_labels(p: FakeParams, labels):
-    return labels[p.index // 1000]
+def fake_targets(records, labels):
+    return collate_targets([labels[p.index // 1000] for p in records])
 
 
 def make_engine(n=20, workers=0, encoded=False, sampler=None, **kw) -> CPUEngine:
     store = StoreView(ArrayStore(n, encoded))
     eng = CPUEngine(store, sampler or FakeSampler(n), batch_size=4, workers=workers,
                     loaded_hw=np.full((n, 2), IMGSZ), **kw)
-    eng.renderer.render_fn, eng.renderer.labels_fn = fake_render, fake_labels
+    eng.renderer.render_fn, eng.renderer.targets_fn = fake_render, fake_targets
     return eng
 
 

@@ -18,7 +18,7 @@ import numpy as np
 
 from fastload.augment.params import ImageParams, SampleParams, translation
 
-__all__ = ["transform_labels", "image_boxes", "box_candidates", "xyxy_to_xywhn"]
+__all__ = ["batch_targets", "transform_labels", "image_boxes", "box_candidates", "xyxy_to_xywhn"]
 
 Labels = Union[Sequence[np.ndarray], Callable[[int], np.ndarray]]
 
@@ -39,19 +39,23 @@ def box_candidates(
 
 def image_boxes(image: ImageParams, get_labels: Callable[[int], np.ndarray]) -> np.ndarray:
     """float64 [n, 5] (cls, x0, y0, x1, y1) in output pixels for every tile of ``image``."""
-    return _boxes((image,), get_labels)
+    return _boxes((image,), (0,), get_labels)[0]
 
 
-def _boxes(images: Sequence[ImageParams], get_labels: Callable[[int], np.ndarray]) -> np.ndarray:
-    """:func:`image_boxes` of several images sharing one output size, in one vectorised pass.
+def _boxes(
+    images: Sequence[ImageParams], owners: Sequence[int], get_labels: Callable[[int], np.ndarray]
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`image_boxes` of several images sharing one output size, in one vectorised pass;
+    also returns, per box, the ``owners`` entry of its image (the sample it belongs to).
 
     The per-tile loop only collects label arrays and tile constants; every row then carries its
     tile's crop, matrix and candidate scale, so the arithmetic is a handful of array operations
-    per sample whatever its number of tiles and boxes.
+    per call whatever the number of samples, tiles and boxes (a whole batch costs little more
+    than one sample: the per-call overhead of ~40 small numpy operations dominated).
     """
-    labs, counts, consts, mats = [], [], [], []
+    labs, counts, consts, mats, tile_owner = [], [], [], [], []
     persp = False
-    for image in images:
+    for image, owner in zip(images, owners):
         cand = np.nan if image.candidate_scale is None else float(image.candidate_scale)
         for tile in image.tiles:
             lab = get_labels(tile.src)
@@ -65,9 +69,10 @@ def _boxes(images: Sequence[ImageParams], get_labels: Callable[[int], np.ndarray
             counts.append(len(labs[-1]))
             consts.append((x0, y0, x0, y0, x1, y1, x1, y1, w, h, cand))
             mats.append(tile.matrix)
+            tile_owner.append(owner)
             persp = persp or not tile.is_affine
     if not labs:
-        return np.zeros((0, 5))
+        return np.zeros((0, 5)), np.zeros(0, np.intp)
     lab = np.concatenate(labs, dtype=np.float64) if len(labs) > 1 else labs[0].astype(np.float64)
     rows = np.repeat(np.arange(len(counts)), counts) if len(counts) > 1 else np.zeros(len(lab), np.intp)
     c = np.array(consts, np.float64)[rows]  # per row: crop lo (x, y, x, y), crop hi, (w, h), candidate scale
@@ -86,7 +91,7 @@ def _boxes(images: Sequence[ImageParams], get_labels: Callable[[int], np.ndarray
     cy = xy[:, [1, 3, 3, 1]]
     mx = m[:, 0, 0:1] * cx + m[:, 0, 1:2] * cy + m[:, 0, 2:3]
     my = m[:, 1, 0:1] * cx + m[:, 1, 1:2] * cy + m[:, 1, 2:3]
-    if persp:
+    if persp:  # affine rows have mz == 1 exactly, so dividing every row changes none of them
         mz = m[:, 2, 0:1] * cx + m[:, 2, 1:2] * cy + m[:, 2, 2:3]
         mx, my = mx / mz, my / mz
     oh, ow = images[0].out_hw
@@ -98,12 +103,13 @@ def _boxes(images: Sequence[ImageParams], get_labels: Callable[[int], np.ndarray
     np.max(my, 1, out=out[:, 4])
     np.maximum(out[:, 1:5], 0, out=out[:, 1:5])
     np.minimum(out[:, 1:5], (ow, oh, ow, oh), out=out[:, 1:5])
+    owner = np.asarray(tile_owner, np.intp)[rows]
     cand = c[:, 10]
     filtered = ~np.isnan(cand)
     if filtered.any():
-        keep = box_candidates(xy * cand[:, None], out[:, 1:5])
-        out = out[keep | ~filtered]
-    return out
+        keep = box_candidates(xy * cand[:, None], out[:, 1:5]) | ~filtered
+        out, owner = out[keep], owner[keep]
+    return out, owner
 
 
 def xyxy_to_xywhn(boxes: np.ndarray, out_hw: tuple[int, int], eps: float = 1e-3) -> np.ndarray:
@@ -122,19 +128,41 @@ def xyxy_to_xywhn(boxes: np.ndarray, out_hw: tuple[int, int], eps: float = 1e-3)
     return out
 
 
-def transform_labels(params: SampleParams, labels: Labels) -> np.ndarray:
-    """Labels of output sample ``params`` as float32 [n, 5] (cls, xc, yc, w, h) normalised to the output.
+def batch_targets(records: Sequence[SampleParams], labels: Labels) -> np.ndarray:
+    """YOLOv9 ``targets`` of a batch: float32 [N, 6] (position in ``records``, cls, xc, yc, w, h)
+    normalised to the output, ordered by sample, boxes of one sample in tile order (the main
+    image's tiles, then the mixup partner's). All records must share one output size.
 
     Args:
-        params: the sample record.
+        records: the batch's sample records.
         labels: per-dataset-index float32 [n, 5] labels normalised to the image (a sequence or a
             callable ``index -> labels``).
     """
+    if not records:
+        return np.zeros((0, 6), np.float32)
+    out_hw = records[0].image.out_hw
+    if any(p.image.out_hw != out_hw for p in records):
+        raise ValueError(f"records of one batch have different output sizes {sorted({p.image.out_hw for p in records})}")
     get = labels if callable(labels) else labels.__getitem__
-    images = (params.image,) if params.mixup is None else (params.image, params.mixup)
-    out = xyxy_to_xywhn(_boxes(images, get), params.image.out_hw)
-    if params.flip_ud:
-        out[:, 2] = 1 - out[:, 2]
-    if params.flip_lr:
-        out[:, 1] = 1 - out[:, 1]
+    images, owners = [], []
+    for k, p in enumerate(records):
+        images.append(p.image)
+        owners.append(k)
+        if p.mixup is not None:
+            images.append(p.mixup)
+            owners.append(k)
+    boxes, owner = _boxes(images, owners, get)
+    out = np.empty((len(boxes), 6), np.float32)
+    out[:, 0] = owner
+    out[:, 1:] = xyxy_to_xywhn(boxes, out_hw)
+    flip_ud = np.array([p.flip_ud for p in records], bool)[owner]
+    flip_lr = np.array([p.flip_lr for p in records], bool)[owner]
+    out[flip_ud, 3] = 1 - out[flip_ud, 3]
+    out[flip_lr, 2] = 1 - out[flip_lr, 2]
     return out
+
+
+def transform_labels(params: SampleParams, labels: Labels) -> np.ndarray:
+    """Labels of output sample ``params`` as float32 [n, 5] (cls, xc, yc, w, h) normalised to the
+    output (:func:`batch_targets` of a batch of one, without the position column)."""
+    return np.ascontiguousarray(batch_targets((params,), labels)[:, 1:])

@@ -252,6 +252,7 @@ class ParamSampler:
         self.rect_shapes = None if rect_shapes is None else np.asarray(rect_shapes, np.int64).reshape(-1, 2)
         if self.rect_shapes is not None and len(self.rect_shapes) != n:
             raise ValueError(f"rect_shapes has {len(self.rect_shapes)} rows for {n} images")
+        self._loaded_hw: list[tuple[int, int]] = [(int(h), int(w)) for h, w in self.loaded_shapes.tolist()]
         self.orig_shapes = self.loaded_shapes if orig_shapes is None else np.asarray(orig_shapes, np.int64).reshape(-1, 2)
         if len(self.orig_shapes) != n:
             raise ValueError(f"orig_shapes has {len(self.orig_shapes)} rows for {n} images")
@@ -342,7 +343,7 @@ class ParamSampler:
         k = 9 if self.mosaic9 else 4
         srcs = np.concatenate(([index], rng.integers(0, n, k - 1)))
         rng.shuffle(srcs)  # YOLOv9 shuffles the sample's own image among its partners
-        hw = [tuple(int(v) for v in self.loaded_shapes[i]) for i in srcs]
+        hw = [self._loaded_hw[i] for i in srcs.tolist()]
         placements = _mosaic9_placements(rng, s, hw) if self.mosaic9 else _mosaic4_placements(rng, s, hw)
         canvas = 2 * s
         out = canvas - 2 * (s // 2)  # random_perspective border = -s // 2 on each side

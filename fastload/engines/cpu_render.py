@@ -3,7 +3,7 @@
 For every index of the batch it samples the augmentation record (a pure function of
 ``(seed, epoch, index)``, so the result does not depend on which process renders it), draws the
 sample straight into the batch buffer with :func:`fastload.augment.pipeline.render_sample` and
-moves the boxes with :func:`fastload.augment.boxes.transform_labels`.
+moves the boxes of the whole batch with :func:`fastload.augment.boxes.batch_targets`.
 """
 from __future__ import annotations
 
@@ -12,9 +12,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from fastload.augment.boxes import transform_labels
+from fastload.augment.boxes import batch_targets
 from fastload.augment.pipeline import render_sample
-from fastload.engines.base import collate_targets
 from fastload.engines.shm_cache import SharedDecodeCache
 from fastload.store.base import Store
 
@@ -64,7 +63,7 @@ class BatchRenderer:
         self._scratch: np.ndarray | None = None
         # the pixel and box functions; replaceable (before workers fork) to test the machinery alone
         self.render_fn: Callable[..., np.ndarray] = render_sample
-        self.labels_fn: Callable[[Any, Sequence[np.ndarray]], np.ndarray] = transform_labels
+        self.targets_fn: Callable[[Sequence[Any], Sequence[np.ndarray]], np.ndarray] = batch_targets
 
     # -- images ---------------------------------------------------------------------------------------
     def _load(self, i: int) -> np.ndarray:
@@ -89,14 +88,13 @@ class BatchRenderer:
         All samples of a batch must share one output size (square ``imgsz`` in training, the rect
         batch shape in validation).
         """
-        render, move_labels = self.render_fn, self.labels_fn
+        render = self.render_fn
         params = [self.sampler.sample(epoch, int(i)) for i in indices]
         hws = {tuple(int(v) for v in p.image.out_hw) for p in params}
         if len(hws) != 1:
             raise ValueError(f"samples of one batch have different output sizes {sorted(hws)} (indices {list(indices)})")
         h, w = hws.pop()
         out = slot_array(len(params), h, w)
-        labels = []
         for k, p in enumerate(params):
             if self.layout == "nhwc":
                 render(p, self.get_image, out=out[k], hsv=self.hsv_in_worker)
@@ -105,9 +103,8 @@ class BatchRenderer:
                     self._scratch = np.empty((h, w, 3), np.uint8)
                 img = render(p, self.get_image, out=self._scratch, hsv=self.hsv_in_worker)
                 np.copyto(out[k], img.transpose(2, 0, 1))
-            labels.append(move_labels(p, self.labels))
         gains = None
         if not self.hsv_in_worker:
             gains = np.array([p.hsv_gain for p in params], np.float32).reshape(-1, 3)
-        return RenderedBatch((h, w), collate_targets(labels), [p.shapes for p in params], gains)
+        return RenderedBatch((h, w), self.targets_fn(params, self.labels), [p.shapes for p in params], gains)
 

@@ -2,7 +2,7 @@
 
 Per batch the CPU does only what cannot be batched on the device: sample the records
 (:class:`~fastload.augment.params.ParamSampler`), read the encoded bytes (or loaded arrays) of every
-image the batch draws from, move the boxes (:func:`fastload.augment.boxes.transform_labels`) and
+image the batch draws from, move the boxes (:func:`fastload.augment.boxes.batch_targets`) and
 plan the tiles (a few numbers per tile). The device then
 
 1. decodes the batch's unique source images at once (``torchvision.io.decode_jpeg`` on a list:
@@ -35,7 +35,7 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
-from fastload.engines.base import Batch, Engine, chunks, collate_targets, shapes_to_tuple
+from fastload.engines.base import Batch, Engine, chunks, shapes_to_tuple
 from fastload.store.base import Store
 
 __all__ = ["GPUEngine"]
@@ -172,7 +172,7 @@ class GPUEngine(Engine):
     # -- one batch ------------------------------------------------------------------------------------
     def _render(self, epoch: int, idx: np.ndarray) -> Batch:
         """Everything for one batch; device work goes to the current stream."""
-        from fastload.augment.boxes import transform_labels
+        from fastload.augment.boxes import batch_targets
         from fastload.augment.functional.torch_ops import apply_hsv_batch
         from fastload.augment.functional.torch_tiles import render_batch
 
@@ -186,7 +186,7 @@ class GPUEngine(Engine):
             imgs = apply_hsv_batch(imgs, gains.to(self.device, non_blocking=True))
         if self.layout == "nchw":
             imgs = imgs.contiguous()
-        targets_np = collate_targets([transform_labels(r, self.store.labels) for r in records])
+        targets_np = batch_targets(records, self.store.labels)
         targets = torch.from_numpy(targets_np)
         if self.cuda:
             targets = targets.pin_memory().to(self.device, non_blocking=True)

@@ -107,7 +107,9 @@ class PackedStore(Store):
             if int(self.offsets[-1]) == 0:
                 self._mm = np.zeros(0, np.uint8)
             else:
-                self._mm = np.memmap(Path(self.path) / PIXELS, dtype=np.uint8, mode="r")
+                # a plain ndarray view of the map: slicing a np.memmap runs Python-level
+                # __array_finalize__ on every view (~5 per mosaic tile), slicing an ndarray does not
+                self._mm = np.memmap(Path(self.path) / PIXELS, dtype=np.uint8, mode="r").view(np.ndarray)
         return self._mm
 
     def read_image(self, i: int) -> np.ndarray:
