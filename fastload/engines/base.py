@@ -183,8 +183,8 @@ class StoreView(Store):
     def read_image(self, i: int) -> Sample:
         return self.base.read_image(int(self.base_indices[self.check_index(i)]))
 
-    def load(self, i: int, imgsz: int | None = None) -> np.ndarray:
-        return self.base.load(int(self.base_indices[self.check_index(i)]), imgsz)
+    def load(self, i: int, imgsz: int | None = None, *, reduced: bool = False) -> np.ndarray:
+        return self.base.load(int(self.base_indices[self.check_index(i)]), imgsz, reduced=reduced)
 
     def close(self) -> None:
         self.base.close()

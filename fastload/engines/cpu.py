@@ -49,6 +49,7 @@ class CPUEngine(Engine):
         loaded_hw: ``int [N, 2]`` loaded shape of every sample (needed for the cache).
         timeout: seconds to wait for one batch before raising (0 = wait while the worker lives).
         world_size: ranks on this machine (splits the automatic cache bound).
+        reduced_decode: decode JPEGs at least twice ``imgsz`` at a reduced DCT scale (encoded stores).
     """
 
     name = "cpu"
@@ -70,6 +71,7 @@ class CPUEngine(Engine):
         loaded_hw: np.ndarray | None = None,
         timeout: float = 0.0,
         world_size: int = 1,
+        reduced_decode: bool = False,
     ) -> None:
         super().__init__(store, sampler, batch_size=batch_size, workers=workers, device=device, hsv=hsv)
         if workers > 0 and not default_start_method_ok():
@@ -89,7 +91,8 @@ class CPUEngine(Engine):
                 cache = SharedDecodeCache(loaded_hw, cap)
         self.cache = cache
         self.renderer = BatchRenderer(
-            store, sampler, imgsz=imgsz, cache=cache, hsv_in_worker=(hsv == "worker"), layout=layout
+            store, sampler, imgsz=imgsz, cache=cache, hsv_in_worker=(hsv == "worker"), layout=layout,
+            reduced_decode=reduced_decode,
         )
         n_slots = self.workers * self.prefetch + self.keep if self.workers else self.keep
         self.ring = SlotRing(n_slots, self.batch_size * self.max_hw[0] * self.max_hw[1] * 3)

@@ -39,6 +39,7 @@ class BatchRenderer:
         hsv_in_worker: apply the HSV gains while rendering (False: return them for the consumer).
         layout: ``"nhwc"`` (render straight into the slot) or ``"nchw"`` (render into a scratch
             image, then one transposing copy into the CHW slot).
+        reduced_decode: decode large JPEGs at a reduced DCT scale (see :meth:`Store.load`).
     """
 
     def __init__(
@@ -50,6 +51,7 @@ class BatchRenderer:
         cache: SharedDecodeCache | None = None,
         hsv_in_worker: bool = True,
         layout: str = "nhwc",
+        reduced_decode: bool = False,
     ) -> None:
         if layout not in ("nhwc", "nchw"):
             raise ValueError(f"layout must be 'nhwc' or 'nchw', got {layout!r}")
@@ -59,6 +61,7 @@ class BatchRenderer:
         self.cache = cache
         self.hsv_in_worker = hsv_in_worker
         self.layout = layout
+        self.reduced_decode = bool(reduced_decode)
         self.labels: Sequence[np.ndarray] = store.labels
         self._scratch: np.ndarray | None = None
         # the pixel and box functions; replaceable (before workers fork) to test the machinery alone
@@ -67,7 +70,7 @@ class BatchRenderer:
 
     # -- images ---------------------------------------------------------------------------------------
     def _load(self, i: int) -> np.ndarray:
-        return self.store.load(int(i), self.imgsz)
+        return self.store.load(int(i), self.imgsz, reduced=self.reduced_decode)
 
     def get_image(self, i: int) -> np.ndarray:
         """Loaded RGB HWC uint8 image of loader index ``i`` (decoded stores: a zero-copy view)."""

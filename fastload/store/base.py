@@ -71,17 +71,25 @@ class Store(abc.ABC):
         """Release handles. Idempotent; the store may be re-opened lazily by a later read."""
 
     # -- helpers shared by all backends ----------------------------------------------------------
-    def load(self, i: int, imgsz: int | None = None) -> np.ndarray:
+    def load(self, i: int, imgsz: int | None = None, *, reduced: bool = False) -> np.ndarray:
         """The loaded RGB HWC uint8 image ``i`` whose long side is ``imgsz`` (default: the store's).
 
         The result always has exactly ``fastload.data.images.loaded_shape(h0, w0, imgsz)``, the shape
         the augmentation sampler planned with, also when the stored bytes were re-encoded smaller.
+        ``reduced``: a JPEG whose stored long side is at least twice ``imgsz`` is decoded at 1/2, 1/4
+        or 1/8 scale by the DCT (still >= ``imgsz``) before the same final resize: faster, pixels
+        within a few grey levels of the full decode (README, "Reduced JPEG decode").
         """
-        from fastload.data.images import decode_image, loaded_shape, resize_to
+        from fastload.data.images import decode_image, decode_image_reduced, loaded_shape, resize_to
 
         target = imgsz or self.imgsz
         sample = self.read_image(i)
-        img = sample if isinstance(sample, np.ndarray) else decode_image(bytes(sample), self.im_files[i])
+        if isinstance(sample, np.ndarray):
+            img = sample
+        elif reduced and target is not None:
+            img = decode_image_reduced(bytes(sample), target, self.im_files[i])
+        else:
+            img = decode_image(bytes(sample), self.im_files[i])
         if target is None:
             return img
         h0, w0 = (int(v) for v in self.shapes[i])
