@@ -39,6 +39,17 @@ def test_train_loader_as_train_dual_uses_it(synth_yaml):
         loader.close()
 
 
+def test_reduced_decode_env_switch(synth_yaml, monkeypatch):
+    train_path = str(Path(synth_yaml).parent / "images" / "train")
+    for value, want in (("1", True), ("0", False)):
+        monkeypatch.setenv("FASTLOAD_REDUCED_DECODE", value)
+        loader, _ = create_dataloader(train_path, 64, 4, 32, workers=0)
+        try:
+            assert loader.engine.renderer.reduced_decode is want
+        finally:
+            loader.close()
+
+
 def test_val_loader_rect(synth_yaml):
     val_path = Path(synth_yaml).parent / "images" / "val"
     loader = create_dataloader(str(val_path), 96, 4, 32, False, hyp=None, cache=None, rect=True, rank=-1,

@@ -63,7 +63,7 @@ def create_dataloader(
     ``DistributedSampler``. ``close_mosaic`` only selected the DataLoader class upstream and is
     accepted for signature compatibility. ``prefix`` prefixes log messages. The engine, hsv mode
     and seed can be chosen with ``FASTLOAD_ENGINE`` (cpu), ``FASTLOAD_HSV`` (worker) and
-    ``FASTLOAD_SEED`` (0).
+    ``FASTLOAD_SEED`` (0); ``FASTLOAD_REDUCED_DECODE=1`` turns on ``reduced_decode``.
     """
     from fastload.fastloader import loader as make_loader
     from fastload.store.factory import open_store
@@ -105,6 +105,7 @@ def create_dataloader(
             min_items=min_items,
             single_cls=single_cls,
             hsv_on=os.environ.get("FASTLOAD_HSV", "worker"),
+            **({"reduced_decode": True} if os.environ.get("FASTLOAD_REDUCED_DECODE", "0") == "1" else {}),
         )
     except BaseException:
         store.close()
