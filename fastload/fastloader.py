@@ -320,7 +320,7 @@ def loader(
             applied to the whole batch on ``device`` by ``apply_hsv_batch``; the trainer uses it on
             GPU, where it is nearly free) or ``"defer"`` (not applied: after each batch,
             ``loader.hsv_gains`` holds its ``float32 [B, 3]`` gains for the caller to apply, e.g.
-            ``apply_hsv_batch(imgs.to(dev), loader.hsv_gains.to(dev))``). HSV costs ~2 ms per
+            ``apply_hsv_batch(imgs.to(dev), loader.hsv_gains.to(dev))``). HSV costs ~1.2-1.5 ms per
             640x640 image on a CPU core, about as much as all the geometry.
         layout: CPU engine: ``"nhwc"`` (``imgs`` is a channels-last view of the shared slot, no copy)
             or ``"nchw"`` (contiguous ``imgs``, one transposing copy per image in the workers).

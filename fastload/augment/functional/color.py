@@ -73,7 +73,7 @@ def _exact_transform(gains: Sequence[float]) -> np.ndarray | None:
 
 def apply_hsv(img: np.ndarray, gains: Sequence[float]) -> np.ndarray:
     """YOLOv9 HSV gains on an RGB uint8 HWC image, in place; bit-identical to
-    :func:`apply_hsv_reference`, about 1.3-1.5x faster (see the module docstring).
+    :func:`apply_hsv_reference`, about 1.0-1.3x faster with OpenCV 5.1 (see the module docstring).
 
     The HSV image lives in a reused scratch buffer (a fresh 1.2 MB array per call costs page faults).
     """
