@@ -111,8 +111,13 @@ def _hsv_images():
     return imgs
 
 
-def test_hsv_fast_matches_stock_luts():
-    """apply_hsv == the stock LUT path except one level where the hue wraps past 180 (rare)."""
+@pytest.mark.parametrize("transform", [True, False])
+def test_hsv_fast_matches_stock_luts(transform, monkeypatch):
+    """apply_hsv == the stock LUT path: exactly with the 3-channel LUT middle step (OpenCV 4), and
+    with cv2.transform (OpenCV 5) except one level where the hue wraps past 180 (rare)."""
+    from fastload.augment.functional import color
+
+    monkeypatch.setattr(color, "TRANSFORM_MIDDLE", transform)
     rng = np.random.default_rng(1)
     worst, frac = 0, 0.0
     for img in _hsv_images():
@@ -121,7 +126,10 @@ def test_hsv_fast_matches_stock_luts():
             a, b = apply_hsv(img.copy(), g), apply_hsv_reference(img.copy(), g)
             d = np.abs(a.astype(int) - b)
             worst, frac = max(worst, d.max()), max(frac, (d > 0).mean())
-    assert worst <= 1 and frac <= 1e-3, (worst, frac)
+    if transform:
+        assert worst <= 1 and frac <= 1e-3, (worst, frac)
+    else:
+        assert worst == 0, worst
 
 
 def test_hsv_reference_is_stock_on_bgr_and_identity():
