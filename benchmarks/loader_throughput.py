@@ -248,6 +248,11 @@ def measure_pss(yaml_path: Path, batch: int, world: int = 2) -> dict[str, Any]:
         return json.loads(Path(d, "pss.json").read_text())
 
 
+def cell(v: float, width: int, fmt: str) -> str:
+    """``v`` formatted for the table, ``-`` when it is NaN (not measured)."""
+    return format(v, f"{width}{fmt}") if v == v else "-".rjust(width)
+
+
 # ----------------------------------------------------------------------------------------- goals
 #: issue #3's targets: (goal, configurations it applies to, min images/s, min ratio to the row's baseline)
 GOALS = (
@@ -406,9 +411,6 @@ def main(argv: list[str] | None = None) -> int:
         ncpu = min(os.cpu_count() or 1, max(args.workers, 1))
         for name, ips, base, ratio, cpu in rows:
             bound = ncpu * 1e3 / cpu if cpu == cpu and cpu > 0 else float("nan")
-            def cell(v: float, width: int, fmt: str) -> str:
-                return format(v, f"{width}{fmt}") if v == v else "-".rjust(width)
-
             print(f"| {name:38s} | {ips:8.1f} | {base:24s} | {cell(ratio, 6, '.2f')} | {cell(cpu, 10, '.2f')} | {cell(bound, 12, '.0f')} |")
         results["goals"] = goals = check_goals(results["configs"])
         for g in goals:

@@ -252,6 +252,7 @@ class ParamSampler:
         self.rect_shapes = None if rect_shapes is None else np.asarray(rect_shapes, np.int64).reshape(-1, 2)
         if self.rect_shapes is not None and len(self.rect_shapes) != n:
             raise ValueError(f"rect_shapes has {len(self.rect_shapes)} rows for {n} images")
+        # the same shapes as Python tuples: sample() reads four of them per mosaic, numpy scalars cost more
         self._loaded_hw: list[tuple[int, int]] = [(int(h), int(w)) for h, w in self.loaded_shapes.tolist()]
         self.orig_shapes = self.loaded_shapes if orig_shapes is None else np.asarray(orig_shapes, np.int64).reshape(-1, 2)
         if len(self.orig_shapes) != n:

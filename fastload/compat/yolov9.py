@@ -105,7 +105,7 @@ def create_dataloader(
             min_items=min_items,
             single_cls=single_cls,
             hsv_on=os.environ.get("FASTLOAD_HSV", "worker"),
-            **({"reduced_decode": True} if os.environ.get("FASTLOAD_REDUCED_DECODE", "0") == "1" else {}),
+            reduced_decode=os.environ.get("FASTLOAD_REDUCED_DECODE", "0") == "1",
         )
     except BaseException:
         store.close()
