@@ -144,6 +144,20 @@ def test_hsv_reference_is_stock_on_bgr_and_identity():
     assert np.array_equal(apply_hsv(img.copy(), g), apply_hsv_reference(img.copy(), g))
 
 
+def test_hsv_in_box_fills_coloured_border_rows():
+    """Border rows above and below the box (any colour, not only grey) get the colour's own HSV result."""
+    from fastload.augment.functional.color import apply_hsv_in_box
+
+    rng = np.random.default_rng(3)
+    img = np.empty((96, 64, 3), np.uint8)
+    img[...] = (200, 40, 90)  # a saturated border colour: its HSV result is not grey
+    img[32:64] = rng.integers(0, 256, (32, 64, 3), dtype=np.uint8)
+    for g in ((1.01, 0.5, 1.3), (0.99, 1.6, 0.7)):
+        got = apply_hsv_in_box(img.copy(), g, (32, 64, 10, 50))
+        assert np.array_equal(got, apply_hsv(img.copy(), g))
+        assert not np.array_equal(got[0, 0], img[0, 0])  # the border did change
+
+
 def test_opencv_hue_wrap_assumption():
     """apply_hsv leaves H = 180 + k unwrapped; OpenCV's HSV->RGB treats it as k (within 1 level)."""
     s, v = np.meshgrid(np.arange(256), np.arange(256))
