@@ -1,6 +1,8 @@
 """Pixel kernels: fast tile path vs the stock canvas + warpAffine, HSV, mixup, flips, odd inputs."""
 from __future__ import annotations
 
+import math
+
 import cv2
 import numpy as np
 import pytest
@@ -300,6 +302,31 @@ def test_padded_tiles_do_not_depend_on_scratch_contents():
             if buf is not None:
                 buf[:] = 255 if i % 2 else 0
         assert np.array_equal(render_image(p.image, images.__getitem__), a)
+
+
+def test_axis_plan_takes_the_nearest_well_aligned_origin():
+    """Every source origin further back costs a resized and discarded row / column: the plan takes
+    the nearest origin whose phase error is below _PHASE_OK (checked against all candidates), and
+    its resize lands output pixel d0 on its exact sampling point within that error."""
+    from fastload.augment.functional import tiles
+
+    rng = np.random.default_rng(11)
+    checked = 0
+    for _ in range(3000):
+        a, t = float(rng.uniform(0.1, 1.9)), float(rng.uniform(-300, 600))
+        sp = tiles.axis_plan(a, t, 0, 400, 480, 640)
+        if sp is None:
+            continue
+        base = math.floor((sp.d0 - t - 0.5 + 0.5 * a) / a + 1e-9)
+        k = np.arange(64)
+        x = (base - k) * a + t + 0.5 - 0.5 * a
+        good = np.nonzero(np.abs(x - np.round(x)) < tiles._PHASE_OK)[0]
+        if len(good):
+            assert sp.s0 == base - good[0] and sp.err < tiles._PHASE_OK
+            drawn = sp.s0 + (sp.j0 + 0.5) / a - 0.5  # where the resize samples output pixel d0
+            assert abs(drawn - (sp.d0 - t) / a) * a <= sp.err + 1e-9
+            checked += 1
+    assert checked > 2500
 
 
 @pytest.mark.parametrize("a", [0.33374, 0.39978, 1.00263, 1.49865])
