@@ -146,6 +146,11 @@ def run_fastload(yaml_path: Path, seconds: float, *, split: str = "train", min_e
     return res
 
 
+def _one_opencv_thread(_worker_id: int) -> None:
+    """YOLOv9 runs ``cv2.setNumThreads(0)`` when its utils are imported; its loader workers inherit it."""
+    cv2.setNumThreads(0)
+
+
 def run_stock(yaml_path: Path, seconds: float, *, imgsz: int, batch: int, workers: int, cache: bool,
               augment: bool = True, rect: bool = False) -> dict[str, Any]:
     """The clean-room stock YOLOv9 dataset in a torch DataLoader, as the official trainer runs it.
@@ -180,7 +185,8 @@ def run_stock(yaml_path: Path, seconds: float, *, imgsz: int, batch: int, worker
     if cache:
         ds.ims = [StockDataset.load_image(ds, i) for i in range(len(ds))]
     dl = torch.utils.data.DataLoader(ds, batch_size=batch, shuffle=not rect, num_workers=workers,
-                                     collate_fn=StockDataset.collate_fn, persistent_workers=workers > 0)
+                                     collate_fn=StockDataset.collate_fn, persistent_workers=workers > 0,
+                                     worker_init_fn=_one_opencv_thread)
     try:
         return time_batches(lambda dl=dl: dl, seconds, pids=lambda it: [w.pid for w in getattr(it, "_workers", [])])
     finally:
