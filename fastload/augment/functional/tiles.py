@@ -39,8 +39,8 @@ _SEARCH = 64  # source-origin candidates tried per axis
 _WIDE_SEARCH = 256
 # output px: take the first origin at least this well aligned. Each candidate further back costs a
 # resized (and discarded) row / column: 0.01 resized 21 % more pixels than kept on coco128
-# scratch-high mosaics, 0.03 resizes 11.5 % more. 0.03 px is the size of stock YOLOv9's own
-# sampling error (warpAffine quantises source positions to 1/32 px).
+# scratch-high mosaics, 0.03 resizes 11.5 % more. 0.03 px is about the step of stock YOLOv9's
+# own sampling grid (warpAffine rounds source positions to 1/32 px).
 _PHASE_OK = 0.03
 PHASE_MAX = 0.05  # output px: beyond this the tile is warped instead
 
