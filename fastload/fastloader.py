@@ -177,6 +177,9 @@ class FastLoader:
         if self.close_mosaic_epochs and self.epochs is not None and epoch >= self.epochs - self.close_mosaic_epochs:
             self.close_mosaic()
         self._epoch_set = False
+        # workers that finish this epoch's last batches may start the next one (small datasets:
+        # otherwise they idle while the consumer finishes the epoch and asks for the next)
+        self.engine.expect_next(epoch + 1, self._indices(epoch + 1))
         yield from self.engine.iter_batches(epoch, self._indices(epoch))
         if not self._epoch_set:  # plain `for epoch: for batch in loader` loops get a new shuffle each time
             self.epoch = epoch + 1
@@ -187,10 +190,13 @@ class FastLoader:
         return self.engine.last_gains
 
     def stats(self) -> dict[str, Any]:
-        """Counters for benchmarks: decoded-cache hits/misses (CPU engine), worker PIDs."""
+        """Counters for benchmarks: decoded-cache hits/misses and batches of the next epoch rendered early
+        (used / dropped after a wrong guess; CPU engine), worker PIDs."""
         out: dict[str, Any] = {"engine": self.engine.name, "store": self.store.kind}
         if hasattr(self.engine, "cache_stats"):
             out["decode_cache_hits"], out["decode_cache_misses"] = self.engine.cache_stats
+        if hasattr(self.engine, "early_stats"):
+            out["early_batches_used"], out["early_batches_dropped"] = self.engine.early_stats
         out["worker_pids"] = list(getattr(self.engine, "worker_pids", []))
         return out
 

@@ -68,6 +68,37 @@ def test_same_seed_same_batches_for_0_1_2_workers(synth_yaml):
         assert not torch.equal(batches(fl, 1)[0][0], runs[0][0][0])
 
 
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_next_epoch_started_early_gives_the_same_batches(synth_yaml, shuffle):
+    """Workers begin the next epoch's first batches while an epoch ends. The batches equal those
+    rendered in-process; work for a wrongly guessed epoch (set_epoch jumps, close_mosaic between
+    epochs, an abandoned epoch) is dropped, not served."""
+    plan = [None, None, 7, "close", None, "part", None]  # auto 0 -> 1, jump to 7, close mosaic, ...
+
+    def run(workers):
+        out = []
+        with loader(synth_yaml, imgsz=IMGSZ, batch_size=4, workers=workers, seed=5, store="files", shuffle=shuffle) as fl:
+            for step in plan:
+                if step == "close":
+                    fl.close_mosaic()
+                elif step == "part":
+                    out.append(batches(fl, 1))
+                else:
+                    if step is not None:
+                        fl.set_epoch(step)
+                    out.append(batches(fl))
+            return out, fl.stats()
+
+    want, _ = run(0)
+    got, stats = run(2)
+    assert [len(e) for e in got] == [len(e) for e in want] and len(want[0]) >= 3
+    for e_want, e_got in zip(want, got):
+        for a, b in zip(e_want, e_got):
+            assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) and a[2] == b[2] and a[3] == b[3]
+    assert stats["early_batches_used"] > 0 and stats["early_batches_dropped"] > 0
+    assert all(s is not None for b in got[3] for s in b[3])  # mosaic closed from the 4th epoch on
+
+
 def test_close_mosaic_via_method_dataset_flag_and_epochs(synth_yaml):
     with loader(synth_yaml, imgsz=IMGSZ, batch_size=8, workers=1, store="files") as fl:
         first = batches(fl)

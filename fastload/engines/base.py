@@ -87,6 +87,13 @@ class Engine(abc.ABC):
         Implementations call :meth:`_check_open` first.
         """
 
+    def expect_next(self, epoch: int, indices: np.ndarray) -> None:
+        """A hint, given before an iteration: the one after it will most likely be
+        ``iter_batches(epoch, indices)``. An engine may start rendering those batches while the
+        current epoch ends (the same batches it would render later) and must drop that work when the
+        next call differs. The default ignores the hint.
+        """
+
     def close_mosaic(self) -> None:
         """Mosaic and mixup off from now on (YOLOv9 ``--close-mosaic``).
 

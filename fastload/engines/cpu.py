@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import collections
 import warnings
-from typing import Any, Iterator
+from typing import Any, Iterator, NamedTuple
 
 import numpy as np
 import psutil
@@ -31,6 +31,16 @@ from fastload.store.base import Store
 def auto_decode_cache_bytes(world_size: int = 1) -> int:
     """Default decoded-cache bound: 1/8 of physical memory, split between the ranks of one machine."""
     return int(psutil.virtual_memory().total // 8 // max(1, world_size))
+
+
+class _EarlyTasks(NamedTuple):
+    """Batches of an expected epoch sent to the workers before that epoch was asked for."""
+
+    pool: WorkerPool
+    epoch: int
+    indices: np.ndarray
+    mosaic_closed: bool  # the workers' mosaic state when they were sent
+    tasks: list[tuple[int, int]]  # (task, slot) of its first batches, in order
 
 
 class CPUEngine(Engine):
@@ -102,6 +112,12 @@ class CPUEngine(Engine):
         self.timeout = float(timeout)
         self._held: collections.deque[int] = collections.deque()  # slots of the latest yielded batches
         self._active: Iterator[Batch] | None = None
+        # task ids run on across epochs: a worker answers in the order it was sent tasks, so batches
+        # of the next epoch sent early are received after this epoch's
+        self._task = 0
+        self._hint: tuple[int, np.ndarray] | None = None  # expect_next(): the epoch after the current one
+        self._ahead: _EarlyTasks | None = None  # that epoch's first batches, sent before it began
+        self.early_stats = [0, 0]  # batches sent before their epoch began: [used, dropped (wrong guess)]
 
     # -- consumer-side state ------------------------------------------------------------------------------
     def close_mosaic(self) -> None:
@@ -109,6 +125,9 @@ class CPUEngine(Engine):
         :attr:`mosaic_closed`)."""
         super().close_mosaic()
         self.renderer.sync(True)  # the in-process renderer shares this sampler; workers sync from each task
+
+    def expect_next(self, epoch: int, indices: np.ndarray) -> None:
+        self._hint = (int(epoch), np.asarray(indices, np.int64))
 
     def _start(self) -> WorkerPool:
         self._check_open()
@@ -173,42 +192,80 @@ class CPUEngine(Engine):
     def _iter_workers(self, epoch: int, indices: np.ndarray) -> Iterator[Batch]:
         pool = self._start()
         batches = chunks(indices, self.batch_size)
-        slots: dict[int, int] = {}  # batch number -> slot, for batches sent and not yet received
+        sent = self._adopt_early(pool, epoch, indices)  # (task, slot) per batch sent, in batch order
+        hint, self._hint = self._hint, None
+        early_batches = chunks(hint[1], self.batch_size) if hint is not None else []
+        early: list[tuple[int, int]] = []  # (task, slot) of the next epoch's first batches
+        early_mosaic_closed = self.mosaic_closed  # the state the first of them was rendered with
         held = self._held
-        submitted = 0
+        received = 0
+        finished = False
         try:
             for seq, idx in enumerate(batches):
                 self._release_old()
-                while submitted < len(batches):
+                while True:  # fill the free slots: this epoch's batches first, then the next epoch's
+                    if len(sent) < len(batches):
+                        todo, e, out = batches[len(sent)], epoch, sent
+                    elif hint is not None and len(early) < len(early_batches):
+                        todo, e, out = early_batches[len(early)], hint[0], early
+                    else:
+                        break
                     slot = self.ring.acquire()
                     if slot is None:
                         break
-                    pool.submit(submitted, epoch, slot, batches[submitted], self.mosaic_closed)
-                    slots[submitted] = slot
-                    submitted += 1
-                msg = pool.receive(seq)
-                slot = slots.pop(seq)
+                    if out is early and not early:
+                        early_mosaic_closed = self.mosaic_closed
+                    pool.submit(self._task, e, slot, todo, self.mosaic_closed)
+                    out.append((self._task, slot))
+                    self._task += 1
+                task, slot = sent[seq]
+                msg = pool.receive(task)
+                received += 1
                 held.append(slot)
-                self._worker_stats[seq % pool.n] = msg["c"]
+                self._worker_stats[task % pool.n] = msg["c"]
                 self.cache_stats = [sum(v[0] for v in self._worker_stats.values()), sum(v[1] for v in self._worker_stats.values())]
                 targets = np.frombuffer(bytearray(msg["t"]), np.float32).reshape(-1, 6)
                 gains = None if msg["g"] is None else np.frombuffer(bytearray(msg["g"]), np.float32).reshape(-1, 3)
                 yield self._make_batch(slot, idx, msg["hw"], targets, msg["sh"], gains)
+            finished = True
         finally:
-            # abandoned or failed epoch: collect what is still being rendered so the next epoch starts clean
-            if self.pool is not None:
-                try:
-                    self.pool.drain()
-                except Exception:
-                    self.pool.close(timeout=1.0)
-                    self.pool = None
-            for slot in slots.values():
-                self.ring.release(slot)
+            if finished and early and hint is not None:
+                self._ahead = _EarlyTasks(pool, hint[0], hint[1], early_mosaic_closed, early)
+            else:
+                # abandoned or failed epoch: collect what is still being rendered so the next epoch starts clean
+                self._drain_pool()
+                for _, slot in sent[received:] + early:
+                    self.ring.release(slot)
+
+    def _adopt_early(self, pool: WorkerPool, epoch: int, indices: np.ndarray) -> list[tuple[int, int]]:
+        """The tasks sent early for this epoch when the guess was right; otherwise drop them."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is None:
+            return []
+        if ahead.pool is pool and ahead.epoch == epoch and ahead.mosaic_closed == self.mosaic_closed \
+                and np.array_equal(ahead.indices, indices):
+            self.early_stats[0] += len(ahead.tasks)
+            return list(ahead.tasks)
+        self.early_stats[1] += len(ahead.tasks)
+        if ahead.pool is pool:
+            self._drain_pool()
+        for _, slot in ahead.tasks:
+            self.ring.release(slot)
+        return []
+
+    def _drain_pool(self) -> None:
+        if self.pool is not None:
+            try:
+                self.pool.drain()
+            except Exception:
+                self.pool.close(timeout=1.0)
+                self.pool = None
 
     def _release(self) -> None:
         if self._active is not None:
             self._active.close()
             self._active = None
+        self._ahead = None  # the workers stop below; their early batches are not wanted
         if self.pool is not None:
             self.pool.close()
             self.pool = None
