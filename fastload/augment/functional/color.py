@@ -88,12 +88,23 @@ def apply_hsv(img: np.ndarray, gains: Sequence[float]) -> np.ndarray:
     """
     if _is_identity(gains):
         return img
+    return _apply_hsv_middle(img, _hsv_middle(gains))
+
+
+def _hsv_middle(gains: Sequence[float]) -> np.ndarray:
+    """The middle step for ``gains``: a float64 3x4 ``cv2.transform`` matrix (exact, OpenCV >= 5)
+    or the three tables as one uint8 ``[1, 256, 3]`` ``cv2.LUT`` table."""
     m = _exact_transform(gains) if TRANSFORM_MIDDLE else None
+    return m if m is not None else np.stack(hsv_luts(gains), -1).reshape(1, 256, 3)
+
+
+def _apply_hsv_middle(img: np.ndarray, middle: np.ndarray) -> np.ndarray:
+    """RGB -> HSV, ``middle`` (see :func:`_hsv_middle`), HSV -> RGB, in place."""
     hsv = cv2.cvtColor(img, cv2.COLOR_RGB2HSV, dst=scratch("hsv", img.shape))
-    if m is not None:
-        cv2.transform(hsv, m, dst=hsv)
-    else:  # the three tables in one interleaved pass
-        cv2.LUT(hsv, np.stack(hsv_luts(gains), -1).reshape(1, 256, 3), dst=hsv)
+    if middle.dtype == np.uint8:  # the three tables in one interleaved pass
+        cv2.LUT(hsv, middle, dst=hsv)
+    else:
+        cv2.transform(hsv, middle, dst=hsv)
     cv2.cvtColor(hsv, cv2.COLOR_HSV2RGB, dst=img)
     return img
 
@@ -115,12 +126,13 @@ def apply_hsv_in_box(img: np.ndarray, gains: Sequence[float], box: tuple[int, in
         return apply_hsv(img, gains)
     if _is_identity(gains):
         return img
+    middle = _hsv_middle(gains)  # once for the border patch and the rows
     corner = img[0, 0] if y0 > 0 else img[h - 1, 0]  # a border pixel
     patch = np.empty((1, 64, 3), np.uint8)
     patch[...] = corner
-    border = apply_hsv(patch, gains)[0, 0].copy()
+    border = _apply_hsv_middle(patch, middle)[0, 0].copy()
     if y1 > y0:
-        apply_hsv(img[y0:y1], gains)
+        _apply_hsv_middle(img[y0:y1], middle)
     _fill_rows(img, 0, y0, border)
     _fill_rows(img, y1, h, border)
     return img
