@@ -326,8 +326,8 @@ def loader(
             applied to the whole batch on ``device`` by ``apply_hsv_batch``; the trainer uses it on
             GPU, where it is nearly free) or ``"defer"`` (not applied: after each batch,
             ``loader.hsv_gains`` holds its ``float32 [B, 3]`` gains for the caller to apply, e.g.
-            ``apply_hsv_batch(imgs.to(dev), loader.hsv_gains.to(dev))``). HSV costs ~1.2-1.5 ms per
-            640x640 image on a CPU core, about as much as all the geometry.
+            ``apply_hsv_batch(imgs.to(dev), loader.hsv_gains.to(dev))``). HSV costs ~1.3-1.5 ms per
+            640x640 image on a CPU core, against ~2.1-2.4 ms for all the rest of a mosaic sample.
         layout: CPU engine: ``"nhwc"`` (``imgs`` is a channels-last view of the shared slot, no copy)
             or ``"nchw"`` (contiguous ``imgs``, one transposing copy per image in the workers).
         decode_cache_mb: CPU engine, encoded stores (files, lmdb): bound of the decoded-image cache
