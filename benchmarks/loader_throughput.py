@@ -309,6 +309,12 @@ def main(argv: list[str] | None = None) -> int:
                                            "torch": torch.__version__, "opencv": cv2.__version__,
                                            "loadavg_start": os.getloadavg()},
                                "args": vars(args), "configs": {}}
+    from fastload.augment.functional.tiles import AXIS_KERNELS, default_axis_kernel
+
+    kernel = default_axis_kernel()
+    other_kernel = next(k for k in AXIS_KERNELS if k != kernel)
+    results["machine"]["axis_kernel"] = kernel
+    print(f"OpenCV {cv2.__version__}: axis-aligned tiles drawn by the {kernel!r} kernel", flush=True)
     try:
         from fastload.store.convert import convert
 
@@ -345,6 +351,9 @@ def main(argv: list[str] | None = None) -> int:
             configs += [
                 ("lever: ram, hsv on consumer (cpu)", "cpu ram", lambda t: run_fastload(y, t, store="ram", hsv_on="consumer", **common)),
                 ("lever: ram, layout nchw", "cpu ram", lambda t: run_fastload(y, t, store="ram", layout="nchw", **common)),
+                (f"lever: ram, HSV deferred, {other_kernel} kernel", "cpu ram, HSV deferred to device",
+                 lambda t: run_fastload(y, t, store="ram", hsv_on="defer", axis_kernel=other_kernel, **common)),
+                (f"lever: ram, {other_kernel} kernel", "cpu ram", lambda t: run_fastload(y, t, store="ram", axis_kernel=other_kernel, **common)),
                 ("lever: ram, workers 0", "cpu ram", lambda t: run_fastload(y, t, store="ram", **{**common, "workers": 0})),
                 ("lever: ram, workers 1", "cpu ram", lambda t: run_fastload(y, t, store="ram", **{**common, "workers": 1})),
             ]

@@ -277,6 +277,7 @@ def loader(
     layout: str = "nhwc",
     decode_cache_mb: int | None = None,
     reduced_decode: bool = False,
+    axis_kernel: str | None = None,
     prefetch: int = 2,
     keep: int = 2,
     timeout: float = 0.0,
@@ -327,7 +328,8 @@ def loader(
             GPU, where it is nearly free) or ``"defer"`` (not applied: after each batch,
             ``loader.hsv_gains`` holds its ``float32 [B, 3]`` gains for the caller to apply, e.g.
             ``apply_hsv_batch(imgs.to(dev), loader.hsv_gains.to(dev))``). HSV costs ~1.3-1.5 ms per
-            640x640 image on a CPU core, against ~2.1-2.4 ms for all the rest of a mosaic sample.
+            640x640 image on a CPU core, against ~1.2-1.5 ms for all the rest of a mosaic sample
+            (OpenCV 5, warp kernel).
         layout: CPU engine: ``"nhwc"`` (``imgs`` is a channels-last view of the shared slot, no copy)
             or ``"nchw"`` (contiguous ``imgs``, one transposing copy per image in the workers).
         decode_cache_mb: CPU engine, encoded stores (files, lmdb): bound of the decoded-image cache
@@ -338,6 +340,12 @@ def loader(
             160: 1.2x / 1.3x cheaper reads, 1.3x / 1.5x faster uncached loading; loaded pixels differ by
             1.3 / 1.7 grey levels on average, boxes and shapes not at all). Off by default: the full
             decode is what stock YOLOv9 does.
+        axis_kernel: CPU engine: how tiles with a scale + translation matrix (every scratch-high mosaic
+            tile) are drawn: ``"warp"`` (``cv2.warpAffine`` with the exact matrix, YOLOv9's own
+            sampling) or ``"resize"`` (one ``cv2.resize`` per tile, sampling positions within 0.05
+            px). None: the faster for the installed OpenCV (``warp`` from OpenCV 5, else ``resize``;
+            coco128 scratch-high tiles drawn in ~0.75x the time on OpenCV 5.1). Letterboxes are
+            bit-identical to YOLOv9 either way.
         prefetch: batches each worker renders ahead.
         keep: how many of the latest yielded batches stay valid (their buffers are then reused);
             clone ``imgs`` to keep a batch longer.
@@ -397,9 +405,11 @@ def loader(
         if engine == "cpu":
             opts.update(max_hw=max_hw, layout=layout, keep=keep, loaded_hw=loaded_hw,
                         decode_cache_bytes=None if decode_cache_mb is None else int(decode_cache_mb) << 20,
-                        timeout=timeout, world_size=world_size, reduced_decode=reduced_decode)
+                        timeout=timeout, world_size=world_size, reduced_decode=reduced_decode, axis_kernel=axis_kernel)
         elif reduced_decode:
             raise ValueError(f"reduced_decode is a CPU-engine option (engine={engine!r} decodes on its own)")
+        elif axis_kernel is not None:
+            raise ValueError(f"axis_kernel is a CPU-engine option (engine={engine!r} draws tiles with its own kernels)")
         eng = cls(view, sampler, batch_size=batch_size, workers=workers, device=device, hsv=hsv_on, **opts)
     except BaseException:
         if owns_store:

@@ -9,6 +9,7 @@ import pytest
 
 from fastload.augment.functional.color import apply_hsv, apply_hsv_reference
 from fastload.augment.functional.flip import flip_inplace, to_chw
+from fastload.augment.functional import tiles
 from fastload.augment.functional.tiles import render_image
 from fastload.augment.params import ImageParams, ParamSampler, TileParams
 from fastload.augment.pipeline import mixup_blend, render_sample
@@ -16,12 +17,15 @@ from tests.augment_helpers import load_folder, shapes_of, smooth_images
 from tests.reference.stock_yolov9 import augment_hsv, mixup_pixels, render_image_record, render_record
 
 
-def _parity(images, hyp, n, seed=0):
+KERNELS = ("warp", "resize")
+
+
+def _parity(images, hyp, n, seed=0, axis_kernel=None):
     s = ParamSampler(shapes_of(images), hyp, 640, seed=seed)
     stats = []
     for i in range(n):
         p = s.sample(0, i % len(images))
-        fast = render_sample(p, images.__getitem__, hsv=False)
+        fast = render_sample(p, images.__getitem__, hsv=False, axis_kernel=axis_kernel)
         ref = render_record(p, images.__getitem__, hsv=False)
         d = np.abs(fast.astype(np.int16) - ref.astype(np.int16))
         stats.append((d.mean(), np.percentile(d, 99)))
@@ -33,18 +37,70 @@ def coco_images(coco128_yaml):
     return load_folder(coco128_yaml.parent, 640, 24)
 
 
-def test_parity_mosaic_coco128(coco_images):
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_parity_mosaic_coco128(coco_images, kernel):
     """Axis-aligned mosaics (scratch-high) on real photos: mean |diff| <= 1 level per image."""
     images, _ = coco_images
-    st = _parity(images, {"mixup": 0.5}, 24)
+    st = _parity(images, {"mixup": 0.5}, 24, axis_kernel=kernel)
     assert st[:, 0].max() <= 1.0 and st[:, 0].mean() <= 0.5, st[:, 0]
     assert st[:, 1].max() <= 8, st[:, 1]  # 99 % of pixels within 8 levels (seams hold the rest)
 
 
-def test_parity_mosaic_smooth_images():
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_parity_mosaic_smooth_images(kernel):
     images = smooth_images(12, 640)
-    st = _parity(images, {"mixup": 0.5}, 12, seed=3)
+    st = _parity(images, {"mixup": 0.5}, 12, seed=3, axis_kernel=kernel)
     assert st[:, 0].max() <= 1.0, st[:, 0]
+
+
+def test_scaled_warp_reads_only_what_it_needs():
+    """The warp kernel copies only the source rows / columns the owned rectangle reads before
+    warping; the result equals warping the whole crop with BORDER_REPLICATE (within 1 level on a
+    few pixels: warpAffine rounds the matrix's translation to 1/1024 px, and the two translations
+    differ). Random pixels make a tap range cut one row or column short fail loudly."""
+    rng = np.random.default_rng(11)
+    src = rng.integers(0, 256, (300, 420, 3)).astype(np.uint8)
+    checked = 0
+    for _ in range(300):
+        a, b = (float(v) for v in rng.uniform(0.15, 2.5, 2))
+        x0, y0 = int(rng.integers(0, 200)), int(rng.integers(0, 150))
+        x1, y1 = int(rng.integers(x0 + 1, 421)), int(rng.integers(y0 + 1, 301))
+        tx, ty = (float(v) for v in rng.uniform(-300, 300, 2))
+        m = np.array([[a, 0, tx], [0, b, ty], [0, 0, 1]])
+        tile = TileParams(0, (x0, y0, x1, y1), m, (300, 420))
+        plan = tiles.tile_plan(tile, (300, 420), (320, 320), "warp")
+        if plan is None:
+            continue
+        assert isinstance(plan, tiles.OwnedRect)
+        got = np.zeros((320, 320, 3), np.uint8)
+        assert tiles.draw_tile(got, src, tile, axis_kernel="warp") == (plan.y0, plan.y1, plan.x0, plan.x1)
+        local = np.array([[a, 0, a * x0 + tx - plan.x0], [0, b, b * y0 + ty - plan.y0]])
+        want = np.zeros_like(got)
+        cv2.warpAffine(np.ascontiguousarray(src[y0:y1, x0:x1]), local, (plan.x1 - plan.x0, plan.y1 - plan.y0),
+                       dst=want[plan.y0:plan.y1, plan.x0:plan.x1], flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)
+        d = np.abs(got.astype(int) - want)
+        assert d.max() <= 1 and (d > 0).mean() < 0.01, (a, b, tx, ty, tile.crop)
+        checked += 1
+    assert checked > 100
+
+
+def test_warp_kernel_keeps_exact_resizes_on_cv2_resize():
+    """Under the warp kernel a letterbox tile (integer-size resize at an integer offset) still takes
+    the resize plan; a mosaic tile takes the scaled warp."""
+    images = smooth_images(4, 640, seed=2)
+    s = ParamSampler(shapes_of(images), None, 640, augment=False)
+    tile = s.sample(0, 0).image.tiles[0]
+    assert not isinstance(tiles.tile_plan(tile, tile.src_hw, (640, 640), "warp"), (tiles.OwnedRect, bool))
+    mosaic = ParamSampler(shapes_of(images), None, 640, seed=0).sample(0, 0)
+    assert mosaic.mosaic
+    plans = [tiles.tile_plan(t, t.src_hw, (640, 640), "warp") for t in mosaic.image.tiles]
+    assert all(isinstance(p, tiles.OwnedRect) for p in plans if p is not None)
+
+
+def test_axis_kernel_is_checked():
+    with pytest.raises(ValueError, match="axis_kernel"):
+        tiles.check_axis_kernel("bicubic")
+    assert tiles.check_axis_kernel(None) == tiles.default_axis_kernel() in KERNELS
 
 
 @pytest.mark.parametrize("hyp", [{"degrees": 10.0, "shear": 4.0}, {"degrees": 5.0, "perspective": 0.0005}])
@@ -55,7 +111,8 @@ def test_parity_general_warp(hyp):
     assert st[:, 0].max() <= 0.3, st[:, 0]
 
 
-def test_letterbox_bit_exact():
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_letterbox_bit_exact(kernel):
     images = smooth_images(6, 640, seed=2) + [np.full((20, 30, 3), 7, np.uint8)]
     shapes = shapes_of(images)
     rect = np.array([[640, 672]] * 3 + [[480, 352]] * 4)
@@ -63,7 +120,8 @@ def test_letterbox_bit_exact():
         s = ParamSampler(shapes, None, 640, augment=False, **kw)
         for i in range(len(images)):
             p = s.sample(0, i)
-            assert np.array_equal(render_sample(p, images.__getitem__), render_record(p, images.__getitem__))
+            got = render_sample(p, images.__getitem__, axis_kernel=kernel)
+            assert np.array_equal(got, render_record(p, images.__getitem__))
 
 
 def test_training_letterbox_close_mosaic():

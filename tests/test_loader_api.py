@@ -203,6 +203,27 @@ def test_bad_arguments(synth_yaml):
         loader(synth_yaml, hsv_on="gpu", store="files")
     with pytest.raises(ValueError, match="no images left"):
         loader(synth_yaml, store="files", min_items=10**6)
+    with pytest.raises(ValueError, match="axis_kernel"):
+        loader(synth_yaml, store="files", axis_kernel="cubic")
+    with pytest.raises(ValueError, match="CPU-engine option"):
+        loader(synth_yaml, store="files", engine="gpu", axis_kernel="warp")
+
+
+def test_axis_kernel_reaches_the_workers(synth_yaml):
+    """Both tile kernels, rendered by 2 workers, equal the in-process render of the same kernel; the
+    two kernels give different, close pixels and identical boxes."""
+    runs = {}
+    for kernel in ("warp", "resize"):
+        for w in (0, 2):
+            with loader(synth_yaml, imgsz=IMGSZ, batch_size=6, workers=w, seed=3, store="files", axis_kernel=kernel) as fl:
+                runs[kernel, w] = batches(fl, 2)
+    for kernel in ("warp", "resize"):
+        for a, b in zip(runs[kernel, 0], runs[kernel, 2]):
+            assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    for a, b in zip(runs["warp", 0], runs["resize", 0]):
+        d = (a[0].int() - b[0].int()).abs().float()
+        assert 0 < d.mean() < 1.0
+        assert torch.equal(a[1], b[1])
 
 
 def test_hsv_consumer_and_defer_match_worker(synth_yaml):

@@ -82,7 +82,7 @@ class FakeSampler:
         self.closed = True
 
 
-def fake_render(p: FakeParams, get_image, out=None, *, hsv=True):
+def fake_render(p: FakeParams, get_image, out=None, *, hsv=True, axis_kernel=None):
     a, b = get_image(p.index // 1000), get_image(p.index % 1000)
     img = (a // 2 + b // 2).astype(np.uint8)
     if hsv:

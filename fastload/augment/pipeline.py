@@ -37,6 +37,7 @@ def render_sample(
     *,
     hsv: bool = True,
     scratch: np.ndarray | None = None,
+    axis_kernel: str | None = None,
 ) -> np.ndarray:
     """Draw sample ``params`` into ``out`` (HWC uint8, allocated when None) and return it.
 
@@ -46,13 +47,15 @@ def render_sample(
             e.g. :func:`fastload.augment.functional.torch_ops.apply_hsv_batch` on the GPU; flips
             commute with HSV, so deferring it is exact).
         scratch: optional HWC uint8 buffer of the output size for the mixup partner.
+        axis_kernel: how axis-aligned tiles are drawn, ``"warp"`` or ``"resize"`` (None: the faster
+            for the installed OpenCV, see :func:`fastload.augment.functional.tiles.default_axis_kernel`).
     """
-    out, box = render_image_bbox(params.image, get_image, out)
+    out, box = render_image_bbox(params.image, get_image, out, axis_kernel=axis_kernel)
     if params.mixup is not None:
         if scratch is None:  # a reused buffer: a fresh 1.2 MB array per mixup sample costs page faults
             oh, ow = params.mixup.out_hw
             scratch = scratch_buffer("mixup", (oh, ow, 3))
-        other, box2 = render_image_bbox(params.mixup, get_image, scratch)
+        other, box2 = render_image_bbox(params.mixup, get_image, scratch, axis_kernel=axis_kernel)
         box = union_rect(box, box2)  # outside both, the blend of two grey fills is one colour again
         mixup_blend(out, other, params.mixup_ratio)
     if hsv:  # only the drawn box is converted: the uniform grey border is mapped once

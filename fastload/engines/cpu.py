@@ -60,6 +60,8 @@ class CPUEngine(Engine):
         timeout: seconds to wait for one batch before raising (0 = wait while the worker lives).
         world_size: ranks on this machine (splits the automatic cache bound).
         reduced_decode: decode JPEGs at least twice ``imgsz`` at a reduced DCT scale (encoded stores).
+        axis_kernel: how axis-aligned tiles are drawn, ``"warp"`` or ``"resize"`` (None: the faster for
+            the installed OpenCV).
     """
 
     name = "cpu"
@@ -82,6 +84,7 @@ class CPUEngine(Engine):
         timeout: float = 0.0,
         world_size: int = 1,
         reduced_decode: bool = False,
+        axis_kernel: str | None = None,
     ) -> None:
         super().__init__(store, sampler, batch_size=batch_size, workers=workers, device=device, hsv=hsv)
         if workers > 0 and not default_start_method_ok():
@@ -102,7 +105,7 @@ class CPUEngine(Engine):
         self.cache = cache
         self.renderer = BatchRenderer(
             store, sampler, imgsz=imgsz, cache=cache, hsv_in_worker=(hsv == "worker"), layout=layout,
-            reduced_decode=reduced_decode,
+            reduced_decode=reduced_decode, axis_kernel=axis_kernel,
         )
         n_slots = self.workers * self.prefetch + self.keep if self.workers else self.keep
         self.ring = SlotRing(n_slots, self.batch_size * self.max_hw[0] * self.max_hw[1] * 3)

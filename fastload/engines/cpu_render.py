@@ -13,6 +13,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from fastload.augment.boxes import batch_targets
+from fastload.augment.functional.tiles import check_axis_kernel
 from fastload.augment.pipeline import render_sample
 from fastload.engines.shm_cache import SharedDecodeCache
 from fastload.store.base import Store
@@ -40,6 +41,8 @@ class BatchRenderer:
         layout: ``"nhwc"`` (render straight into the slot) or ``"nchw"`` (render into a scratch
             image, then one transposing copy into the CHW slot).
         reduced_decode: decode large JPEGs at a reduced DCT scale (see :meth:`Store.load`).
+        axis_kernel: ``"warp"``, ``"resize"`` or None (the faster for the installed OpenCV), see
+            :func:`fastload.augment.functional.tiles.default_axis_kernel`.
     """
 
     def __init__(
@@ -52,6 +55,7 @@ class BatchRenderer:
         hsv_in_worker: bool = True,
         layout: str = "nhwc",
         reduced_decode: bool = False,
+        axis_kernel: str | None = None,
     ) -> None:
         if layout not in ("nhwc", "nchw"):
             raise ValueError(f"layout must be 'nhwc' or 'nchw', got {layout!r}")
@@ -62,6 +66,7 @@ class BatchRenderer:
         self.hsv_in_worker = hsv_in_worker
         self.layout = layout
         self.reduced_decode = bool(reduced_decode)
+        self.axis_kernel = check_axis_kernel(axis_kernel)
         self.labels: Sequence[np.ndarray] = store.labels
         self._scratch: np.ndarray | None = None
         # the pixel and box functions; replaceable (before workers fork) to test the machinery alone
@@ -100,11 +105,11 @@ class BatchRenderer:
         out = slot_array(len(params), h, w)
         for k, p in enumerate(params):
             if self.layout == "nhwc":
-                render(p, self.get_image, out=out[k], hsv=self.hsv_in_worker)
+                render(p, self.get_image, out=out[k], hsv=self.hsv_in_worker, axis_kernel=self.axis_kernel)
             else:
                 if self._scratch is None or self._scratch.shape != (h, w, 3):
                     self._scratch = np.empty((h, w, 3), np.uint8)
-                img = render(p, self.get_image, out=self._scratch, hsv=self.hsv_in_worker)
+                img = render(p, self.get_image, out=self._scratch, hsv=self.hsv_in_worker, axis_kernel=self.axis_kernel)
                 np.copyto(out[k], img.transpose(2, 0, 1))
         gains = None
         if not self.hsv_in_worker:

@@ -75,35 +75,34 @@ def _tile_slot(tile: TileParams, out_hw: tuple[int, int], loaded_hw: tuple[int, 
     """(part box, crop box, part matrix, crop matrix, kind) of one tile; None when it draws nothing.
 
     Boxes are int32 ``(y0, x0, h, w)`` in the loaded image. ``kind`` 0: an axis-aligned tile drawn
-    like the reference's exact-scale resize (part sampled with clamped edges, written on the output
-    pixels whose nearest source pixel lies in the crop); 1: a warped tile (BORDER_TRANSPARENT: the
-    coverage of the crop weights the blend with what is already there).
+    like the reference's kernel (part sampled with clamped edges, written on the output pixels
+    whose nearest source pixel lies in the crop): its scaled warp (the part is the crop, the
+    exact matrix) or its exact-scale resize (the rounded source span); 1: a warped tile
+    (BORDER_TRANSPARENT: the coverage of the crop weights the blend with what is already there).
     """
     from fastload.augment.functional import tiles as ref
 
     m = tile.matrix
     x0, y0, x1, y1 = tile.crop
-    sh, sw = loaded_hw
     crop_box = np.array([y0, x0, y1 - y0, x1 - x0], np.int32)
     crop_inv = np.linalg.inv(m @ translation(x0, y0))  # output px -> crop px
-    if tile.is_axis_aligned and m[0, 0] > 0 and m[1, 1] > 0:
-        plan = ref.axis_plan
-        xs = plan(m[0, 0], m[0, 2], x0, x1, sw, out_hw[1])
-        ys = plan(m[1, 1], m[1, 2], y0, y1, sh, out_hw[0])
-        phase_max = ref.PHASE_MAX
-        if xs is None or ys is None:
-            return None  # no output pixel samples inside the crop: the reference draws nothing
-        if max(xs.err, ys.err) <= phase_max:
-            a, b = float(m[0, 0]), float(m[1, 1])
-            px0, py0 = max(xs.s0, 0), max(ys.s0, 0)
-            part_box = np.array([py0, px0, max(ys.s1 - py0, 1), max(xs.s1 - px0, 1)], np.int32)
-            # output X (resized-part index j = X - d0 + j0) samples source s0 + (j + 0.5) / a - 0.5
-            inv = np.eye(3)
-            inv[0, 0], inv[1, 1] = 1.0 / a, 1.0 / b
-            inv[0, 2] = xs.s0 - px0 + (xs.j0 - xs.d0 + 0.5) / a - 0.5
-            inv[1, 2] = ys.s0 - py0 + (ys.j0 - ys.d0 + 0.5) / b - 0.5
-            return part_box, crop_box, dali_matrix(inv), dali_matrix(crop_inv), np.array([0.0], np.float32)
-    return crop_box, crop_box, dali_matrix(crop_inv), dali_matrix(crop_inv), np.array([1.0], np.float32)
+    plan = ref.tile_plan(tile, loaded_hw, out_hw, ref.check_axis_kernel(None))
+    if plan is None:
+        return None  # no output pixel samples inside the crop: the reference draws nothing
+    if plan is False:
+        return crop_box, crop_box, dali_matrix(crop_inv), dali_matrix(crop_inv), np.array([1.0], np.float32)
+    if isinstance(plan, ref.OwnedRect):
+        return crop_box, crop_box, dali_matrix(crop_inv), dali_matrix(crop_inv), np.array([0.0], np.float32)
+    xs, ys = plan
+    a, b = float(m[0, 0]), float(m[1, 1])
+    px0, py0 = max(xs.s0, 0), max(ys.s0, 0)
+    part_box = np.array([py0, px0, max(ys.s1 - py0, 1), max(xs.s1 - px0, 1)], np.int32)
+    # output X (resized-part index j = X - d0 + j0) samples source s0 + (j + 0.5) / a - 0.5
+    inv = np.eye(3)
+    inv[0, 0], inv[1, 1] = 1.0 / a, 1.0 / b
+    inv[0, 2] = xs.s0 - px0 + (xs.j0 - xs.d0 + 0.5) / a - 0.5
+    inv[1, 2] = ys.s0 - py0 + (ys.j0 - ys.d0 + 0.5) / b - 0.5
+    return part_box, crop_box, dali_matrix(inv), dali_matrix(crop_inv), np.array([0.0], np.float32)
 
 
 class SampleSource:

@@ -8,12 +8,13 @@ launches:
 1. :func:`plan_tiles` (host, numpy) turns every tile of every record into a small row of numbers:
    the output rectangle it may write, where its source pixels live in an :class:`ImageBank`, and
    how an output pixel maps back to them.  The rectangle and sampling rule are the reference's
-   (:mod:`fastload.augment.functional.tiles`): axis-aligned tiles own the output pixels whose
-   sampling point falls in the crop and are sampled the way ``cv2.resize`` samples the rounded
-   source span (coordinate ``(x + 0.5) * scale - 0.5``, clamped to the span, 11-bit weights);
-   other tiles are sampled like ``cv2.warpAffine`` / ``warpPerspective`` with
-   ``BORDER_TRANSPARENT`` (1/32-pixel sub-pixel grid; a pixel is written only when all four
-   bilinear taps lie inside the crop).
+   (:func:`fastload.augment.functional.tiles.tile_plan`, same ``axis_kernel``): axis-aligned
+   tiles own the output pixels whose sampling point falls in the crop and are sampled either
+   like ``cv2.warpAffine`` with ``BORDER_REPLICATE`` at the crop edges (kernel ``"warp"``) or the
+   way ``cv2.resize`` samples the rounded source span (kernel ``"resize"``: coordinate
+   ``(x + 0.5) * scale - 0.5``, clamped to the span, 11-bit weights); other tiles are sampled
+   like ``cv2.warpAffine`` / ``warpPerspective`` with ``BORDER_TRANSPARENT`` (1/32-pixel
+   sub-pixel grid; a pixel is written only when all four bilinear taps lie inside the crop).
 2. :func:`render_images` enumerates every (tile, output pixel of its rectangle) pair as one flat
    tensor, computes source coordinates, gathers the four taps from the bank (one flat ``[P, 3]``
    uint8 tensor of HWC pixels) and scatters the results.  Tiles are painted in rounds (the k-th
@@ -27,10 +28,11 @@ launches:
 Decoding and the *loaded* resize on the device live in :mod:`fastload.store.gpu` (the GPU store
 needs them too).
 
-Tolerance against the CPU reference (same loaded images): identical geometry (every output pixel
-is owned by the same tile); values differ by at most 1 (rarely 2) grey levels from OpenCV's
-fixed-point rounding in resized tiles and are identical in warped ones; mixup truncation can turn
-a 1-level difference into 1 more level.  Boxes are not computed here (see
+Tolerance against the CPU reference (same loaded images, same ``axis_kernel``): identical
+geometry (every output pixel is owned by the same tile); values differ by at most 1 grey level
+(OpenCV's fixed-point rounding) in axis-aligned tiles, 2 with rotation / shear (measured with mixup
+0.5 on OpenCV 5.1: mean 0.05 with the warp kernel, 0.10 with the resize kernel); letterboxes are
+identical; mixup truncation can turn a 1-level difference into 1 more level.  Boxes are not computed here (see
 :func:`fastload.augment.boxes.transform_labels`).
 """
 from __future__ import annotations
@@ -115,6 +117,8 @@ class TilePlan:
     round: np.ndarray  # int64 [T]      paint position of the tile within its output image
     rect: np.ndarray  # int64 [T, 4]    output rectangle (x0, y0, x1, y1) the tile may write
     warp: np.ndarray  # bool  [T]       True: warp sampling; False: resize sampling
+    clamp: np.ndarray  # bool [T]       warp: taps outside the crop repeat its edge and every pixel is
+    #                                   written (BORDER_REPLICATE); False: BORDER_TRANSPARENT
     base: np.ndarray  # int64 [T]       bank row of the source image's pixel (0, 0)
     stride: np.ndarray  # int64 [T]     row stride of the source image (its loaded width)
     origin: np.ndarray  # int64 [T, 2]  source pixel of part position 0 (x, y); may be < 0 (resize)
@@ -141,35 +145,23 @@ def _ref_tiles() -> Any:
     return tiles
 
 
-def _resize_row(k: int, order: int, tile: TileParams, off: int, sh: int, sw: int, out_hw: tuple[int, int]) -> tuple | None | bool:
-    """Plan row of an axis-aligned tile, None when it draws nothing, False when it must be warped."""
-    ref = _ref_tiles()
-    plan, phase_max = ref.axis_plan, ref.PHASE_MAX
-    m = tile.matrix
-    x0, y0, x1, y1 = tile.crop
-    oh, ow = out_hw
-    xs = plan(m[0, 0], m[0, 2], x0, x1, sw, ow)
-    ys = plan(m[1, 1], m[1, 2], y0, y1, sh, oh)
-    if xs is None or ys is None:
-        return None
-    if max(xs.err, ys.err) > phase_max:
-        return False
-    fx, fy = float(m[0, 0]), float(m[1, 1])
+def _resize_row(k: int, order: int, tile: TileParams, off: int, sw: int, plan: tuple[Any, Any]) -> tuple:
+    """Plan row of an axis-aligned tile drawn by the reference's exact-scale resize ``plan``."""
+    xs, ys = plan
+    fx, fy = float(tile.matrix[0, 0]), float(tile.matrix[1, 1])
     nx, ny = xs.s1 - xs.s0, ys.s1 - ys.s0
     # cv2.resize(dsize=(0, 0), fx, fy): output size round(n * f), sampling scale exactly 1 / f
     full = (int(round(nx * fx)), int(round(ny * fy)))
-    return (k, order, (xs.d0, ys.d0, xs.d1, ys.d1), False, off, sw, (xs.s0, ys.s0), (nx, ny), (xs.j0, ys.j0), full,
-            (1.0 / fx, 1.0 / fy), np.eye(3))
+    return (k, order, (xs.d0, ys.d0, xs.d1, ys.d1), False, False, off, sw, (xs.s0, ys.s0), (nx, ny), (xs.j0, ys.j0),
+            full, (1.0 / fx, 1.0 / fy), np.eye(3))
 
 
-def _warp_row(k: int, order: int, tile: TileParams, off: int, sw: int, out_hw: tuple[int, int]) -> tuple | None:
-    rect = _ref_tiles().warp_rect(tile, out_hw)
-    if rect is None:
-        return None
+def _warp_row(k: int, order: int, tile: TileParams, off: int, sw: int, rect: tuple[int, int, int, int], clamp: bool) -> tuple:
+    """Plan row of a tile warped into output rectangle ``rect`` = ``(x0, y0, x1, y1)``."""
     x0, y0, x1, y1 = tile.crop
     local = translation(-rect[0], -rect[1]) @ tile.matrix @ translation(x0, y0)  # crop px -> rect px
     big = 1 << 40
-    return (k, order, rect, True, off, sw, (x0, y0), (x1 - x0, y1 - y0), (0, 0), (big, big), (1.0, 1.0),
+    return (k, order, rect, True, clamp, off, sw, (x0, y0), (x1 - x0, y1 - y0), (0, 0), (big, big), (1.0, 1.0),
             np.linalg.inv(local))
 
 
@@ -177,6 +169,8 @@ def plan_tiles(
     images: Sequence[ImageParams],
     slot_of: Callable[[int], int],
     bank: ImageBank,
+    *,
+    axis_kernel: str | None = None,
 ) -> TilePlan:
     """Plan every tile of ``images`` (output image ``k`` is ``images[k]``), in paint order.
 
@@ -184,7 +178,11 @@ def plan_tiles(
         images: the composed images to draw (all of one output size).
         slot_of: dataset index -> position of its loaded image in ``bank``.
         bank: where the loaded images are (only its host ``offsets`` / ``hw`` are read).
+        axis_kernel: the reference kernel whose sampling axis-aligned tiles follow (None: the
+            reference's default for the installed OpenCV).
     """
+    ref = _ref_tiles()
+    kernel = ref.check_axis_kernel(axis_kernel)
     rows: list[tuple] = []
     for k, image in enumerate(images):
         out_hw = tuple(image.out_hw)
@@ -195,23 +193,28 @@ def plan_tiles(
             if tile.src_hw is not None and (sh, sw) != tuple(tile.src_hw):
                 raise ValueError(f"image {tile.src} is {sh}x{sw} in the bank, the record expects the loaded shape {tile.src_hw}")
             off = int(bank.offsets[slot])
-            row: tuple | None | bool = False
-            if tile.is_axis_aligned and tile.matrix[0, 0] > 0 and tile.matrix[1, 1] > 0:
-                row = _resize_row(k, order, tile, off, sh, sw, out_hw)
-            if row is False:
-                row = _warp_row(k, order, tile, off, sw, out_hw)
-            if row is None:
+            plan = ref.tile_plan(tile, (sh, sw), out_hw, kernel)
+            if plan is None:
                 continue
-            rows.append(row)  # type: ignore[arg-type]
+            if plan is False:
+                rect = ref.warp_rect(tile, out_hw)
+                if rect is None:
+                    continue
+                row = _warp_row(k, order, tile, off, sw, rect, clamp=False)
+            elif isinstance(plan, ref.OwnedRect):
+                row = _warp_row(k, order, tile, off, sw, (plan.x0, plan.y0, plan.x1, plan.y1), clamp=True)
+            else:
+                row = _resize_row(k, order, tile, off, sw, plan)
+            rows.append(row)
             order += 1
     t = len(rows)
-    cols = list(zip(*rows)) if t else [()] * 12
+    cols = list(zip(*rows)) if t else [()] * 13
     i64 = lambda c, *shape: np.array(c, np.int64).reshape(t, *shape)  # noqa: E731
     return TilePlan(
         image=i64(cols[0]), round=i64(cols[1]), rect=i64(cols[2], 4), warp=np.array(cols[3], bool).reshape(t),
-        base=i64(cols[4]), stride=i64(cols[5]), origin=i64(cols[6], 2), part=i64(cols[7], 2), j0=i64(cols[8], 2),
-        full=i64(cols[9], 2), scale=np.array(cols[10], np.float64).reshape(t, 2),
-        inv=np.stack(cols[11]).astype(np.float64) if t else np.zeros((0, 3, 3)),
+        clamp=np.array(cols[4], bool).reshape(t), base=i64(cols[5]), stride=i64(cols[6]), origin=i64(cols[7], 2),
+        part=i64(cols[8], 2), j0=i64(cols[9], 2), full=i64(cols[10], 2), scale=np.array(cols[11], np.float64).reshape(t, 2),
+        inv=np.stack(cols[12]).astype(np.float64) if t else np.zeros((0, 3, 3)),
     )
 
 
@@ -314,14 +317,19 @@ def _draw_tiles(
     inx1 = (wx0 + 1 >= 0) & (wx0 + 1 < nx)
     iny0 = (wy0 >= 0) & (wy0 < ny)
     iny1 = (wy0 + 1 >= 0) & (wy0 + 1 < ny)
-    x0 = torch.where(warp, wx0, rx0)
-    x1 = torch.where(warp, wx0 + 1, rx1)
-    y0 = torch.where(warp, wy0, ry0)
-    y1 = torch.where(warp, wy0 + 1, ry1)
+    clamp = col(plan.clamp, torch.bool)[tid]
+    # BORDER_REPLICATE warps: taps clamped to the crop (the resize taps are clamped already)
+    cwx0, cwy0 = torch.minimum(wx0.clamp(min=0), nx - 1), torch.minimum(wy0.clamp(min=0), ny - 1)
+    cwx1, cwy1 = torch.minimum((wx0 + 1).clamp(min=0), nx - 1), torch.minimum((wy0 + 1).clamp(min=0), ny - 1)
+    x0 = torch.where(warp, torch.where(clamp, cwx0, wx0), rx0)
+    x1 = torch.where(warp, torch.where(clamp, cwx1, wx0 + 1), rx1)
+    y0 = torch.where(warp, torch.where(clamp, cwy0, wy0), ry0)
+    y1 = torch.where(warp, torch.where(clamp, cwy1, wy0 + 1), ry1)
+    del cwx0, cwy0, cwx1, cwy1
     ax = torch.where(warp, 1.0 - wfx, rwx)  # weight of the x0 tap
     ay = torch.where(warp, 1.0 - wfy, rwy)
     bx, by = 1.0 - ax, 1.0 - ay
-    solid = ~warp
+    solid = ~warp | clamp
     weights = (ay * ax, ay * bx, by * ax, by * bx)
     inside = (
         solid | (iny0 & inx0), solid | (iny0 & inx1), solid | (iny1 & inx0), solid | (iny1 & inx1),
@@ -348,7 +356,7 @@ def _draw_tiles(
         acc.addcmul_(pixels[row].to(torch.float32), w_in[:, None])
         held.add_(w - w_in)
         written |= ins & (w > 0)
-    del base, stride, x0, x1, y0, y1, weights, inside, warp, solid
+    del base, stride, x0, x1, y0, y1, weights, inside, warp, solid, clamp
 
     img = col(plan.image, torch.int64)[tid]
     gx = rect[tid, 0] + lx
@@ -378,12 +386,13 @@ def render_images(
     flip_lr: Sequence[bool] | None = None,
     flip_ud: Sequence[bool] | None = None,
     max_elements: int = 1 << 22,
+    axis_kernel: str | None = None,
 ) -> torch.Tensor:
     """Draw ``images`` (one output size) from ``bank``; returns ``uint8 [N, H, W, 3]`` on the bank's device.
 
     ``flip_lr`` / ``flip_ud`` flip output image ``k`` (folded into where pixels are written).
     ``max_elements`` bounds the pixels enumerated per step (memory: roughly 200 bytes each);
-    whole output images are never split between steps.
+    whole output images are never split between steps. ``axis_kernel``: see :func:`plan_tiles`.
     """
     n = len(images)
     dev = bank.pixels.device
@@ -396,7 +405,7 @@ def render_images(
     fills = torch.tensor([int(im.fill) for im in images], dtype=torch.uint8)
     out = torch.empty((n * oh * ow + 1, 3), dtype=torch.uint8, device=dev)
     out[:-1].view(n, oh * ow, 3).copy_(fills.to(dev).view(n, 1, 1).expand(n, oh * ow, 3))
-    plan = plan_tiles(images, slot_of, bank)
+    plan = plan_tiles(images, slot_of, bank, axis_kernel=axis_kernel)
     flr = torch.tensor([bool(v) for v in (flip_lr or [False] * n)], dtype=torch.bool).to(dev, non_blocking=True)
     fud = torch.tensor([bool(v) for v in (flip_ud or [False] * n)], dtype=torch.bool).to(dev, non_blocking=True)
     if len(plan):
@@ -429,6 +438,7 @@ def render_batch(
     slot_of: Callable[[int], int],
     *,
     max_elements: int = 1 << 22,
+    axis_kernel: str | None = None,
 ) -> torch.Tensor:
     """Draw records into ``uint8 [B, H, W, 3]`` (tiles, mixup, flips; no HSV) on the bank's device.
 
@@ -437,12 +447,13 @@ def render_batch(
     """
     flr = [r.flip_lr for r in records]
     fud = [r.flip_ud for r in records]
-    out = render_images([r.image for r in records], bank, slot_of, flip_lr=flr, flip_ud=fud, max_elements=max_elements)
+    out = render_images([r.image for r in records], bank, slot_of, flip_lr=flr, flip_ud=fud, max_elements=max_elements,
+                        axis_kernel=axis_kernel)
     mixed = [k for k, r in enumerate(records) if r.mixup is not None]
     if mixed:
         other = render_images([records[k].mixup for k in mixed], bank, slot_of,  # type: ignore[misc]
                               flip_lr=[flr[k] for k in mixed], flip_ud=[fud[k] for k in mixed],
-                              max_elements=max_elements)
+                              max_elements=max_elements, axis_kernel=axis_kernel)
         idx = torch.tensor(mixed, dtype=torch.int64).to(out.device, non_blocking=True)
         ratio = torch.tensor([records[k].mixup_ratio for k in mixed], dtype=torch.float32)
         out[idx] = mixup_blend_(out[idx], other, ratio)
