@@ -187,7 +187,9 @@ def tile_plan(tile: TileParams, src_hw: tuple[int, int], out_hw: tuple[int, int]
     scaled warp), None (it draws nothing) or False (a general warp). The torch and DALI engines
     follow the same plan."""
     m = tile.matrix
-    if kernel == "warp" and tile.is_axis_aligned and m[0, 0] > 0 and m[1, 1] > 0 and not _is_exact_resize(tile):
+    if not (tile.is_axis_aligned and m[0, 0] > 0 and m[1, 1] > 0):
+        return False
+    if kernel == "warp" and not _is_exact_resize(tile):
         x0, y0, x1, y1 = tile.crop
         xs = owned_span(float(m[0, 0]), float(m[0, 2]), x0, x1, out_hw[1])
         ys = owned_span(float(m[1, 1]), float(m[1, 2]), y0, y1, out_hw[0])
@@ -206,13 +208,13 @@ def _draw(out: np.ndarray, src: np.ndarray, tile: TileParams, plan: Plan) -> Rec
 
 
 def _is_exact_resize(tile: TileParams) -> bool:
-    """True when the tile is ``cv2.resize`` of its crop to whole output pixels at an integer
-    offset (a letterbox, or unit scale): then the resize plan reproduces YOLOv9 bit for bit."""
+    """True when the (axis-aligned) tile is ``cv2.resize`` of its crop to whole output pixels at an
+    integer offset (a letterbox, or unit scale): then the resize plan reproduces YOLOv9 bit for bit."""
     m = tile.matrix
     x0, y0, x1, y1 = tile.crop
     for a, t, c0, c1 in ((float(m[0, 0]), float(m[0, 2]), x0, x1), (float(m[1, 1]), float(m[1, 2]), y0, y1)):
         size, offset = a * (c1 - c0), t + a * c0 - 0.5 * (a - 1.0)  # resize output size and position
-        if a <= 0 or abs(size - round(size)) > 1e-6 or abs(offset - round(offset)) > 1e-6:
+        if abs(size - round(size)) > 1e-6 or abs(offset - round(offset)) > 1e-6:
             return False
     return True
 
@@ -305,12 +307,10 @@ def _pad_origin(part: np.ndarray, top: int, left: int, a: float, b: float) -> np
 
 
 def _resize_plan(tile: TileParams, src_hw: tuple[int, int], out_hw: tuple[int, int]) -> tuple[Span, Span] | None | bool:
-    """The two axis plans of drawing ``tile`` by one exact-scale resize; None when it draws
-    nothing; False when it must be warped (not axis-aligned, or no source origin matches the
+    """The two axis plans of drawing an axis-aligned, positively scaled ``tile`` by one exact-scale
+    resize; None when it draws nothing; False when it must be warped (no source origin matches the
     phase within ``PHASE_MAX``)."""
     m = tile.matrix
-    if not (tile.is_axis_aligned and m[0, 0] > 0 and m[1, 1] > 0):
-        return False
     x0, y0, x1, y1 = tile.crop
     xs = axis_plan(float(m[0, 0]), float(m[0, 2]), x0, x1, src_hw[1], out_hw[1])
     ys = axis_plan(float(m[1, 1]), float(m[1, 2]), y0, y1, src_hw[0], out_hw[0])
