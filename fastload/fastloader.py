@@ -344,7 +344,7 @@ def loader(
             tile) are drawn: ``"warp"`` (``cv2.warpAffine`` with the exact matrix, YOLOv9's own
             sampling) or ``"resize"`` (one ``cv2.resize`` per tile, sampling positions within 0.05
             px). None: the faster for the installed OpenCV (``warp`` from OpenCV 5, else ``resize``;
-            coco128 scratch-high tiles drawn in ~0.75x the time on OpenCV 5.1). Letterboxes are
+            coco128 scratch-high tiles drawn in 0.71-0.73x the time on OpenCV 5.1). Letterboxes are
             bit-identical to YOLOv9 either way.
         prefetch: batches each worker renders ahead.
         keep: how many of the latest yielded batches stay valid (their buffers are then reused);
@@ -409,7 +409,7 @@ def loader(
         elif reduced_decode:
             raise ValueError(f"reduced_decode is a CPU-engine option (engine={engine!r} decodes on its own)")
         elif axis_kernel is not None:
-            raise ValueError(f"axis_kernel is a CPU-engine option (engine={engine!r} draws tiles with its own kernels)")
+            raise ValueError(f"axis_kernel is a CPU-engine option (engine={engine!r} follows the default kernel's tile plan)")
         eng = cls(view, sampler, batch_size=batch_size, workers=workers, device=device, hsv=hsv_on, **opts)
     except BaseException:
         if owns_store:
