@@ -5,13 +5,15 @@ import copy
 import math
 import os
 import random
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 import torch
 import torch.nn as nn
 
-__all__ = ["select_device", "init_seeds", "de_parallel", "build_optimizer", "ModelEMA", "lr_lambda"]
+__all__ = ["select_device", "init_seeds", "de_parallel", "round_to_half_", "build_optimizer", "ModelEMA", "lr_lambda",
+           "StepSettings", "TrainSchedule"]
 
 
 def select_device(device: str | None = "", rank: int = -1) -> torch.device:
@@ -56,6 +58,19 @@ def de_parallel(model: nn.Module) -> nn.Module:
     return model.module if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)) else model
 
 
+@torch.no_grad()
+def round_to_half_(model: nn.Module) -> nn.Module:
+    """Round every floating-point parameter and buffer to fp16 precision, in place (they stay fp32).
+
+    The official trainer does this once to a model it starts training (``model.half().float()``), after taking
+    its EMA copy; doing the same gives a given seed the official starting point, bit for bit.
+    """
+    for t in [*model.parameters(), *model.buffers()]:
+        if t.dtype.is_floating_point:
+            t.copy_(t.half().float())
+    return model
+
+
 def build_optimizer(model: nn.Module, name: str = "SGD", lr: float = 0.01, momentum: float = 0.937,
                     decay: float = 5e-4) -> torch.optim.Optimizer:
     """Three parameter groups: 0 = biases (no decay), 1 = conv/linear weights (decay), 2 = norm weights (no decay).
@@ -93,6 +108,84 @@ def lr_lambda(epochs: int, lrf: float, cosine: bool = False) -> Callable[[float]
     if cosine:
         return lambda x: ((1 - math.cos(x * math.pi / epochs)) / 2) * (lrf - 1) + 1
     return lambda x: max(1 - x / epochs, 0) * (1.0 - lrf) + lrf
+
+
+@dataclass(frozen=True)
+class StepSettings:
+    """Optimiser settings for one batch: LR of each parameter group (biases, weights, norms), momentum,
+    and how many batches' gradients are summed before the optimiser steps."""
+
+    lrs: tuple[float, float, float]
+    momentum: float
+    accumulate: int
+
+
+@dataclass(frozen=True)
+class TrainSchedule:
+    """YOLOv9's per-batch LR, momentum and accumulation, as a pure function of the batch and epoch index.
+
+    Warm-up (the first ``max(round(warmup_epochs * batches_per_epoch), 100)`` batches): the bias LR falls
+    linearly from ``warmup_bias_lr`` and the other LRs rise from 0, all towards ``lr0 * lf(epoch)``; momentum
+    rises from ``warmup_momentum``; accumulation rises from 1 to ``nominal_batch / batch_size`` (rounded).
+
+    After warm-up, epoch ``e`` runs at ``lr0 * lf(e - 1)``: the official trainer steps its ``LambdaLR`` at the end
+    of each epoch from ``last_epoch = -1``, so the multiplier lags the epoch index by one. The rest of the
+    epoch in which warm-up ends keeps the last warm-up LR, ``lr0 * lf(e)``. Being a pure function, the
+    schedule needs no state in a checkpoint and resumes exactly.
+    """
+
+    epochs: int
+    batches_per_epoch: int
+    lr0: float
+    lrf: float
+    momentum: float
+    warmup_epochs: float
+    warmup_momentum: float
+    warmup_bias_lr: float
+    batch_size: int
+    nominal_batch: int = 64
+    accumulate: int | None = None  # None: max(round(nominal_batch / batch_size), 1)
+    cosine: bool = False
+
+    @classmethod
+    def from_hyp(cls, hyp: dict, *, epochs: int, batches_per_epoch: int, batch_size: int, nominal_batch: int = 64,
+                 accumulate: int | None = None, cosine: bool = False) -> "TrainSchedule":
+        return cls(epochs=epochs, batches_per_epoch=batches_per_epoch, lr0=float(hyp["lr0"]), lrf=float(hyp["lrf"]),
+                   momentum=float(hyp["momentum"]), warmup_epochs=float(hyp["warmup_epochs"]),
+                   warmup_momentum=float(hyp["warmup_momentum"]), warmup_bias_lr=float(hyp["warmup_bias_lr"]),
+                   batch_size=batch_size, nominal_batch=nominal_batch, accumulate=accumulate, cosine=cosine)
+
+    @property
+    def warmup_batches(self) -> int:
+        return max(round(self.warmup_epochs * self.batches_per_epoch), 100)
+
+    @property
+    def steady_accumulate(self) -> int:
+        """Batches per optimiser step after warm-up."""
+        if self.accumulate is not None:
+            return self.accumulate
+        return max(round(self.nominal_batch / self.batch_size), 1)
+
+    def lr_factor(self, epoch: float) -> float:
+        return lr_lambda(self.epochs, self.lrf, self.cosine)(epoch)
+
+    def at(self, ni: int, epoch: int) -> StepSettings:
+        """Settings for batch ``ni`` (counted from the start of training), which belongs to ``epoch``."""
+        nw = self.warmup_batches
+        if ni <= nw:
+            def ramp(start: float, end: float) -> float:
+                return float(np.interp(ni, [0, nw], [start, end]))
+
+            top = self.lr0 * self.lr_factor(epoch)
+            rising = ramp(0.0, top)
+            # The accumulation ramp ends at the unrounded nominal / batch ratio (or the explicit --accumulate).
+            acc_end = self.accumulate if self.accumulate is not None else self.nominal_batch / self.batch_size
+            return StepSettings((ramp(self.warmup_bias_lr, top), rising, rising),
+                                ramp(self.warmup_momentum, self.momentum), max(1, round(ramp(1, acc_end))))
+        warmup_epoch = nw // self.batches_per_epoch  # the epoch of the last warm-up batch
+        factor = self.lr_factor(epoch if epoch == warmup_epoch else max(epoch - 1, 0))
+        lr = self.lr0 * factor
+        return StepSettings((lr, lr, lr), self.momentum, self.steady_accumulate)
 
 
 class ModelEMA:

@@ -34,7 +34,8 @@ from .checkpoint import jsonable, read_checkpoint, save_checkpoint
 from .loss import DetectionLoss
 from .models.yolo import DetectionModel
 from .throughput import GpuUtilSampler, StepTimer, fmt_util
-from .torch_utils import ModelEMA, build_optimizer, de_parallel, init_seeds, lr_lambda, select_device
+from .torch_utils import (ModelEMA, TrainSchedule, build_optimizer, de_parallel, init_seeds, round_to_half_,
+                          select_device)
 from .val import evaluate, fitness, make_val_loader
 
 __all__ = ["parse_args", "train", "main", "RESULTS_COLUMNS"]
@@ -79,13 +80,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--patience", type=int, default=100, help="early stopping: epochs without improvement (0: off)")
     p.add_argument("--freeze", nargs="+", type=int, default=[0], help="freeze the first N layers, or layer indices")
     p.add_argument("--save-period", type=int, default=-1, help="also save epoch{N}.pt every N epochs")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="weights initialisation seed (and, by default, the data seed)")
     p.add_argument("--local_rank", "--local-rank", dest="local_rank", type=int, default=-1, help=argparse.SUPPRESS)
     p.add_argument("--min-items", type=int, default=0, help="drop training images with fewer labels")
     p.add_argument("--close-mosaic", type=int, default=0, help="switch mosaic off for the last N epochs")
     # fastload additions
     p.add_argument("--loader", choices=("cpu", "gpu", "dali"), default="cpu", help="fastload augmentation engine")
     p.add_argument("--store", default=None, help="fastload store: auto, files, lmdb, disk, ram (default auto)")
+    p.add_argument("--data-seed", type=int, default=None,
+                   help="seed of the epoch order and augmentation (default: --seed); the official trainer's data "
+                        "stream does not depend on its --seed, so fix this to compare seeds as it does")
     p.add_argument("--accumulate", type=int, default=None, help="optimizer step every N batches "
                    "(default max(round(64 / batch), 1))")
     p.add_argument("--amp", action=argparse.BooleanOptionalAction, default=True, help="mixed precision on CUDA")
@@ -218,7 +222,7 @@ def train(opt: argparse.Namespace) -> dict:
     if ddp.main:
         wdir.mkdir(parents=True, exist_ok=True)
 
-    init_seeds(opt.seed + 1 + max(ddp.rank, 0))
+    init_seeds(opt.seed + 1 + ddp.rank)  # as the official trainer: --seed itself in one process, + 1 + rank in DDP
     hyp = load_hyp(opt.hyp)
     hyp["label_smoothing"] = float(opt.label_smoothing)
     data_cfg = load_data_config(opt.data)
@@ -250,9 +254,9 @@ def train(opt: argparse.Namespace) -> dict:
     accumulate = opt.accumulate or max(round(NBS / opt.batch_size), 1)
     hyp["weight_decay"] = float(hyp["weight_decay"]) * opt.batch_size * accumulate / NBS
     optimizer = build_optimizer(model, opt.optimizer, hyp["lr0"], hyp["momentum"], hyp["weight_decay"])
-    lf = lr_lambda(opt.epochs, hyp["lrf"], opt.cos_lr)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda=lf)
     ema = ModelEMA(model) if ddp.main else None
+    if resume_ckpt is None:
+        round_to_half_(model)  # as the official trainer, after the EMA copy: the same seed, the same start
     scaler = torch.amp.GradScaler("cuda", enabled=amp and amp_dtype == torch.float16)
 
     start_epoch, best_fitness = 0, 0.0
@@ -270,7 +274,6 @@ def train(opt: argparse.Namespace) -> dict:
         if start_epoch >= opt.epochs:
             raise ValueError(f"{opt.resume}: training to {opt.epochs} epochs is already finished "
                              f"(give --epochs N > {start_epoch} to extend it)")
-        scheduler.last_epoch = start_epoch - 1
         if ddp.main:
             LOG.info(f"resuming {opt.resume} from epoch {start_epoch} to {opt.epochs}")
 
@@ -285,7 +288,8 @@ def train(opt: argparse.Namespace) -> dict:
     per_rank = opt.batch_size // ddp.world
     train_loader = fastload.loader(
         opt.data, split="train", imgsz=opt.imgsz, batch_size=per_rank, hyp=hyp, augment=True, store=store,
-        engine=opt.loader, workers=opt.workers, shuffle=True, rect=opt.rect, stride=gs, pad=0.0, seed=opt.seed,
+        engine=opt.loader, workers=opt.workers, shuffle=True, rect=opt.rect, stride=gs, pad=0.0,
+        seed=opt.seed if opt.data_seed is None else opt.data_seed,
         rank=ddp.rank, world_size=ddp.world, min_items=opt.min_items, single_cls=opt.single_cls,
         device=device if cuda else None,
         hsv_on="consumer" if cuda else "worker")
@@ -295,7 +299,8 @@ def train(opt: argparse.Namespace) -> dict:
                                      stride=gs, single_cls=opt.single_cls, store=store, engine=opt.loader,
                                      device=device)
     nb = len(train_loader)
-    nw = max(round(float(hyp["warmup_epochs"]) * nb), 100)
+    schedule = TrainSchedule.from_hyp(hyp, epochs=opt.epochs, batches_per_epoch=nb, batch_size=opt.batch_size,
+                                      nominal_batch=NBS, accumulate=opt.accumulate, cosine=opt.cos_lr)
     loss_fn = DetectionLoss(de_parallel(model), hyp)
     timer = StepTimer()
     gpu = GpuUtilSampler(device.index if cuda else None)
@@ -334,15 +339,11 @@ def train(opt: argparse.Namespace) -> dict:
                 ni = i + nb * epoch
                 imgs = imgs.to(device, non_blocking=True).float().div_(255)
                 targets = targets.to(device, non_blocking=True)
-                acc_now = accumulate
-                if ni <= nw:  # warm-up: bias LR falls from warmup_bias_lr, the others rise from 0
-                    xi = [0, nw]
-                    acc_now = max(1, int(np.interp(ni, xi, [1, accumulate]).round()))
-                    for j, g in enumerate(optimizer.param_groups):
-                        g["lr"] = float(np.interp(ni, xi, [hyp["warmup_bias_lr"] if j == 0 else 0.0,
-                                                            g["initial_lr"] * lf(epoch)]))
-                        if "momentum" in g:
-                            g["momentum"] = float(np.interp(ni, xi, [hyp["warmup_momentum"], hyp["momentum"]]))
+                step = schedule.at(ni, epoch)
+                for g, lr in zip(optimizer.param_groups, step.lrs):
+                    g["lr"] = lr
+                    if "momentum" in g:  # SGD only: the official warm-up leaves Adam's betas alone
+                        g["momentum"] = step.momentum
                 if opt.multi_scale:
                     sz = int(multi_rng.uniform(opt.imgsz * 0.5, opt.imgsz * 1.5 + gs)) // gs * gs
                     sf = sz / max(imgs.shape[2:])
@@ -355,7 +356,7 @@ def train(opt: argparse.Namespace) -> dict:
                 if ddp.enabled:
                     loss = loss * ddp.world  # DDP averages gradients over ranks
                 scaler.scale(loss).backward()
-                if ni - last_opt_step >= acc_now:
+                if ni - last_opt_step >= step.accumulate:
                     scaler.unscale_(optimizer)
                     torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=10.0)
                     scaler.step(optimizer)
@@ -373,7 +374,6 @@ def train(opt: argparse.Namespace) -> dict:
                         f"{timer.images_per_s * ddp.world:.1f} img/s gpu {fmt_util(gpu.current())}")
             util = gpu.stop()
             lrs = [g["lr"] for g in optimizer.param_groups]
-            scheduler.step()
             stop = False
             if ddp.main:
                 final = epoch + 1 == opt.epochs
