@@ -48,14 +48,21 @@ def _make_divisible(x: float, divisor: int) -> int:
     return int(math.ceil(x / divisor) * divisor)
 
 
-def _branch(ch: Sequence[int], nc: int, reg_max: int) -> tuple[nn.ModuleList, nn.ModuleList]:
+def class_tower_width(ch0: int, nc: int) -> int:
+    """Default class-tower width of a head whose first level has ``ch0`` channels."""
+    return max(ch0, min(nc, 100))
+
+
+def _branch(ch: Sequence[int], nc: int, reg_max: int, c_cls: int | None = None) -> tuple[nn.ModuleList, nn.ModuleList]:
     """Box and class towers for each level; widths follow from the first level's channels.
 
-    Class-tower width ``max(ch[0], min(nc, 100))``: with it the converted T/S/M/C/E models reproduce all five
-    published sizes (T 2.0M / 7.7 GFLOPs). The variant ``min(2 * nc, 128)`` differs only for T (2.4M / 9.8G).
+    Class-tower width ``max(ch[0], min(nc, 100))`` unless ``c_cls`` is given: with it the converted T/S/M/C/E
+    models reproduce all five published sizes (T 2.0M / 7.7 GFLOPs). The official code at the pinned commit
+    uses ``max(ch[0], min(2 * nc, 128))``, which differs only for T with more than 32 classes (T at 80 classes:
+    2.4M / 9.8G); a model config's ``cls_width`` key builds that (or any) width.
     """
     c_box = _make_divisible(max(ch[0] // 4, reg_max * 4, 16), 4)
-    c_cls = max(ch[0], min(nc, 100))
+    c_cls = c_cls or class_tower_width(ch[0], nc)
     box = nn.ModuleList(
         nn.Sequential(Conv(c, c_box, 3), Conv(c_box, c_box, 3, g=4), nn.Conv2d(c_box, 4 * reg_max, 1, groups=4))
         for c in ch)
@@ -76,15 +83,23 @@ class DDetect(nn.Module):
 
     n_branches = 1
 
-    def __init__(self, nc: int = 80, ch: Sequence[int] = ()) -> None:
+    def __init__(self, nc: int = 80, ch: Sequence[int] = (), cls_width: int | None = None) -> None:
         super().__init__()
+        if len(ch) % self.n_branches:
+            raise ValueError(f"{type(self).__name__} needs {self.n_branches} equal groups of inputs, got {len(ch)}")
         self.nc = nc
-        self.nl = len(ch)
+        self.nl = len(ch) // self.n_branches
         self.reg_max = REG_MAX
         self.no = nc + 4 * self.reg_max
         self.register_buffer("stride", torch.zeros(self.nl), persistent=True)
-        self.cv2, self.cv3 = _branch(ch, nc, self.reg_max)
+        # Creation order as in the official heads (all towers, then the DFL integrals): each module's default
+        # initialisation draws from the global RNG, so the order decides which weights a given seed gives.
+        self.cv2, self.cv3 = _branch(ch[:self.nl], nc, self.reg_max, cls_width)
+        if self.n_branches == 2:
+            self.cv4, self.cv5 = _branch(ch[self.nl:], nc, self.reg_max, cls_width)
         self.dfl = DFL(self.reg_max)
+        if self.n_branches == 2:
+            self.dfl2 = DFL(self.reg_max)
         self._anchor_key: tuple | None = None
 
     def _run(self, xs: Sequence[torch.Tensor], box: nn.ModuleList, cls: nn.ModuleList) -> list[torch.Tensor]:
@@ -121,14 +136,6 @@ class DualDDetect(DDetect):
     """
 
     n_branches = 2
-
-    def __init__(self, nc: int = 80, ch: Sequence[int] = ()) -> None:
-        if len(ch) % 2:
-            raise ValueError(f"DualDDetect needs an even number of inputs (aux + main), got {len(ch)}")
-        nl = len(ch) // 2
-        super().__init__(nc, ch[:nl])
-        self.cv4, self.cv5 = _branch(ch[nl:], nc, self.reg_max)
-        self.dfl2 = DFL(self.reg_max)
 
     def forward(  # type: ignore[override]
         self, xs: list[torch.Tensor]

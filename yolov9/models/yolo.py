@@ -2,7 +2,8 @@
 
 Schema: ``nc``, ``depth_multiple``, ``width_multiple``, ``backbone`` and ``head`` lists of
 ``[from, number, module, args]``. ``from`` is ``-1`` (previous layer), a negative offset, an absolute layer
-index, or a list of those. Layer 0 sees the input image. Other top-level keys (``anchors``) are ignored.
+index, or a list of those. Layer 0 sees the input image. Optional ``cls_width``: the class-tower width of the
+detection head (default: see :mod:`yolov9.models.heads`). Other top-level keys (``anchors``) are ignored.
 """
 from __future__ import annotations
 
@@ -122,7 +123,7 @@ def _parse(d: dict, ch_in: int) -> tuple[nn.Sequential, set[int]]:
         elif name == "Concat":
             c2 = sum(cin)
         elif name in ("DDetect", "DualDDetect"):
-            args = [args[0] if args else nc, cin]
+            args = [args[0] if args else nc, cin, d.get("cls_width")]
             c2 = None
         else:  # Silence, Upsample keep the channel count
             c2 = cin[0]
@@ -172,16 +173,23 @@ class DetectionModel(nn.Module):
         return isinstance(self.head, DualDDetect)
 
     def _init_strides(self, ch: int) -> None:
-        s = 64  # smallest input that gives every level (P5 = 2x2) a cell; keeps building cheap
+        # The official model finds its strides with one train-mode forward pass of a 256 x 256 zero image before
+        # its BN layers get momentum 0.03: that pass leaves running_var at 0.9 (0.1 x the batch variance, 0, plus
+        # 0.9 x 1) and, behind biased convs (CBLinear), non-zero running means. The same pass here (same size,
+        # momentum 0.1) starts every BN buffer where the official one starts.
+        s = 256
+        bns = [m for m in self.modules() if isinstance(m, nn.BatchNorm2d)]
+        momenta = [m.momentum for m in bns]
         was = self.training
         self.train()
+        for m in bns:
+            m.momentum = 0.1  # PyTorch's default, which the official layers have at that moment
         with torch.no_grad():
             out = self.forward(torch.zeros(1, ch, s, s))
+        for m, mom in zip(bns, momenta):
+            m.momentum = mom
         feats = out[0] if self.is_dual else out
         self.head.stride.copy_(torch.tensor([s / f.shape[-2] for f in feats]))
-        for m in self.modules():  # the probe must not leave a trace in BN statistics
-            if isinstance(m, nn.BatchNorm2d):
-                m.reset_running_stats()
         self.train(was)
 
     def _init_weights(self) -> None:
