@@ -1,4 +1,4 @@
-"""mAP code against pycocotools, box/NMS helpers."""
+"""mAP code against pycocotools (COCO protocol), box/NMS helpers."""
 from __future__ import annotations
 
 import contextlib
@@ -72,7 +72,7 @@ def test_map_matches_pycocotools(seed):
     pytest.importorskip("pycocotools")
     nc = 4
     images = _synthetic_set(seed, nc=nc)
-    m = DetectionMetrics()
+    m = DetectionMetrics(protocol="coco")
     for det, gt, gcls in images:
         m.update(det, gt, gcls)
     ours = m.compute()
@@ -83,20 +83,36 @@ def test_map_matches_pycocotools(seed):
     assert 0.0 < ours["precision"] <= 1.0 and 0.0 < ours["recall"] <= 1.0
 
 
-def test_perfect_detections_score_one():
+@pytest.mark.parametrize("protocol, perfect", [("coco", 1.0), ("yolo", 0.995)])
+def test_perfect_detections(protocol, perfect):
+    # The official evaluator's trapezoid over 101 points loses half of the last interval at recall 1: 0.995.
     gt = np.array([[0, 0, 10, 10], [20, 20, 50, 60]], float)
     det = np.c_[gt, [0.9, 0.8], [0, 1]]
-    m = DetectionMetrics()
+    m = DetectionMetrics(protocol=protocol)
     m.update(det, gt, np.array([0, 1]))
     r = m.compute()
-    assert r["mAP50"] == pytest.approx(1.0) and r["mAP50-95"] == pytest.approx(1.0)
+    assert r["mAP50"] == pytest.approx(perfect) and r["mAP50-95"] == pytest.approx(perfect)
+    assert r["precision"] == pytest.approx(1.0) and r["recall"] == pytest.approx(1.0)
 
 
-def test_duplicate_detection_is_false_positive():
+@pytest.mark.parametrize("protocol", ["yolo", "coco"])
+def test_duplicate_detection_is_false_positive(protocol):
     gt = np.array([[0, 0, 10, 10]], float)
     det = np.array([[0, 0, 10, 10, 0.9, 0], [0, 0, 10, 10, 0.8, 0]], float)
-    tp = match_detections(det[:, :4], det[:, 4], det[:, 5], gt, np.array([0]))
+    tp = match_detections(det[:, :4], det[:, 4], det[:, 5], gt, np.array([0]), protocol=protocol)
     assert tp[0].all() and not tp[1].any()
+
+
+def test_matching_protocols_differ_where_documented():
+    # Both detections overlap box B best; the weaker one also overlaps box A (IoU 0.6). COCO lets it fall back
+    # to A once B is taken; the official matching keeps each detection's best-IoU box only, so it stays unmatched.
+    gt = np.array([[0, 0, 10, 10], [4, 0, 14, 10]], float)
+    det = np.array([[4, 0, 14, 10, 0.9, 0], [2.5, 0, 12.5, 10, 0.8, 0]], float)
+    args = (det[:, :4], det[:, 4], det[:, 5], gt, np.array([0, 0]), np.array([0.5]))
+    assert match_detections(*args, protocol="coco")[:, 0].tolist() == [True, True]
+    assert match_detections(*args, protocol="yolo")[:, 0].tolist() == [True, False]
+    with pytest.raises(ValueError, match="protocol"):
+        match_detections(*args, protocol="voc")
 
 
 def test_box_iou_np():

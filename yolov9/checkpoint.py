@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ import torch
 
 from .models.yolo import DetectionModel
 
-__all__ = ["FORMAT", "jsonable", "save_checkpoint", "read_checkpoint", "load_model"]
+__all__ = ["FORMAT", "jsonable", "save_checkpoint", "read_checkpoint", "load_model", "nc_of_state_dict"]
 
 FORMAT = "fastload-yolov9/1"
 
@@ -73,18 +74,38 @@ def read_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     return ckpt
 
 
+def nc_of_state_dict(sd: dict[str, torch.Tensor]) -> int | None:
+    """Number of classes of a detector's state_dict: the output width of the head's first class conv."""
+    heads = [k for k in sd if re.fullmatch(r"model\.\d+\.cv3\.0\.2\.bias", k)]
+    if not heads:
+        return None
+    last = max(heads, key=lambda k: int(k.split(".")[1]))
+    return int(sd[last].shape[0])
+
+
 def load_model(weights: str | Path, cfg: str | Path | dict | None = None, nc: int | None = None,
                prefer_ema: bool = True) -> tuple[DetectionModel, dict]:
-    """Build the model recorded in a checkpoint (or ``cfg`` for bare state_dicts) and load its weights."""
+    """Build the model recorded in a checkpoint (or ``cfg`` for bare state_dicts) and load its weights.
+
+    The number of classes is ``nc``, else the one recorded in the checkpoint, else the one the weights have.
+    """
     ckpt = read_checkpoint(weights)
     meta = ckpt.get("meta") or {}
     model_cfg = cfg if cfg is not None else meta.get("cfg")
     if model_cfg is None:
         raise ValueError(f"{weights}: no model config recorded; pass --cfg")
-    model = DetectionModel(model_cfg, nc=nc if nc is not None else meta.get("nc"))
     sd = ckpt["ema"] if prefer_ema and ckpt.get("ema") is not None else ckpt["model"]
+    if nc is None:
+        nc = meta.get("nc") or nc_of_state_dict(sd)
+    model = DetectionModel(model_cfg, nc=nc)
+    width = int(model.head.cv3[0][0].conv.weight.shape[0])
+    saved = sd.get(f"model.{len(model.model) - 1}.cv3.0.0.conv.weight")
+    if saved is not None and int(saved.shape[0]) != width:  # weights made with another class-tower rule
+        model_cfg = dict(model.yaml, cls_width=int(saved.shape[0]))
+        model = DetectionModel(model_cfg, nc=nc)
     missing, unexpected = model.load_state_dict(sd, strict=False)
-    if missing or unexpected:
+    missing = [k for k in missing if k != f"model.{len(model.model) - 1}.stride"]  # official weights lack it; the
+    if missing or unexpected:                                                     # build computed it already
         raise ValueError(f"{weights}: weights do not fit the model config "
                          f"(missing {list(missing)[:5]}..., unexpected {list(unexpected)[:5]}...)")
     if meta.get("names"):

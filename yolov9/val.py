@@ -1,4 +1,7 @@
-"""Validation: letterboxed rect batches from fastload, NMS, P / R / mAP@0.5 / mAP@0.5:0.95 (COCO 101-point).
+"""Validation: letterboxed rect batches from fastload, NMS, P / R / mAP@0.5 / mAP@0.5:0.95.
+
+Scores as the official YOLOv9 ``val.py`` does by default (``--protocol yolo``), or as pycocotools does
+(``--protocol coco``); :mod:`yolov9.metrics` says how they differ.
 
 CLI::
 
@@ -15,7 +18,7 @@ import torch
 import torch.nn as nn
 
 from .boxes import scale_boxes_to_original, xywh2xyxy
-from .metrics import DetectionMetrics
+from .metrics import PROTOCOLS, DetectionMetrics, Protocol
 from .nms import non_max_suppression
 
 if TYPE_CHECKING:
@@ -38,7 +41,8 @@ def make_val_loader(data: Any, imgsz: int, batch_size: int, *, workers: int = 4,
 @torch.no_grad()
 def evaluate(model: nn.Module, loader: Iterable, device: torch.device, *, loss_fn: Callable | None = None,
              conf_thres: float = 0.001, iou_thres: float = 0.7, max_det: int = 300, amp: bool = False,
-             amp_dtype: torch.dtype = torch.float16, single_cls: bool = False, progress: bool = False) -> dict:
+             amp_dtype: torch.dtype = torch.float16, single_cls: bool = False, progress: bool = False,
+             protocol: Protocol = "yolo") -> dict:
     """Run ``model`` over ``loader``; returns P, R, mAP50, mAP50-95 and (with ``loss_fn``) val losses.
 
     Predictions and labels are both mapped back to original image pixels (using the loader's ``shapes``)
@@ -46,7 +50,7 @@ def evaluate(model: nn.Module, loader: Iterable, device: torch.device, *, loss_f
     """
     was_training = model.training
     model.eval()
-    metrics = DetectionMetrics()
+    metrics = DetectionMetrics(protocol=protocol)
     loss_sum = torch.zeros(3, device=device)
     n_batches = 0
     it = loader
@@ -69,6 +73,8 @@ def evaluate(model: nn.Module, loader: Iterable, device: torch.device, *, loss_f
             lab = targets[targets[:, 0] == si]
             gt = xywh2xyxy(lab[:, 2:6] * torch.tensor((w, h, w, h), device=device))
             det = det.clone()
+            if single_cls:
+                det[:, 5] = 0
             if shapes[si] is not None:
                 scale_boxes_to_original(det[:, :4], shapes[si], (h, w))
                 scale_boxes_to_original(gt, shapes[si], (h, w))
@@ -104,6 +110,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--loader", choices=("cpu", "gpu", "dali"), default="cpu")
     p.add_argument("--half", action="store_true", help="fp16 autocast on CUDA")
     p.add_argument("--reparam", action="store_true", help="drop the PGI auxiliary branch and fuse before validating")
+    p.add_argument("--protocol", choices=PROTOCOLS, default="yolo",
+                   help="yolo: score as the official val.py (default); coco: as pycocotools")
     return p.parse_args(argv)
 
 
@@ -123,7 +131,8 @@ def run(opt: argparse.Namespace) -> dict:
                              device=device)
     try:
         res = evaluate(model, loader, device, conf_thres=opt.conf_thres, iou_thres=opt.iou_thres,
-                       max_det=opt.max_det, amp=opt.half, single_cls=opt.single_cls, progress=True)
+                       max_det=opt.max_det, amp=opt.half, single_cls=opt.single_cls, progress=True,
+                       protocol=opt.protocol)
     finally:
         loader.close()
     return res
