@@ -1,0 +1,92 @@
+"""Run the official YOLOv9 code (``../shared/upstream/yolov9``, GPL-3.0) as an external program.
+
+Nothing of it is imported here or copied into the project: :func:`make_copy` copies the folder to a
+temporary place (the original is read-only in CI) and changes only what today's packages require, and
+:meth:`Official.run` / :meth:`Official.bridge` start its scripts, or our :mod:`official_bridge` script with the
+copy on ``sys.path``, in their own processes. Used by the parity tests and ``benchmarks/trainer_parity.py``.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+UPSTREAM = Path(os.environ.get("FASTLOAD_UPSTREAM_YOLOV9", REPO.parent / "shared" / "upstream" / "yolov9"))
+BRIDGE = Path(__file__).with_name("official_bridge.py")
+
+
+def available() -> bool:
+    return (UPSTREAM / "train_dual.py").is_file()
+
+
+def make_copy(dest: Path) -> Path:
+    """A writable copy of the official repository at ``dest``, ready to run offline with numpy >= 2.4.
+
+    Two changes, both what a user of today's packages has to make: ``np.trapz`` (removed in numpy 2.4) becomes
+    ``np.trapezoid`` in ``utils/metrics.py``, and a TrueType font named ``Arial.ttf`` (matplotlib's DejaVu
+    Sans) is put in ``dest/config`` so that the plotting code does not try to download one.
+    """
+    if not available():
+        raise FileNotFoundError(f"official YOLOv9 repository not found at {UPSTREAM}")
+    root = dest / "yolov9"
+    shutil.copytree(UPSTREAM, root)
+    for p in [root, *root.rglob("*")]:
+        p.chmod(p.stat().st_mode | stat.S_IWUSR)
+    metrics = root / "utils" / "metrics.py"
+    text = metrics.read_text()
+    if "np.trapz(" in text:
+        metrics.write_text(text.replace("np.trapz(", "np.trapezoid("))
+    import matplotlib
+
+    font = Path(matplotlib.get_data_path()) / "fonts" / "ttf" / "DejaVuSans.ttf"
+    (dest / "config").mkdir(exist_ok=True)
+    shutil.copy(font, dest / "config" / "Arial.ttf")
+    return root
+
+
+@dataclass
+class Official:
+    """A prepared copy (``root``) and the environment its processes need."""
+
+    root: Path
+    threads: int = 1
+
+    @classmethod
+    def create(cls, dest: Path, threads: int = 1) -> "Official":
+        return cls(make_copy(dest), threads)
+
+    @property
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.pop("PYTHONPATH", None)  # the official folders (models, utils) must not meet the project's
+        env.update(YOLOV5_CONFIG_DIR=str(self.root.parent / "config"), TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD="1",
+                   OMP_NUM_THREADS=str(self.threads), MKL_NUM_THREADS=str(self.threads), PYTHONUNBUFFERED="1")
+        return env
+
+    def run(self, script: str, *args: str, timeout: float | None = None, log: Path | None = None
+            ) -> subprocess.CompletedProcess:
+        """``python <script> args`` in the copy (``train.py``, ``val_dual.py``, ...); raises on failure."""
+        return self._run([sys.executable, script, *args], timeout, log)
+
+    def bridge(self, *args: str, timeout: float | None = None, log: Path | None = None
+               ) -> subprocess.CompletedProcess:
+        """Our ``official_bridge.py`` with the official code importable (see that file for the commands)."""
+        return self._run([sys.executable, str(BRIDGE), "--root", str(self.root), *args], timeout, log)
+
+    def _run(self, cmd: list[str], timeout: float | None, log: Path | None) -> subprocess.CompletedProcess:
+        if log is None:
+            proc = subprocess.run(cmd, cwd=self.root, env=self.env, capture_output=True, text=True, timeout=timeout)
+            out = proc.stdout + proc.stderr
+        else:
+            with open(log, "w") as f:
+                proc = subprocess.run(cmd, cwd=self.root, env=self.env, stdout=f, stderr=subprocess.STDOUT,
+                                      text=True, timeout=timeout)
+            out = log.read_text()
+        if proc.returncode:
+            raise RuntimeError(f"{' '.join(cmd[1:3])} failed (exit {proc.returncode}):\n{out[-4000:]}")
+        return proc
