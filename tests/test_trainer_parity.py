@@ -19,6 +19,7 @@ from yolov9.loss import DetectionLoss
 from yolov9.metrics import DetectionMetrics
 from yolov9.models import DetectionModel
 from yolov9.torch_utils import TrainSchedule, build_optimizer, init_seeds, lr_lambda, round_to_half_
+from yolov9.train import init_seed
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -119,7 +120,7 @@ def official_results(tmp_path_factory, synth_yaml):
 
 
 def _project_init(name: str) -> DetectionModel:
-    init_seeds(SEED)  # what yolov9.train does with --seed SEED in one process
+    init_seeds(init_seed(SEED))  # what yolov9.train does with --seed SEED in one process
     return round_to_half_(DetectionModel(name, nc=NC))
 
 
@@ -205,6 +206,11 @@ def test_weights_convert_both_ways_through_the_official_model(official_results):
 
 
 # ------------------------------------------------------------------------------------------ project-only checks
+def test_init_seed_follows_official_rank_rule():
+    assert init_seed(5) == 5  # one process: the official trainer's opt.seed + 1 + RANK with RANK -1
+    assert [init_seed(5, r) for r in (0, 1)] == [6, 7]
+
+
 def test_val_loads_bare_state_dict_without_nc(tmp_path):
     model = DetectionModel("gelan-t", nc=NC)
     torch.save(model.state_dict(), tmp_path / "sd.pt")

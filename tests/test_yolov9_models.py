@@ -141,3 +141,19 @@ def test_official_style_yaml_loads(tmp_path):
     path.write_text(text.replace("'nc'", "nc"))
     official = DetectionModel(path)
     assert count_params(official) == count_params(DetectionModel("yolov9-t.yaml"))
+
+
+def test_cls_width_key_and_loading_weights_of_another_width(tmp_path):
+    # The official code's class tower is max(ch_P3, min(2 nc, 128)) wide: 128 for T at 80 classes, where the
+    # default (the published sizes) is 80. A config key builds it; loading such weights infers it.
+    from yolov9.checkpoint import load_model
+
+    cfg = load_cfg("gelan-t.yaml")
+    assert DetectionModel(cfg, nc=80).head.cv3[0][0].conv.weight.shape[0] == 80
+    wide = DetectionModel(dict(cfg, cls_width=128), nc=80)
+    assert wide.head.cv3[0][0].conv.weight.shape[0] == 128
+    torch.save(wide.state_dict(), tmp_path / "wide.pt")
+    loaded, _ = load_model(tmp_path / "wide.pt", cfg="gelan-t")
+    assert loaded.yaml["cls_width"] == 128
+    for k, v in wide.state_dict().items():
+        assert torch.equal(loaded.state_dict()[k], v)

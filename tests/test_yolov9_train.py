@@ -11,10 +11,21 @@ import pytest
 import torch
 import yaml
 
+from fastload.augment.hyp import load_hyp
 from yolov9.models import load_cfg
+from yolov9.torch_utils import TrainSchedule
 from yolov9.train import RESULTS_COLUMNS, parse_args
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def _logged_lrs(row: dict) -> list[float]:
+    return [float(row[f"x/lr{j}"]) for j in range(3)]
+
+
+def _schedule_lrs(epochs: int, nb: int, batch: int, ni: int, epoch: int) -> list[float]:
+    sched = TrainSchedule.from_hyp(load_hyp(None), epochs=epochs, batches_per_epoch=nb, batch_size=batch)
+    return list(sched.at(ni, epoch).lrs)
 
 
 @pytest.fixture(scope="module")
@@ -66,8 +77,9 @@ def test_cli_accepts_train_dual_flags():
                       "--sync-bn", "--workers", "2", "--project", "p", "--name", "n", "--exist-ok", "--cos-lr",
                       "--label-smoothing", "0.1", "--patience", "5", "--freeze", "10", "--save-period", "1",
                       "--seed", "3", "--min-items", "1", "--close-mosaic", "2", "--loader", "gpu", "--store", "ram",
-                      "--accumulate", "4", "--no-amp"])
+                      "--accumulate", "4", "--no-amp", "--data-seed", "7"])
     assert (opt.batch_size, opt.imgsz, opt.cache, opt.resume, opt.amp, opt.accumulate) == (8, 320, "ram", True, False, 4)
+    assert (opt.seed, opt.data_seed) == (3, 7)
     assert parse_args(["--data", "d.yaml", "--batch-size", "4", "--imgsz", "256"]).batch_size == 4
 
 
@@ -95,6 +107,8 @@ def test_train_epoch_val_detect(small_synth, tiny_cfg, tmp_path):
     assert list(rows[0]) == RESULTS_COLUMNS and len(rows) == 1
     assert 0.0 <= float(rows[0]["data_wait_frac"]) <= 1.0 and float(rows[0]["images_per_s"]) > 0
     assert rows[0]["gpu_util"] == "n/a"  # CPU run: no NVML figure
+    # the LRs of the epoch's last batch (8 images, batch 4: batch 1) are the schedule's
+    assert _logged_lrs(rows[0]) == pytest.approx(_schedule_lrs(1, 2, 4, 1, 0), rel=1e-5)
     res = _run(["-m", "yolov9.val", "--data", str(small_synth), "--weights", str(run / "weights" / "best.pt"),
                 "--imgsz", "96", "--batch", "4", "--workers", "0", "--device", "cpu"], cwd=tmp_path)
     assert "mAP50-95" in res.stdout
@@ -125,6 +139,8 @@ def test_ddp_two_process_cpu_then_resume(small_synth, tiny_cfg, tmp_path):
     assert ckpt2["meta"]["epoch"] == 1 and ckpt2["meta"]["ema_updates"] > ckpt["meta"]["ema_updates"]
     rows = list(csv.DictReader(open(tmp_path / "runs" / "ddp" / "results.csv")))
     assert [int(r["epoch"]) for r in rows] == [0, 1]
+    # the resumed epoch continues the schedule (2 batches per epoch of 4 per rank x 2 ranks, total batch 4)
+    assert _logged_lrs(rows[1]) == pytest.approx(_schedule_lrs(2, 2, 4, 3, 1), rel=1e-5)
     with pytest.raises(AssertionError, match="already finished"):  # nothing left to resume: a clear error
         _run(["-m", "yolov9.train", "--data", str(small_synth), "--resume", str(last), "--workers", "0",
               "--device", "cpu"], cwd=tmp_path)

@@ -38,7 +38,7 @@ from .torch_utils import (ModelEMA, TrainSchedule, build_optimizer, de_parallel,
                           select_device)
 from .val import evaluate, fitness, make_val_loader
 
-__all__ = ["parse_args", "train", "main", "RESULTS_COLUMNS"]
+__all__ = ["parse_args", "train", "main", "init_seed", "RESULTS_COLUMNS"]
 
 LOG = logging.getLogger("yolov9.train")
 NBS = 64  # nominal batch size: weight decay and the default accumulation are scaled to it
@@ -149,6 +149,12 @@ class _Dist:
         return box[0]
 
 
+def init_seed(seed: int, rank: int = -1) -> int:
+    """The global seed a process starts from, as in the official trainer: ``--seed`` itself in a single process
+    (rank -1), ``seed + 1 + rank`` under DDP. It decides the initial weights (DDP then broadcasts rank 0's)."""
+    return seed + 1 + rank
+
+
 def _freeze(model: nn.Module, freeze: list[int]) -> list[str]:
     layers = list(range(freeze[0])) if len(freeze) == 1 else list(freeze)
     prefixes = [f"model.{x}." for x in layers]
@@ -222,7 +228,7 @@ def train(opt: argparse.Namespace) -> dict:
     if ddp.main:
         wdir.mkdir(parents=True, exist_ok=True)
 
-    init_seeds(opt.seed + 1 + ddp.rank)  # as the official trainer: --seed itself in one process, + 1 + rank in DDP
+    init_seeds(init_seed(opt.seed, ddp.rank))
     hyp = load_hyp(opt.hyp)
     hyp["label_smoothing"] = float(opt.label_smoothing)
     data_cfg = load_data_config(opt.data)
