@@ -104,9 +104,31 @@ def train_official(off: Official, args: argparse.Namespace, model: str, seed: in
     return runs / name
 
 
+def project_cfg(model: str, data: Path, work: Path) -> str:
+    """The bundled config, or a copy with ``cls_width`` where the official code's head is wider: its class
+    tower is ``max(ch_P3, min(2 nc, 128))`` wide, the project's default ``max(ch_P3, min(nc, 100))`` (the
+    published sizes); they differ for T models with more than 32 classes."""
+    import yaml
+
+    from fastload.data.config import load_data_config
+    from yolov9.models import DetectionModel, load_cfg
+
+    nc = load_data_config(data).nc
+    head = DetectionModel(model, nc=nc).head
+    ch0 = head.cv3[0][0].conv.weight.shape[1]
+    official = max(ch0, min(2 * nc, 128))
+    if head.cv3[0][0].conv.weight.shape[0] == official:
+        return model
+    cfg = load_cfg(model)
+    cfg["cls_width"] = official
+    path = work / f"{model}-cls{official}.yaml"
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return str(path)
+
+
 def train_project(off: Official, args: argparse.Namespace, model: str, seed: int, data: Path, runs: Path) -> Path:
     name = f"project-{model}-s{seed}"
-    cmd = [sys.executable, "-m", "yolov9.train", "--cfg", model, "--data", str(data),
+    cmd = [sys.executable, "-m", "yolov9.train", "--cfg", project_cfg(model, data, runs.parent), "--data", str(data),
            "--hyp", str(off.root / "data" / "hyps" / "hyp.scratch-high.yaml"), "--epochs", str(args.epochs),
            "--batch", str(args.batch), "--img", str(args.imgsz), "--device", "cpu", "--workers", str(args.workers),
            "--close-mosaic", str(args.close_mosaic), "--seed", str(seed), "--data-seed", str(args.data_seed),
