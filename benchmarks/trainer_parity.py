@@ -37,7 +37,7 @@ if str(REPO) not in sys.path:
 
 from tests.reference.official import Official, available  # noqa: E402
 
-COCO128 = REPO.parent / "shared" / "datasets" / "coco128"
+COCO128 = Path(os.environ.get("FASTLOAD_COCO128", REPO.parent / "shared" / "datasets" / "coco128"))
 LOSS_COLUMNS = ("train/box_loss", "train/cls_loss", "train/dfl_loss")
 
 
