@@ -33,7 +33,7 @@ def independent_loaded(path: str, imgsz: int = 640) -> np.ndarray:
     h0, w0 = img.shape[:2]
     r = imgsz / max(h0, w0)
     if r != 1:
-        size = (min(imgsz, max(1, round(w0 * r))), min(imgsz, max(1, round(h0 * r))))
+        size = (min(imgsz, max(1, int(w0 * r))), min(imgsz, max(1, int(h0 * r))))
         img = cv2.resize(img, size, interpolation=cv2.INTER_LINEAR if r > 1 else cv2.INTER_AREA)
     return img
 

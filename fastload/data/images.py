@@ -425,14 +425,14 @@ def read_image_file(path: str | os.PathLike) -> np.ndarray:
 def loaded_shape(h0: int, w0: int, imgsz: int) -> tuple[int, int]:
     """``(h, w)`` of the YOLOv9 *loaded* image: long side ``imgsz``, aspect kept.
 
-    ``r = imgsz / max(h0, w0)``; ``(round(h0*r), round(w0*r))`` clamped to ``[1, imgsz]``;
-    unchanged when ``r == 1``.
+    ``r = imgsz / max(h0, w0)``; ``(int(h0*r), int(w0*r))`` (truncated, as YOLOv9's ``load_image``)
+    clamped to ``[1, imgsz]``; unchanged when ``r == 1``.
     """
     h0, w0 = int(h0), int(w0)
     if max(h0, w0) == imgsz:
         return h0, w0
     r = imgsz / max(h0, w0)
-    return (max(1, min(imgsz, round(h0 * r))), max(1, min(imgsz, round(w0 * r))))
+    return (max(1, min(imgsz, int(h0 * r))), max(1, min(imgsz, int(w0 * r))))
 
 
 def resize_to(img: np.ndarray, hw: tuple[int, int], *, enlarge: bool | None = None) -> np.ndarray:

@@ -93,6 +93,12 @@ class PackedStore(Store):
         n = len(self.im_files)
         if not (len(self.offsets) == n + 1 and len(self.hw) == len(self.shapes) == len(self.labels) == n):
             raise StoreError(f"{root}: index arrays disagree on the number of samples ({n} files)")
+        from fastload.data.images import loaded_shape
+
+        if any(loaded_shape(int(h0), int(w0), self.imgsz) != (int(h), int(w))
+               for (h0, w0), (h, w) in zip(self.shapes.tolist(), self.hw.tolist())):
+            raise StoreError(f"{root}: its images were resized with an older rule (rounded sizes; YOLOv9 truncates); "
+                             f"convert the dataset again")
         size = (root / PIXELS).stat().st_size
         if size != int(self.offsets[-1]):
             raise StoreError(f"{root / PIXELS} holds {size} bytes, the index expects {int(self.offsets[-1])}")
