@@ -17,14 +17,14 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 import torch
 import torch.nn as nn
 
-from .boxes import scale_boxes_to_original, xywh2xyxy
+from .boxes import clip_boxes, scale_boxes_to_original, xywh2xyxy
 from .metrics import PROTOCOLS, DetectionMetrics, Protocol
 from .nms import non_max_suppression
 
 if TYPE_CHECKING:
     from fastload.fastloader import FastLoader
 
-__all__ = ["evaluate", "make_val_loader", "run", "parse_args", "main"]
+__all__ = ["evaluate", "boxes_to_original", "make_val_loader", "run", "parse_args", "main"]
 
 
 def make_val_loader(data: Any, imgsz: int, batch_size: int, *, workers: int = 4, stride: int = 32,
@@ -38,6 +38,32 @@ def make_val_loader(data: Any, imgsz: int, batch_size: int, *, workers: int = 4,
                            store=store, engine=engine, device=device if engine != "cpu" else None)
 
 
+def boxes_to_original(pred: torch.Tensor, gt: torch.Tensor, shape: tuple, protocol: Protocol) -> None:
+    """Map predicted and label xyxy boxes from the letterboxed input back to original pixels, in place.
+
+    ``shape`` is the loader's ``((h0, w0), ((gain_h, gain_w), (padw, padh)))``; the letterbox put the image's
+    first column and row at ``round(pad - 0.1)``, where the labels are. ``"coco"``: exact geometry, both measured
+    from there, each axis with its own gain. ``"yolo"``: what the official ``val.py`` computes (its labels sit at
+    the unrounded padding and its ``scale_boxes`` uses one gain): predictions measured from the unrounded
+    padding, labels from the image, both divided by the height gain. The two differ by up to half a pixel and
+    the width gain's rounding; the official evaluator's numbers need the official mapping.
+    """
+    (h0, w0), ((gh, gw), (pw, ph)) = shape
+    left, top = round(pw - 0.1), round(ph - 0.1)
+    if protocol == "yolo":
+        pred -= torch.tensor((pw, ph, pw, ph), dtype=pred.dtype, device=pred.device)
+        pred /= gh
+        gt -= torch.tensor((left, top, left, top), dtype=gt.dtype, device=gt.device)
+        gt /= gh
+    else:
+        for b in (pred, gt):
+            b -= torch.tensor((left, top, left, top), dtype=b.dtype, device=b.device)
+            b[:, [0, 2]] /= gw
+            b[:, [1, 3]] /= gh
+    clip_boxes(pred, (h0, w0))
+    clip_boxes(gt, (h0, w0))
+
+
 @torch.no_grad()
 def evaluate(model: nn.Module, loader: Iterable, device: torch.device, *, loss_fn: Callable | None = None,
              conf_thres: float = 0.001, iou_thres: float = 0.7, max_det: int = 300, amp: bool = False,
@@ -45,8 +71,8 @@ def evaluate(model: nn.Module, loader: Iterable, device: torch.device, *, loss_f
              protocol: Protocol = "yolo") -> dict:
     """Run ``model`` over ``loader``; returns P, R, mAP50, mAP50-95 and (with ``loss_fn``) val losses.
 
-    Predictions and labels are both mapped back to original image pixels (using the loader's ``shapes``)
-    before matching, as YOLOv9 does.
+    Predictions and labels are both mapped back to original image pixels (using the loader's ``shapes``,
+    see :func:`boxes_to_original`) before matching, as YOLOv9 does.
     """
     was_training = model.training
     model.eval()
@@ -75,7 +101,9 @@ def evaluate(model: nn.Module, loader: Iterable, device: torch.device, *, loss_f
             det = det.clone()
             if single_cls:
                 det[:, 5] = 0
-            if shapes[si] is not None:
+            if shapes[si] is not None and len(shapes[si]) > 1 and shapes[si][1] is not None:
+                boxes_to_original(det[:, :4], gt, shapes[si], protocol)
+            elif shapes[si] is not None:  # no letterbox record: a centred letterbox of the input size
                 scale_boxes_to_original(det[:, :4], shapes[si], (h, w))
                 scale_boxes_to_original(gt, shapes[si], (h, w))
             metrics.update(det.cpu().numpy(), gt.cpu().numpy(), lab[:, 1].cpu().numpy())

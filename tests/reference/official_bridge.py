@@ -15,6 +15,10 @@ Commands (``--root`` is the official copy):
 * ``metrics IN OUT``: ``process_batch`` of ``val.py`` and ``ap_per_class`` on per-image predictions and labels
   (``{"preds": [[n, 6]], "labels": [[m, 5] (cls, x1, y1, x2, y2)]}``), aggregated as ``val.py`` does; writes
   ``{"precision", "recall", "mAP50", "mAP50-95"}``.
+* ``valbatches IMAGES IMGSZ BATCH PROBE OUT``: the batches of the official validation loader (``create_dataloader``
+  with ``pad=0.5, rect=True`` as ``val.py`` builds it) for the images folder IMAGES, and what ``val.py`` makes of
+  them: per image the labels and the PROBE boxes (``[n, 4]`` xyxy in the letterboxed input) mapped back to
+  original pixels by its ``scale_boxes``.
 * ``val SCRIPT WEIGHTS DATA IMGSZ BATCH WORKERS SAVE_DIR OUT``: the official ``val.py`` or ``val_dual.py``
   (SCRIPT) on an official checkpoint, on CPU without plots, as its command line runs it; writes its P, R,
   mAP50, mAP50-95 at full precision (its printed table has three digits).
@@ -105,6 +109,29 @@ def cmd_metrics(a: argparse.Namespace) -> None:
     torch.save(out, a.out)
 
 
+def cmd_valbatches(a: argparse.Namespace) -> None:
+    import torch
+    from utils.dataloaders import create_dataloader
+    from utils.general import scale_boxes, xywh2xyxy
+
+    probe = _read_plain(a.probe)
+    loader = create_dataloader(a.images, a.imgsz, a.batch, 32, False, pad=0.5, rect=True, workers=0)[0]
+    out = []
+    for imgs, targets, paths, shapes in loader:
+        h, w = imgs.shape[2:]
+        targets = targets.clone()
+        targets[:, 2:] *= torch.tensor((w, h, w, h))  # as val.py: to input pixels
+        gt, pr = [], []
+        for si, shape in enumerate(shapes):
+            lab = targets[targets[:, 0] == si, 1:]
+            gt.append(scale_boxes(imgs[si].shape[1:], xywh2xyxy(lab[:, 1:5]), shape[0], shape[1]))
+            pr.append(scale_boxes(imgs[si].shape[1:], probe.clone(), shape[0], shape[1]))
+        plain = [[[float(v) for v in s[0]], [[float(v) for v in s[1][0]], [float(v) for v in s[1][1]]]] for s in shapes]
+        out.append({"imgs": imgs, "paths": [str(p) for p in paths], "shapes": plain, "gt_native": gt,
+                    "probe_native": pr})
+    torch.save(out, a.out)
+
+
 def cmd_val(a: argparse.Namespace) -> None:
     import importlib
 
@@ -165,6 +192,9 @@ def _parser() -> argparse.ArgumentParser:
         s.add_argument(name, type=int if name == "nc" else str)
     s = sub.add_parser("metrics")
     s.add_argument("inp"), s.add_argument("out")
+    s = sub.add_parser("valbatches")
+    for name in ("images", "imgsz", "batch", "probe", "out"):
+        s.add_argument(name, type=int if name in ("imgsz", "batch") else str)
     s = sub.add_parser("val")
     for name in ("script", "weights", "data", "imgsz", "batch", "workers", "save_dir", "out"):
         s.add_argument(name, type=int if name in ("imgsz", "batch", "workers") else str)
@@ -186,8 +216,8 @@ def main(argv: list[str] | None = None) -> int:
             todo = [p.parse_args(["--root", a.root, *job]) for job in json.load(f)]
     else:
         todo = [a]
-    commands = {"init": cmd_init, "loss": cmd_loss, "metrics": cmd_metrics, "val": cmd_val, "export": cmd_export,
-                "import": cmd_import}
+    commands = {"init": cmd_init, "loss": cmd_loss, "metrics": cmd_metrics, "valbatches": cmd_valbatches,
+                "val": cmd_val, "export": cmd_export, "import": cmd_import}
     for job in todo:
         commands[job.cmd](job)
     return 0
