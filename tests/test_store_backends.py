@@ -98,6 +98,20 @@ def test_incomplete_packed_store_refused(stores, tmp_path):
         PackedStore(broken)
 
 
+def test_packed_store_with_other_loaded_sizes_refused(stores, tmp_path):
+    # A store resized with the rounding rule of earlier versions (YOLOv9 truncates) must not be read.
+    src = Path(stores.stores["val"]["disk"])
+    old = tmp_path / "old.disk"
+    old.mkdir()
+    for f in src.iterdir():
+        (old / f.name).write_bytes(f.read_bytes())
+    hw = np.load(old / "hw.npy")
+    hw[0, 0] += 1
+    np.save(old / "hw.npy", hw)
+    with pytest.raises(StoreError, match="convert the dataset again"):
+        PackedStore(old)
+
+
 def test_max_side_reencode(synth_yaml, tmp_path):
     out = tmp_path / "small"
     res = convert(synth_yaml, "lmdb", out=out, splits="val", max_side=64, quality=80, **QUIET)
