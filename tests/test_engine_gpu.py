@@ -101,7 +101,7 @@ def test_render_batch_matches_reference(geometry, kernel):
 
 def test_resize_loaded_matches_store_load():
     from fastload.data.images import resize_to
-    from fastload.store.gpu import resize_loaded
+    from fastload.data.torch_images import resize_loaded
 
     rng = np.random.default_rng(1)
     for (h0, w0), (h, w) in [((300, 200), (128, 85)), ((97, 313), (40, 128)), ((50, 60), (107, 128)), ((64, 64), (64, 64))]:

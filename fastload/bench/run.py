@@ -143,7 +143,7 @@ def _resolve_sources(
     data: Any, split: str, kinds: list[str] | None, imgsz: int, convert: bool, tmp: Path | None, log: Log
 ) -> tuple[list[_Source], Any]:
     """Decide where each store kind comes from; returns the sources and the DataConfig (or None)."""
-    from fastload.store.factory import detect_kind
+    from fastload.store.kinds import detect_kind
 
     if isinstance(data, (str, os.PathLike)) and Path(data).is_dir() and detect_kind(Path(data)):
         # a store directory: that store, plus the original files when they are still on disk

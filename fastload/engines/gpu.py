@@ -7,7 +7,7 @@ plan the tiles (a few numbers per tile). The device then
 
 1. decodes the batch's unique source images at once (``torchvision.io.decode_jpeg`` on a list:
    nvJPEG on CUDA, libjpeg on CPU; non-JPEG files are decoded on the CPU and uploaded) and resizes
-   them to their loaded shape (:func:`fastload.store.gpu.decode_on_device`) - or uploads loaded
+   them to their loaded shape (:func:`fastload.data.torch_images.decode_on_device`) - or uploads loaded
    arrays from a ram/disk store through pinned memory - or, with ``store="gpu"``, reads the
    resident images in place;
 2. draws mosaics / letterboxes, mixup and flips with :func:`~fastload.augment.functional.torch_tiles.render_batch`
@@ -35,6 +35,7 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
+from fastload.data.torch_images import decode_on_device
 from fastload.engines.base import Batch, Engine, chunks, shapes_to_tuple
 from fastload.store.base import Store
 
@@ -160,8 +161,6 @@ class GPUEngine(Engine):
             pixels = stage.to(self.device, non_blocking=True).view(-1, 3)
             offsets = np.concatenate(([0], np.cumsum(sizes // 3)[:-1])).astype(np.int64)
             return ImageBank(pixels, offsets, hw), slot
-        from fastload.store.gpu import decode_on_device
-
         bufs = [bytes(self.store.read_image(i)) for i in srcs]
         imgs = decode_on_device(bufs, [self.store.im_files[i] for i in srcs], [tuple(v) for v in hw], self.device)
         pixels = torch.cat([chw_to_rows(im) for im in imgs], 0)

@@ -31,60 +31,29 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
+import cv2
+import lmdb
 import numpy as np
+import yaml
+from tqdm import tqdm
 
+from fastload import __version__
+from fastload.data.config import DataConfig, load_data_config
+from fastload.data.images import decode_image, probe_shape, resize_long_side
+from fastload.data.index import DatasetIndex, build_index
+from fastload.store import shm
 from fastload.store.base import StoreError
+from fastload.store.kinds import CONVERT_KINDS, in_shm, ram_segment_path
+from fastload.store.lmdb_store import LmdbWriter
+from fastload.store.packed import META, PackedWriter, packed_nbytes, read_meta, replace_dir
+from fastload.store.space import check_memory, check_space, fmt_bytes, tree_bytes
 
-KINDS = ("lmdb", "disk", "ram")
 COMMIT_EVERY = 64  # records per LMDB transaction: the most a kill can lose
 
 
 # ----------------------------------------------------------------------------- helpers
 def default_workers() -> int:
     return max(1, min(8, (os.cpu_count() or 1)))
-
-
-def fmt_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1024 or unit == "TB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1024
-    return f"{n:.1f} TB"
-
-
-def free_bytes(path: Path) -> int:
-    """Free bytes for an unprivileged writer on the filesystem holding ``path`` (or its nearest parent)."""
-    p = Path(path)
-    while not p.exists():
-        p = p.parent
-    st = os.statvfs(p)
-    return st.f_bavail * st.f_frsize
-
-
-def check_space(path: Path, needed: int, what: str) -> None:
-    """Raise StoreError naming needed vs free bytes when ``path``'s filesystem is too small."""
-    free = free_bytes(path)
-    if needed > free:
-        raise StoreError(
-            f"not enough space for {what} at {path}: needs about {fmt_bytes(needed)}, {fmt_bytes(free)} free"
-        )
-
-
-def check_memory(needed: int, what: str) -> None:
-    """Raise StoreError when shared memory or available RAM cannot hold ``needed`` bytes."""
-    import psutil
-
-    from fastload.store import shm
-
-    shm_free = free_bytes(shm.shm_root())
-    avail = psutil.virtual_memory().available
-    margin = 256 << 20  # leave room for the training process itself
-    if needed + margin > min(shm_free, avail):
-        raise StoreError(
-            f"not enough memory for {what}: needs {fmt_bytes(needed)}, but {shm.shm_root()} has "
-            f"{fmt_bytes(shm_free)} free and {fmt_bytes(avail)} RAM is available; use --to disk instead "
-            f"(served from the page cache) or free memory"
-        )
 
 
 @contextlib.contextmanager
@@ -148,10 +117,6 @@ def _encoded_task(task: tuple[int, str, int | None, int]) -> tuple[int, bytes | 
 
 def reencode(buf: bytes, max_side: int, quality: int, path: str | None = None) -> bytes:
     """Shrink an encoded image to ``max_side`` on its long side as JPEG ``quality``; small ones stay as they are."""
-    import cv2
-
-    from fastload.data.images import decode_image, probe_shape, resize_long_side
-
     h, w = probe_shape(buf, path)
     if max(h, w) <= max_side:
         return buf
@@ -164,8 +129,6 @@ def reencode(buf: bytes, max_side: int, quality: int, path: str | None = None) -
 
 def _decoded_task(task: tuple[int, str, int]) -> tuple[int, np.ndarray | None, str | None, int]:
     """Decode one file and resize it to its loaded shape (as YOLOv9's load_image)."""
-    from fastload.data.images import decode_image, resize_long_side
-
     i, path, imgsz = task
     try:
         buf = Path(path).read_bytes()
@@ -197,8 +160,6 @@ class Progress:
     """A tqdm bar in images/s with MB/s of source data in its postfix."""
 
     def __init__(self, total: int, desc: str, enabled: bool, initial: int = 0) -> None:
-        from tqdm import tqdm
-
         self.bar = tqdm(total=total, initial=initial, desc=desc, unit="img", disable=not enabled, dynamic_ncols=True)
         self.t0 = time.perf_counter()
         self.bytes = 0
@@ -234,10 +195,6 @@ def write_lmdb(
     log: Callable[[str], None] = print,
 ) -> tuple[Path, list[tuple[str, str]]]:
     """Write one LMDB store from a scan index; returns its path and the images it had to skip."""
-    import lmdb
-
-    from fastload.store.lmdb_store import LmdbWriter
-
     files = list(index.im_files)
     src_bytes = sum(os.path.getsize(f) for f in files if os.path.exists(f))
     job = {"sources": source_fingerprint(files), "n": len(files), "max_side": max_side, "quality": quality if max_side else None}
@@ -272,7 +229,7 @@ def write_lmdb(
             "source_files": len(files),
             "options": {"max_side": max_side, "quality": job["quality"]},
             "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
-            "fastload_version": _version(),
+            "fastload_version": __version__,
         }
         return writer.commit(len(files), meta)
     except lmdb.Error as e:  # disk full, map errors: keep what is written and say how to go on
@@ -295,8 +252,6 @@ def write_packed(
     check: Callable[[int], None] | None = None,
 ) -> tuple[Path, list[tuple[str, str]]]:
     """Decode, resize and pack one split into a packed store at ``final``; returns it and skipped images."""
-    from fastload.store.packed import PackedWriter, packed_nbytes
-
     files = list(index.im_files)
     needed = packed_nbytes(index.shapes, imgsz)
     if check is not None:
@@ -309,7 +264,7 @@ def write_packed(
         "source_files": len(files),
         "options": {"imgsz": imgsz},
         "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        "fastload_version": _version(),
+        "fastload_version": __version__,
     }
     writer = PackedWriter(final, imgsz=imgsz, names=names, meta=meta)
     skipped: list[tuple[str, str]] = []
@@ -334,42 +289,24 @@ def write_packed(
 
 def copy_packed(src: Path, dst: Path) -> Path:
     """Copy a finished packed store (e.g. disk -> /dev/shm) through a temporary sibling."""
-    from fastload.store.packed import META, read_meta, replace_dir
-
     src, dst = Path(src), Path(dst)
     meta = read_meta(src)
-    if str(dst).startswith(str(_shm_root())):
+    if in_shm(dst):
         check_memory(int(meta.get("pixel_bytes", 0)), f"ram store {dst.name}")
     else:
-        check_space(dst.parent, _tree_size(src), f"copy of {src}")
+        check_space(dst.parent, tree_bytes(src), f"copy of {src}")
     tmp = dst.with_name(dst.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     for f in sorted(src.iterdir()):
         if f.name != META and f.is_file():
             shutil.copyfile(f, tmp / f.name)
-    meta["kind"] = "ram" if str(dst).startswith(str(_shm_root())) else meta.get("kind", "disk")
+    meta["kind"] = "ram" if in_shm(dst) else meta.get("kind", "disk")
     meta["copied_from"] = str(src)
     (tmp / (META + ".tmp")).write_text(json.dumps(meta, indent=1))
     os.replace(tmp / (META + ".tmp"), tmp / META)
     replace_dir(tmp, dst)
     return dst
-
-
-def _shm_root() -> Path:
-    from fastload.store import shm
-
-    return shm.shm_root()
-
-
-def _tree_size(path: Path) -> int:
-    return sum(p.stat().st_size for p in Path(path).rglob("*") if p.is_file())
-
-
-def _version() -> str:
-    from fastload import __version__
-
-    return __version__
 
 
 # ----------------------------------------------------------------------------- ram stores
@@ -411,9 +348,7 @@ def count_images(cfg: Any, split: str) -> int:
     return len(scan(cfg, split, workers=default_workers(), progress=False).im_files)
 
 
-def scan(cfg: Any, split: str, *, workers: int, progress: bool) -> Any:
-    from fastload.data.index import build_index
-
+def scan(cfg: DataConfig, split: str, *, workers: int, progress: bool) -> DatasetIndex:
     return build_index(cfg, split, workers=workers, progress=progress)
 
 
@@ -454,13 +389,11 @@ def convert(
       resume: continue an interrupted LMDB conversion instead of starting over.
       max_side, quality: re-encode LMDB images whose long side exceeds ``max_side`` as JPEG ``quality``.
     """
-    from fastload.data.config import load_data_config
-
     cfg = load_data_config(data)
     kinds = _split_list(to)
-    bad = [k for k in kinds if k not in KINDS]
+    bad = [k for k in kinds if k not in CONVERT_KINDS]
     if bad or not kinds:
-        raise StoreError(f"unknown store kind(s) {bad or to!r}; choose from {', '.join(KINDS)}")
+        raise StoreError(f"unknown store kind(s) {bad or to!r}; choose from {', '.join(CONVERT_KINDS)}")
     wanted = _split_list(splits) if splits else list(cfg.splits)
     missing = [s for s in wanted if s not in cfg.splits]
     if missing:
@@ -516,9 +449,6 @@ def _write_kind(kind: str, cfg: Any, name: str, index: Any, out_dir: Path, *, im
         return write_packed(index, out_dir / f"{name}-{imgsz}.disk", imgsz=imgsz, names=cfg.names,
                             workers=workers, progress=progress)
     # ram: pinned in shared memory until `fastload unstage` (or a reboot; open_store then rebuilds it)
-    from fastload.store import shm
-    from fastload.store.factory import ram_segment_path
-
     seg = ram_segment_path(cfg, name, imgsz)
     disk = out_dir / f"{name}-{imgsz}.disk"
     skipped: list[tuple[str, str]] = []
@@ -533,7 +463,7 @@ def _write_kind(kind: str, cfg: Any, name: str, index: Any, out_dir: Path, *, im
                             imgsz=imgsz, names=cfg.names, workers=workers, progress=progress)
         reg.pinned = True
         reg.info.update(created=time.time(), created_by=os.getpid(), source=str(cfg.origin))
-    log(f"ram store pinned in shared memory ({fmt_bytes(_tree_size(seg))}); free it with `fastload unstage {seg}`")
+    log(f"ram store pinned in shared memory ({fmt_bytes(tree_bytes(seg))}); free it with `fastload unstage {seg}`")
     return seg, skipped
 
 
@@ -546,8 +476,6 @@ def _split_list(value: str | Sequence[str] | None) -> list[str]:
 
 def write_yaml(cfg: Any, out_dir: Path, stores: dict[str, dict[str, Path]]) -> Path:
     """Write ``out_dir/data.yaml``: the original keys with absolute paths, plus the merged ``fastload:`` key."""
-    import yaml
-
     yaml_path = out_dir / "data.yaml"
     merged: dict[str, dict[str, str]] = {}
     if yaml_path.is_file():  # converting again into the same folder adds to what is there
@@ -559,7 +487,7 @@ def write_yaml(cfg: Any, out_dir: Path, stores: dict[str, dict[str, Path]]) -> P
         for k, p in kinds.items():
             p = Path(p)
             # stores inside out_dir are written relative so the folder can be moved or staged
-            rel = os.path.relpath(p, out_dir) if not str(p).startswith(str(_shm_root())) else str(p)
+            rel = os.path.relpath(p, out_dir) if not in_shm(p) else str(p)
             merged.setdefault(s, {})[k] = rel
     raw = {k: v for k, v in dict(cfg.raw).items() if k != "fastload"}
     raw["path"] = str(Path(cfg.root).resolve())

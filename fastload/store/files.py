@@ -6,6 +6,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from fastload.data.index import build_index
 from fastload.store.base import Store, StoreError
 
 
@@ -45,8 +46,6 @@ class FileStore(Store):
     @classmethod
     def from_config(cls, cfg: Any, split: str = "train", **index_kw: Any) -> "FileStore":
         """Scan ``split`` of a :class:`DataConfig` (labels cache honoured) and wrap the result."""
-        from fastload.data.index import build_index
-
         index_kw.setdefault("progress", False)
         index = build_index(cfg, split, **index_kw)
         source = cfg.splits.get(split)
