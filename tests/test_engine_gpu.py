@@ -137,7 +137,8 @@ def test_batch_format_and_epoch_length(converted):
         got = list(fl)
         assert len(got) == len(fl) == -(-fl.n // 5)
         imgs, targets, paths, shapes = got[0]
-        assert imgs.dtype == torch.uint8 and imgs.shape == (5, 3, IMGSZ, IMGSZ) and imgs.is_contiguous()
+        assert imgs.dtype == torch.uint8 and imgs.shape == (5, 3, IMGSZ, IMGSZ)
+        assert imgs.is_contiguous(memory_format=torch.channels_last)  # layout="nhwc", the default
         assert targets.dtype == torch.float32 and targets.shape[1] == 6 and targets.device == imgs.device
         assert len(paths) == 5 and len(shapes) == 5
         assert sum(len(b[2]) for b in got) == fl.n

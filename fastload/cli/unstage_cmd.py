@@ -16,6 +16,7 @@ def register(sub: argparse._SubParsersAction, help_text: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # imported when the command runs: `fastload --help` stays light
     from fastload.store import shm
     from fastload.store.base import StoreError
     from fastload.store.kinds import shm_root

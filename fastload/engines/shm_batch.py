@@ -45,10 +45,6 @@ class SlotRing:
             raise RuntimeError(f"slot {slot} released twice")
         self._free.append(slot)
 
-    def reset(self) -> None:
-        """Mark every slot free (after the workers were drained)."""
-        self._free = collections.deque(range(self.n_slots))
-
     @property
     def n_free(self) -> int:
         return len(self._free)

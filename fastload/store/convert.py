@@ -37,7 +37,7 @@ import numpy as np
 import yaml
 from tqdm import tqdm
 
-from fastload import __version__
+from fastload._version import __version__
 from fastload.data.config import DataConfig, load_data_config
 from fastload.data.images import decode_image, probe_shape, resize_long_side
 from fastload.data.index import DatasetIndex, build_index
@@ -80,7 +80,7 @@ def output_lock(out: Path) -> Iterator[None]:
         os.close(fd)
 
 
-def source_fingerprint(im_files: Sequence[str]) -> str:
+def _source_fingerprint(im_files: Sequence[str]) -> str:
     """Hash of the source image list with sizes and mtimes (changes when the dataset changes)."""
     h = hashlib.sha1()
     for f in im_files:
@@ -109,13 +109,13 @@ def _encoded_task(task: tuple[int, str, int | None, int]) -> tuple[int, bytes | 
         return i, None, f"cannot read: {e}", 0
     if max_side:
         try:
-            buf = reencode(buf, max_side, quality, path)
+            buf = _reencode(buf, max_side, quality, path)
         except Exception as e:  # a corrupt image is reported, never fatal
             return i, None, str(e), len(buf)
     return i, buf, None, len(buf)
 
 
-def reencode(buf: bytes, max_side: int, quality: int, path: str | None = None) -> bytes:
+def _reencode(buf: bytes, max_side: int, quality: int, path: str | None = None) -> bytes:
     """Shrink an encoded image to ``max_side`` on its long side as JPEG ``quality``; small ones stay as they are."""
     h, w = probe_shape(buf, path)
     if max(h, w) <= max_side:
@@ -156,7 +156,7 @@ def _plain_worker_signals() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-class Progress:
+class _Progress:
     """A tqdm bar in images/s with MB/s of source data in its postfix."""
 
     def __init__(self, total: int, desc: str, enabled: bool, initial: int = 0) -> None:
@@ -182,7 +182,7 @@ class Progress:
 
 
 # ----------------------------------------------------------------------------- per-kind writers
-def write_lmdb(
+def _write_lmdb(
     index: Any,
     final: Path,
     *,
@@ -197,7 +197,7 @@ def write_lmdb(
     """Write one LMDB store from a scan index; returns its path and the images it had to skip."""
     files = list(index.im_files)
     src_bytes = sum(os.path.getsize(f) for f in files if os.path.exists(f))
-    job = {"sources": source_fingerprint(files), "n": len(files), "max_side": max_side, "quality": quality if max_side else None}
+    job = {"sources": _source_fingerprint(files), "n": len(files), "max_side": max_side, "quality": quality if max_side else None}
     if not (resume and final.with_name(final.name + ".partial").exists()):
         check_space(final.parent, int(src_bytes * 1.1) + (16 << 20), f"LMDB store {final.name}")
     writer = LmdbWriter(final, job=job, map_size=int(src_bytes * 1.5) + (64 << 20), resume=resume)
@@ -206,7 +206,7 @@ def write_lmdb(
             log(f"resuming {final.name}: {len(writer.done)} of {len(files)} records already written")
         todo = [i for i in range(len(files)) if i not in writer.done]
         tasks = [(i, files[i], max_side, quality) for i in todo]
-        bar = Progress(len(files), f"lmdb {final.name}", progress, initial=len(writer.done))
+        bar = _Progress(len(files), f"lmdb {final.name}", progress, initial=len(writer.done))
         delay = _delay()
         batch: list[Any] = []
         try:
@@ -240,7 +240,7 @@ def write_lmdb(
         raise
 
 
-def write_packed(
+def _write_packed(
     index: Any,
     final: Path,
     *,
@@ -260,7 +260,7 @@ def write_packed(
         check_space(final.parent, needed + (16 << 20), f"{kind} store {final.name}")
     meta = {
         "kind": kind,
-        "source_hash": source_fingerprint(files),
+        "source_hash": _source_fingerprint(files),
         "source_files": len(files),
         "options": {"imgsz": imgsz},
         "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
@@ -268,7 +268,7 @@ def write_packed(
     }
     writer = PackedWriter(final, imgsz=imgsz, names=names, meta=meta)
     skipped: list[tuple[str, str]] = []
-    bar = Progress(len(files), f"{kind} {final.name}", progress)
+    bar = _Progress(len(files), f"{kind} {final.name}", progress)
     delay = _delay()
     try:
         for i, img, err, nbytes in parallel_map(_decoded_task, [(i, f, imgsz) for i, f in enumerate(files)], workers):
@@ -310,7 +310,7 @@ def copy_packed(src: Path, dst: Path) -> Path:
 
 
 # ----------------------------------------------------------------------------- ram stores
-def build_ram(
+def _build_ram(
     segment: Path,
     *,
     index: Any = None,
@@ -324,7 +324,7 @@ def build_ram(
     if disk is not None:
         copy_packed(disk, segment)
         return []
-    _, skipped = write_packed(
+    _, skipped = _write_packed(
         index,
         segment,
         imgsz=imgsz,
@@ -340,7 +340,7 @@ def build_ram(
 def build_packed_from_source(cfg: Any, split: str, segment: Path, *, imgsz: int, kind: str = "ram") -> None:
     """Rebuild a packed store for ``split`` straight from the source images (used by open_store)."""
     index = scan(cfg, split, workers=default_workers(), progress=False)
-    build_ram(segment, index=index, imgsz=imgsz, names=cfg.names, workers=default_workers(), progress=False)
+    _build_ram(segment, index=index, imgsz=imgsz, names=cfg.names, workers=default_workers(), progress=False)
 
 
 def count_images(cfg: Any, split: str) -> int:
@@ -434,7 +434,7 @@ def convert(
                 for s in group:
                     stores.setdefault(s, {})[kind] = path
                 log(f"{kind} store for {'/'.join(group)}: {path}")
-        yaml_path = write_yaml(cfg, out_dir, stores)
+        yaml_path = _write_yaml(cfg, out_dir, stores)
     log(f"wrote {yaml_path}")
     return ConvertResult(yaml_path, stores, reports, skipped_all)
 
@@ -443,10 +443,10 @@ def _write_kind(kind: str, cfg: Any, name: str, index: Any, out_dir: Path, *, im
                 resume: bool, max_side: int | None, quality: int, progress: bool,
                 log: Callable[[str], None]) -> tuple[Path, list[tuple[str, str]]]:
     if kind == "lmdb":
-        return write_lmdb(index, out_dir / f"{name}.lmdb", names=cfg.names, workers=workers, resume=resume,
+        return _write_lmdb(index, out_dir / f"{name}.lmdb", names=cfg.names, workers=workers, resume=resume,
                           max_side=max_side, quality=quality, progress=progress, log=log)
     if kind == "disk":
-        return write_packed(index, out_dir / f"{name}-{imgsz}.disk", imgsz=imgsz, names=cfg.names,
+        return _write_packed(index, out_dir / f"{name}-{imgsz}.disk", imgsz=imgsz, names=cfg.names,
                             workers=workers, progress=progress)
     # ram: pinned in shared memory until `fastload unstage` (or a reboot; open_store then rebuilds it)
     seg = ram_segment_path(cfg, name, imgsz)
@@ -459,7 +459,7 @@ def _write_kind(kind: str, cfg: Any, name: str, index: Any, out_dir: Path, *, im
             reg.pinned = True
             return seg, skipped
         shutil.rmtree(seg, ignore_errors=True)
-        skipped = build_ram(seg, index=index, disk=disk if (disk / "meta.json").is_file() else None,
+        skipped = _build_ram(seg, index=index, disk=disk if (disk / "meta.json").is_file() else None,
                             imgsz=imgsz, names=cfg.names, workers=workers, progress=progress)
         reg.pinned = True
         reg.info.update(created=time.time(), created_by=os.getpid(), source=str(cfg.origin))
@@ -474,7 +474,7 @@ def _split_list(value: str | Sequence[str] | None) -> list[str]:
     return [x.strip() for x in items if x.strip()]
 
 
-def write_yaml(cfg: Any, out_dir: Path, stores: dict[str, dict[str, Path]]) -> Path:
+def _write_yaml(cfg: Any, out_dir: Path, stores: dict[str, dict[str, Path]]) -> Path:
     """Write ``out_dir/data.yaml``: the original keys with absolute paths, plus the merged ``fastload:`` key."""
     yaml_path = out_dir / "data.yaml"
     merged: dict[str, dict[str, str]] = {}

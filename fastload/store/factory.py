@@ -147,7 +147,7 @@ def _open_ram(cfg: DataConfig, split: str, imgsz: int, recorded: dict[str, Path]
     if not shm.is_complete(seg):
         # A ram store asked for on a yaml that records none is built on demand; a recorded one that
         # vanished (reboot) is rebuilt from the disk store, or from the source only when that is cheap.
-        build = ram_builder(cfg, split, imgsz, recorded, allow_decode=explicit and "ram" not in recorded)
+        build = _ram_builder(cfg, split, imgsz, recorded, allow_decode=explicit and "ram" not in recorded)
     try:
         return RamStore(seg, build=build)
     except StoreError as e:
@@ -160,7 +160,7 @@ def _open_ram(cfg: DataConfig, split: str, imgsz: int, recorded: dict[str, Path]
         raise
 
 
-def ram_builder(
+def _ram_builder(
     cfg: DataConfig, split: str, imgsz: int, recorded: dict[str, Path], *, allow_decode: bool
 ) -> Callable[[Path], None] | None:
     """How to (re)build a missing ram store: copy the disk store, else decode the source if cheap."""

@@ -23,13 +23,13 @@ from fastload.data.images import loaded_shape
 from fastload.data.torch_images import decode_on_device
 from fastload.store.base import ResidentImages, Store, StoreError
 
-__all__ = ["GpuStore", "default_device"]
+__all__ = ["GpuStore"]
 
 LOG = logging.getLogger(__name__)
 _GIB = float(1 << 30)
 
 
-def default_device() -> torch.device:
+def _default_device() -> torch.device:
     """The current CUDA device when there is one, else the CPU."""
     if torch.cuda.is_available():
         return torch.device("cuda", torch.cuda.current_device())
@@ -80,7 +80,7 @@ class GpuStore(Store):
         if not 0 < share <= 1:
             raise ValueError(f"share must be in (0, 1], got {share}")
         self.base = base
-        self.device = torch.device(device) if device is not None else default_device()
+        self.device = torch.device(device) if device is not None else _default_device()
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise StoreError(f"store='gpu' on {self.device}: CUDA is not available here (use device='cpu' or another store)")
         self.imgsz = int(imgsz or base.imgsz or 0) or None

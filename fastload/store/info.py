@@ -23,7 +23,7 @@ from fastload.store.space import fmt_bytes, tree_bytes
 SIZE_BUCKETS = (320, 640, 1024, 2048)
 
 
-def split_stats(labels: Sequence[np.ndarray], shapes: np.ndarray, names: Sequence[str]) -> dict[str, Any]:
+def _split_stats(labels: Sequence[np.ndarray], shapes: np.ndarray, names: Sequence[str]) -> dict[str, Any]:
     """Counts, class histogram and size distribution of one split."""
     shapes = np.asarray(shapes, np.int64).reshape(-1, 2)
     counts = np.array([len(lb) for lb in labels], np.int64)
@@ -69,7 +69,7 @@ def dataset_info(target: str | Path, splits: Sequence[str] | None = None) -> dic
     for split in splits or list(cfg.splits):
         index = build_index(cfg, split, progress=False)
         rep = index.report
-        stats = split_stats(index.labels, index.shapes, cfg.names)
+        stats = _split_stats(index.labels, index.shapes, cfg.names)
         stats.update(
             without_label_file=int(rep.missing),
             empty_label_file=int(rep.empty),
@@ -87,7 +87,7 @@ def store_info(path: str | Path) -> dict[str, Any]:
     """Info about one store directory, read from the store's index (no source files needed)."""
     path = Path(path)
     with open_path(path) as store:
-        stats = split_stats(store.labels, store.shapes, store.names)
+        stats = _split_stats(store.labels, store.shapes, store.names)
         stats["bytes"] = tree_bytes(path)
         return {
             "source": str(path),

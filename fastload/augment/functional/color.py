@@ -25,6 +25,7 @@ import cv2
 import numpy as np
 
 from fastload.augment.functional.scratch import scratch
+from fastload.augment.params import Rect
 
 __all__ = ["apply_hsv", "apply_hsv_in_box", "apply_hsv_reference", "hsv_luts"]
 
@@ -109,9 +110,8 @@ def _apply_hsv_middle(img: np.ndarray, middle: np.ndarray) -> np.ndarray:
     return img
 
 
-def apply_hsv_in_box(img: np.ndarray, gains: Sequence[float], box: tuple[int, int, int, int] | None) -> np.ndarray:
-    """:func:`apply_hsv` on an image whose pixels outside ``box = (y0, y1, x0, x1)`` all hold one
-    colour (a mosaic's grey border; None: the whole image is that colour), in place.
+def apply_hsv_in_box(img: np.ndarray, gains: Sequence[float], box: Rect | None) -> np.ndarray:
+    """:func:`apply_hsv` on an image whose pixels outside ``box`` all hold one colour (a mosaic's grey border; None: the whole image is that colour), in place.
 
     Only the rows ``y0:y1`` are converted and the other rows get that colour's own HSV result
     (from the same kernels on a small patch), so the output equals :func:`apply_hsv` on the whole
@@ -120,7 +120,7 @@ def apply_hsv_in_box(img: np.ndarray, gains: Sequence[float], box: tuple[int, in
     A scratch-high mosaic (random scale) leaves ~12 % of its rows as border on average (coco128).
     """
     h, w = img.shape[:2]
-    y0, y1 = (0, 0) if box is None else (max(box[0], 0), min(box[1], h))
+    y0, y1 = (0, 0) if box is None else (max(box.y0, 0), min(box.y1, h))
     aligned = (y0 * w) % 64 == 0 and ((y1 * w) % 64 == 0 or y1 == h)  # same vector blocks as the whole image
     if (y0 <= 0 and y1 >= h) or not aligned or not img.flags.c_contiguous:
         return apply_hsv(img, gains)
