@@ -47,7 +47,7 @@ def _boxes(
     The per-tile loop only collects label arrays and tile constants; every row then carries its
     tile's crop, matrix and candidate scale, so the arithmetic is a handful of array operations
     per call whatever the number of samples, tiles and boxes (a whole batch costs little more
-    than one sample: the per-call overhead of ~40 small numpy operations dominated).
+    than one sample: the per-call overhead of its small numpy operations dominated).
     """
     labs, counts, consts, mats, tile_owner = [], [], [], [], []
     persp = False

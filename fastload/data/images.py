@@ -9,12 +9,10 @@ The real format is found from the magic bytes, never from the file name, so a PN
 decoder involved), so the common no-EXIF case costs a few microseconds; other formats fall
 back to PIL's lazy header reader only when they may carry EXIF.
 
-JPEG decoder choice: on coco128 (640-px photos, one thread, best of 5 passes) ``cv2.imdecode``
-with ``IMREAD_COLOR_RGB`` took 2.09 ms/image, ``torchvision.io.decode_jpeg`` + HWC copy 2.06 ms
-and PIL 2.44 ms: cv2 and torchvision are equal within noise here (the issue's ~35% torchvision
-lead did not reproduce with OpenCV 5.0). cv2 is the default: it returns HWC directly, needs no
-torch in every worker, and torchvision 0.29 deprecates its image decoders.
-``FASTLOAD_JPEG_DECODER=torchvision|pil|cv2`` or :func:`set_jpeg_decoder` override it.
+JPEG decoder choice: ``cv2.imdecode`` is the default: it returns HWC directly, needs no torch in
+every worker, and torchvision 0.29 deprecates its image decoders (``fastload bench --stages decode``
+compares the decoders on your own data). :func:`set_jpeg_decoder` or
+``FASTLOAD_JPEG_DECODER=torchvision|pil|cv2`` (read when a JPEG is decoded) choose another.
 """
 from __future__ import annotations
 
@@ -384,7 +382,8 @@ def decode_image_reduced(buf: bytes, imgsz: int, path: str | None = None) -> np.
     """Decode a JPEG at 1/2, 1/4 or 1/8 scale when its long side is at least 2x ``imgsz``.
 
     The result's long side stays >= ``imgsz`` (so a following resize still shrinks) and is
-    about 1.5x cheaper to decode than the full image. Other formats decode at full size.
+    cheaper to decode than the full image (``benchmarks/reduced_decode.py`` measures by how much).
+    Other formats decode at full size.
     """
     buf = _as_bytes(buf)
     if sniff_format(buf) != "jpeg":

@@ -98,8 +98,8 @@ class Store(abc.ABC):
         The result always has exactly ``fastload.data.images.loaded_shape(h0, w0, imgsz)``, the shape
         the augmentation sampler planned with, also when the stored bytes were re-encoded smaller.
         ``reduced``: a JPEG whose stored long side is at least twice ``imgsz`` is decoded at 1/2, 1/4
-        or 1/8 scale by the DCT (still >= ``imgsz``) before the same final resize: faster, pixels
-        within a few grey levels of the full decode (README, "Reduced JPEG decode").
+        or 1/8 scale by the DCT (still >= ``imgsz``) before the same final resize: cheaper, pixels
+        within a few grey levels of the full decode (``benchmarks/reduced_decode.py`` measures both).
         """
         target = imgsz or self.imgsz
         sample = self.read_image(i)

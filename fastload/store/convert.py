@@ -14,7 +14,6 @@ Everything is written into a ``.partial`` sibling and renamed at the end, so an 
 original keys (so the official YOLOv9 code still reads it) and adds ``fastload: {split: {kind: path}}``.
 
 Decoding/encoding runs in a ``multiprocessing`` pool (``workers``), writing in the main process.
-``FASTLOAD_CONVERT_DELAY`` (seconds per record) slows writing down for interruption tests.
 """
 from __future__ import annotations
 
@@ -90,13 +89,6 @@ def _source_fingerprint(im_files: Sequence[str]) -> str:
         except OSError:
             h.update(f"{f}\0missing\n".encode())
     return h.hexdigest()
-
-
-def _delay() -> float:
-    try:
-        return float(os.environ.get("FASTLOAD_CONVERT_DELAY", "0") or 0)
-    except ValueError:
-        return 0.0
 
 
 # ----------------------------------------------------------------------------- worker tasks
@@ -207,14 +199,11 @@ def _write_lmdb(
         todo = [i for i in range(len(files)) if i not in writer.done]
         tasks = [(i, files[i], max_side, quality) for i in todo]
         bar = _Progress(len(files), f"lmdb {final.name}", progress, initial=len(writer.done))
-        delay = _delay()
         batch: list[Any] = []
         try:
             for i, buf, err, nbytes in parallel_map(_encoded_task, tasks, workers):
                 batch.append((i, buf, index.labels[i], index.shapes[i], files[i], err))
-                if delay:
-                    time.sleep(delay)
-                if len(batch) >= (8 if delay else COMMIT_EVERY):
+                if len(batch) >= COMMIT_EVERY:
                     writer.add_many(batch)
                     batch.clear()
                 bar.update(1, nbytes)
@@ -269,15 +258,12 @@ def _write_packed(
     writer = PackedWriter(final, imgsz=imgsz, names=names, meta=meta)
     skipped: list[tuple[str, str]] = []
     bar = _Progress(len(files), f"{kind} {final.name}", progress)
-    delay = _delay()
     try:
         for i, img, err, nbytes in parallel_map(_decoded_task, [(i, f, imgsz) for i, f in enumerate(files)], workers):
             if img is None:
                 skipped.append((files[i], err or "undecodable"))
             else:
                 writer.add(img, index.labels[i], index.shapes[i], files[i])
-            if delay:
-                time.sleep(delay)
             bar.update(1, nbytes)
         return writer.commit(), skipped
     except BaseException:

@@ -35,9 +35,9 @@ _RAMP = np.stack([np.arange(1024) % 180, np.arange(1024) % 256, np.arange(1024) 
 _RAMP_F = _RAMP.astype(np.float64)
 _OFFSETS = (2e-5, 1e-4, 5e-6, 1e-3)  # tried in order; see the module docstring
 
-#: The middle step of :func:`apply_hsv`: ``cv2.transform`` (True) or one 3-channel ``cv2.LUT``.
-#: Measured on a 640x640 HSV image, one core: OpenCV 5.1 transform 0.13-0.18 ms, 3-channel LUT
-#: 0.79-0.87 ms; OpenCV 4.14 transform 1.07-1.59 ms, 3-channel LUT 0.85-1.0 ms.
+#: The middle step of :func:`apply_hsv`: ``cv2.transform`` (True) or one 3-channel ``cv2.LUT``,
+#: whichever is cheaper on the installed OpenCV major version (the transform from OpenCV 5; the HSV
+#: row of ``benchmarks/augment_kernels.py`` times the whole step against the stock split/LUT/merge).
 TRANSFORM_MIDDLE: bool = int(cv2.__version__.split(".")[0]) >= 5
 
 
@@ -117,7 +117,7 @@ def apply_hsv_in_box(img: np.ndarray, gains: Sequence[float], box: Rect | None) 
     (from the same kernels on a small patch), so the output equals :func:`apply_hsv` on the whole
     image. Whole rows, not the box: OpenCV's vector and scalar colour conversions differ by one
     level at times, so a narrower region would move the row tails onto the scalar path.
-    A scratch-high mosaic (random scale) leaves ~12 % of its rows as border on average (coco128).
+    A scratch-high mosaic (random scale) often leaves whole rows of border.
     """
     h, w = img.shape[:2]
     y0, y1 = (0, 0) if box is None else (max(box.y0, 0), min(box.y1, h))
@@ -140,8 +140,8 @@ def apply_hsv_in_box(img: np.ndarray, gains: Sequence[float], box: Rect | None) 
 
 def _fill_rows(img: np.ndarray, start: int, stop: int, colour: np.ndarray) -> None:
     """Rows ``start:stop`` of an HWC image set to one ``colour``. Broadcasting a 3-value colour
-    over many rows runs numpy's slow 3-byte inner loop (0.36 ms for 80 rows of 640 px); filling one
-    row and copying it down runs whole-row copies (0.01 ms)."""
+    over many rows runs numpy's slow 3-byte inner loop; filling one row and copying it down runs
+    whole-row copies, many times cheaper."""
     if stop <= start:
         return
     img[start] = colour

@@ -46,9 +46,8 @@ _SEARCH = 64  # source-origin candidates tried per axis
 # resize path (every extra candidate costs one resized row / column, far less than a warp)
 _WIDE_SEARCH = 256
 # output px: take the first origin at least this well aligned. Each candidate further back costs a
-# resized (and discarded) row / column: 0.01 resized 21 % more pixels than kept on coco128
-# scratch-high mosaics, 0.03 resizes 11.5 % more. 0.03 px is about the step of stock YOLOv9's
-# own sampling grid (warpAffine rounds source positions to 1/32 px).
+# resized (and discarded) row / column, so a looser bound resizes fewer wasted pixels; 0.03 px is
+# about the step of stock YOLOv9's own sampling grid (warpAffine rounds source positions to 1/32 px).
 _PHASE_OK = 0.03
 PHASE_MAX = 0.05  # output px: beyond this the tile is warped instead
 
@@ -60,11 +59,10 @@ def default_axis_kernel() -> str:
     """The faster axis-aligned tile kernel for the installed OpenCV: ``"warp"`` from OpenCV 5,
     else ``"resize"``.
 
-    Measured on coco128 scratch-high mosaics, one core (``benchmarks/augment_kernels.py``, 128
-    source images, more than the L3 cache holds): on OpenCV 5.1 ``warpAffine`` of a copied source
-    draws the tiles in ~0.7x the time of the resize plan (no origin search, no padded or discarded
-    pixels); on OpenCV 4.14 its ``warpAffine`` is ~3x slower per pixel than ``cv2.resize`` and the
-    resize plan wins. A version rule, not a timing, so that the same seed gives the same pixels on
+    OpenCV 5's ``warpAffine`` of a copied source beats the resize plan (no origin search, no padded
+    or discarded pixels); OpenCV 4's ``warpAffine`` is several times slower per pixel than
+    ``cv2.resize``, and the resize plan wins. ``benchmarks/augment_kernels.py`` prints both kernels
+    side by side. A version rule, not a timing, so that the same seed gives the same pixels on
     every run of one installation.
     """
     major = int(cv2.__version__.split(".")[0])
@@ -295,8 +293,8 @@ def axis_plan(a: float, t: float, c0: int, c1: int, n_src: int, n_out: int) -> S
 def _best_origin(base: int, a: float, t: float, first: int, stop: int) -> tuple[int, float, float]:
     """``(s0, x_start, err)`` for the first origin ``s0 = base - k``, ``first <= k < stop``, whose
     resize column 0 lands within ``_PHASE_OK`` of an integer output position ``x_start``, else for
-    the best-aligned one. A plain loop: the first good origin comes after ~16 candidates on
-    average, fewer operations than evaluating all of them as an array.
+    the best-aligned one. A plain loop: the first good origin usually comes after a few candidates,
+    fewer operations than evaluating all of them as an array.
     """
     half_a = 0.5 * a
     best = (base - first, 0.0, math.inf)
