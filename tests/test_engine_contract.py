@@ -156,6 +156,9 @@ def test_unknown_and_inapplicable_options_are_refused(data, engine, run):
         (name, value), = refused.items()
         with pytest.raises(EngineOptionError, match=f"engine {engine!r} cannot take {name}={value}"):
             make(data, engine, run, **refused)
+    if engine != "gpu":
+        with pytest.raises(ValueError, match=f"engine='{engine}' .* cannot use store='gpu'"):
+            make(data, engine, run, store="gpu")
     with pytest.raises(ValueError, match="layout"):
         make(data, engine, run, layout="chw")
     with pytest.raises(ValueError, match="hsv_on"):

@@ -175,7 +175,7 @@ class _Progress:
 
 # ----------------------------------------------------------------------------- per-kind writers
 def _write_lmdb(
-    index: Any,
+    index: DatasetIndex,
     final: Path,
     *,
     names: Sequence[str],
@@ -230,7 +230,7 @@ def _write_lmdb(
 
 
 def _write_packed(
-    index: Any,
+    index: DatasetIndex,
     final: Path,
     *,
     imgsz: int,
@@ -299,7 +299,7 @@ def copy_packed(src: Path, dst: Path) -> Path:
 def _build_ram(
     segment: Path,
     *,
-    index: Any = None,
+    index: DatasetIndex | None = None,
     disk: Path | None = None,
     imgsz: int,
     names: Sequence[str],
@@ -323,13 +323,13 @@ def _build_ram(
     return skipped
 
 
-def build_packed_from_source(cfg: Any, split: str, segment: Path, *, imgsz: int, kind: str = "ram") -> None:
+def build_packed_from_source(cfg: DataConfig, split: str, segment: Path, *, imgsz: int, kind: str = "ram") -> None:
     """Rebuild a packed store for ``split`` straight from the source images (used by open_store)."""
     index = scan(cfg, split, workers=default_workers(), progress=False)
     _build_ram(segment, index=index, imgsz=imgsz, names=cfg.names, workers=default_workers(), progress=False)
 
 
-def count_images(cfg: Any, split: str) -> int:
+def count_images(cfg: DataConfig, split: str) -> int:
     """Number of images in a split (from a scan, which is cached by the data package)."""
     return len(scan(cfg, split, workers=default_workers(), progress=False).im_files)
 
@@ -425,7 +425,7 @@ def convert(
     return ConvertResult(yaml_path, stores, reports, skipped_all)
 
 
-def _write_kind(kind: str, cfg: Any, name: str, index: Any, out_dir: Path, *, imgsz: int, workers: int,
+def _write_kind(kind: str, cfg: DataConfig, name: str, index: DatasetIndex, out_dir: Path, *, imgsz: int, workers: int,
                 resume: bool, max_side: int | None, quality: int, progress: bool,
                 log: Callable[[str], None]) -> tuple[Path, list[tuple[str, str]]]:
     if kind == "lmdb":
@@ -460,7 +460,7 @@ def _split_list(value: str | Sequence[str] | None) -> list[str]:
     return [x.strip() for x in items if x.strip()]
 
 
-def _write_yaml(cfg: Any, out_dir: Path, stores: dict[str, dict[str, Path]]) -> Path:
+def _write_yaml(cfg: DataConfig, out_dir: Path, stores: dict[str, dict[str, Path]]) -> Path:
     """Write ``out_dir/data.yaml``: the original keys with absolute paths, plus the merged ``fastload:`` key."""
     yaml_path = out_dir / "data.yaml"
     merged: dict[str, dict[str, str]] = {}
