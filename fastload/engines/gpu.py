@@ -266,3 +266,4 @@ class GPUEngine(Engine):
 
     def _release(self) -> None:
         self._halt()
+        self.resident = None  # the resident pixels are the store's: keep no reference to them
