@@ -342,9 +342,9 @@ def main(argv: list[str] | None = None) -> int:
             ("cpu lmdb, HSV deferred to device", "stock files", lambda t: run_fastload(y, t, store="lmdb", hsv_on="defer", min_epochs=2, **common)),
             ("cpu files", "stock files", lambda t: run_fastload(y, t, store="files", min_epochs=2, **common)),
             ("cpu files, HSV deferred to device", "stock files", lambda t: run_fastload(y, t, store="files", hsv_on="defer", min_epochs=2, **common)),
-            ("cpu files, no decode cache", "stock files", lambda t: run_fastload(y, t, store="files", decode_cache_mb=0, **common)),
+            ("cpu files, no decode cache", "stock files", lambda t: run_fastload(y, t, store="files", engine_options={"decode_cache_mb": 0}, **common)),
             ("stock val rect files", "-", lambda t: run_stock(src, t, imgsz=args.imgsz, batch=args.batch, workers=args.workers, cache=False, augment=False, rect=True)),
-            ("val rect files, no cache", "decode ceiling", lambda t: run_fastload(y, t, store="files", augment=False, rect=True, pad=0.5, decode_cache_mb=0, **common)),
+            ("val rect files, no cache", "decode ceiling", lambda t: run_fastload(y, t, store="files", augment=False, rect=True, pad=0.5, engine_options={"decode_cache_mb": 0}, **common)),
             ("val rect ram", "decode ceiling", lambda t: run_fastload(y, t, store="ram", augment=False, rect=True, pad=0.5, **common)),
         ]
         if not args.quick:
@@ -352,8 +352,8 @@ def main(argv: list[str] | None = None) -> int:
                 ("lever: ram, hsv on consumer (cpu)", "cpu ram", lambda t: run_fastload(y, t, store="ram", hsv_on="consumer", **common)),
                 ("lever: ram, layout nchw", "cpu ram", lambda t: run_fastload(y, t, store="ram", layout="nchw", **common)),
                 (f"lever: ram, HSV deferred, {other_kernel} kernel", "cpu ram, HSV deferred to device",
-                 lambda t: run_fastload(y, t, store="ram", hsv_on="defer", axis_kernel=other_kernel, **common)),
-                (f"lever: ram, {other_kernel} kernel", "cpu ram", lambda t: run_fastload(y, t, store="ram", axis_kernel=other_kernel, **common)),
+                 lambda t: run_fastload(y, t, store="ram", hsv_on="defer", engine_options={"axis_kernel": other_kernel}, **common)),
+                (f"lever: ram, {other_kernel} kernel", "cpu ram", lambda t: run_fastload(y, t, store="ram", engine_options={"axis_kernel": other_kernel}, **common)),
                 ("lever: ram, workers 0", "cpu ram", lambda t: run_fastload(y, t, store="ram", **{**common, "workers": 0})),
                 ("lever: ram, workers 1", "cpu ram", lambda t: run_fastload(y, t, store="ram", **{**common, "workers": 1})),
             ]

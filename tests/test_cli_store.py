@@ -79,9 +79,9 @@ def test_stage_refuses_without_space(synth_yaml, tmp_path, monkeypatch, capsys):
     class Tiny:
         f_bavail, f_frsize = 10, 4096
 
-    import fastload.store.convert as conv
+    import fastload.store.space as space
 
-    monkeypatch.setattr(conv.os, "statvfs", lambda p: Tiny())
+    monkeypatch.setattr(space.os, "statvfs", lambda p: Tiny())
     assert run_cli(["stage", str(synth_yaml), "--to", str(tmp_path / "x"), "--no-progress"]) == 1
     err = capsys.readouterr().err
     assert "not enough space" in err and "needs" in err and "40.0 KB free" in err

@@ -165,7 +165,6 @@ def test_buffer_types_and_decoder_choice():
     assert (decode_image(memoryview(buf)) == ref).all()
     assert (decode_image(np.frombuffer(buf, np.uint8)) == ref).all()
     assert probe_shape(bytearray(buf)) == (48, 64)
-    before = images.jpeg_decoder()
     try:
         for name in ("torchvision", "pil"):
             images.set_jpeg_decoder(name)
@@ -177,4 +176,19 @@ def test_buffer_types_and_decoder_choice():
         with pytest.raises(ValueError):
             images.set_jpeg_decoder("nope")
     finally:
-        images.set_jpeg_decoder(before)
+        images.set_jpeg_decoder(None)
+
+
+def test_jpeg_decoder_environment_is_read_when_used(monkeypatch):
+    from fastload.data import images
+
+    monkeypatch.setenv("FASTLOAD_JPEG_DECODER", "pil")
+    assert images.jpeg_decoder() == "pil"  # after import: read on use
+    images.set_jpeg_decoder("cv2")
+    try:
+        assert images.jpeg_decoder() == "cv2"  # an explicit choice comes first
+    finally:
+        images.set_jpeg_decoder(None)
+    monkeypatch.setenv("FASTLOAD_JPEG_DECODER", "nvjpeg")
+    with pytest.raises(ValueError, match="FASTLOAD_JPEG_DECODER='nvjpeg'"):
+        images.jpeg_decoder()

@@ -57,7 +57,8 @@ def compare(ref, got, *, mean_diff: float, frac_over_3: float):
         for a, b in zip(ea, eb):
             assert a[2] == b[2] and a[3] == b[3]
             assert torch.equal(a[1], b[1]), "boxes must be identical"
-            assert a[0].shape == b[0].shape and b[0].dtype == torch.uint8 and b[0].is_contiguous()
+            assert a[0].shape == b[0].shape and b[0].dtype == torch.uint8
+            assert b[0].is_contiguous(memory_format=torch.channels_last)  # layout="nhwc", the default
             d = (a[0].int() - b[0].int()).abs()
             assert float(d.float().mean()) <= mean_diff
             assert float((d > 3).float().mean()) <= frac_over_3

@@ -101,7 +101,7 @@ def test_render_batch_matches_reference(geometry, kernel):
 
 def test_resize_loaded_matches_store_load():
     from fastload.data.images import resize_to
-    from fastload.store.gpu import resize_loaded
+    from fastload.data.torch_images import resize_loaded
 
     rng = np.random.default_rng(1)
     for (h0, w0), (h, w) in [((300, 200), (128, 85)), ((97, 313), (40, 128)), ((50, 60), (107, 128)), ((64, 64), (64, 64))]:
@@ -137,7 +137,8 @@ def test_batch_format_and_epoch_length(converted):
         got = list(fl)
         assert len(got) == len(fl) == -(-fl.n // 5)
         imgs, targets, paths, shapes = got[0]
-        assert imgs.dtype == torch.uint8 and imgs.shape == (5, 3, IMGSZ, IMGSZ) and imgs.is_contiguous()
+        assert imgs.dtype == torch.uint8 and imgs.shape == (5, 3, IMGSZ, IMGSZ)
+        assert imgs.is_contiguous(memory_format=torch.channels_last)  # layout="nhwc", the default
         assert targets.dtype == torch.float32 and targets.shape[1] == 6 and targets.device == imgs.device
         assert len(paths) == 5 and len(shapes) == 5
         assert sum(len(b[2]) for b in got) == fl.n

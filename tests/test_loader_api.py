@@ -203,10 +203,10 @@ def test_bad_arguments(synth_yaml):
         loader(synth_yaml, hsv_on="gpu", store="files")
     with pytest.raises(ValueError, match="no images left"):
         loader(synth_yaml, store="files", min_items=10**6)
-    with pytest.raises(ValueError, match="axis_kernel"):
-        loader(synth_yaml, store="files", axis_kernel="cubic")
-    with pytest.raises(ValueError, match="CPU-engine option"):
-        loader(synth_yaml, store="files", engine="gpu", axis_kernel="warp")
+    with pytest.raises(ValueError, match="engine 'cpu': axis_kernel"):
+        loader(synth_yaml, store="files", engine_options={"axis_kernel": "cubic"})
+    with pytest.raises(TypeError, match="engine 'gpu' has no option 'axis_kernel' \\(an option of engine 'cpu'\\)"):
+        loader(synth_yaml, store="files", engine="gpu", engine_options={"axis_kernel": "warp"})
 
 
 def test_axis_kernel_reaches_the_workers(synth_yaml):
@@ -215,7 +215,8 @@ def test_axis_kernel_reaches_the_workers(synth_yaml):
     runs = {}
     for kernel in ("warp", "resize"):
         for w in (0, 2):
-            with loader(synth_yaml, imgsz=IMGSZ, batch_size=6, workers=w, seed=3, store="files", axis_kernel=kernel) as fl:
+            with loader(synth_yaml, imgsz=IMGSZ, batch_size=6, workers=w, seed=3, store="files",
+                        engine_options={"axis_kernel": kernel}) as fl:
                 runs[kernel, w] = batches(fl, 2)
     for kernel in ("warp", "resize"):
         for a, b in zip(runs[kernel, 0], runs[kernel, 2]):

@@ -12,6 +12,7 @@ from fastload.data.images import decode_image, loaded_shape, resize_long_side
 from fastload.data.index import build_index
 from fastload.store import IncompleteStoreError, StoreError, open_store
 from fastload.store import convert as convert_mod
+from fastload.store import space
 from fastload.store.convert import convert, output_lock
 from fastload.store.packed import PackedStore
 
@@ -131,7 +132,7 @@ def test_second_converter_refused(synth_yaml, tmp_path):
 
 
 def test_disk_space_checked_first(synth_yaml, tmp_path, monkeypatch):
-    monkeypatch.setattr(convert_mod, "free_bytes", lambda p: 1000)
+    monkeypatch.setattr(space, "free_bytes", lambda p: 1000)
     with pytest.raises(StoreError, match=r"needs about .* free"):
         convert(synth_yaml, "disk", out=tmp_path / "full", **QUIET)
     assert not list((tmp_path / "full").glob("*.disk*"))

@@ -285,7 +285,8 @@ def train(opt: argparse.Namespace) -> dict:
     per_rank = opt.batch_size // ddp.world
     train_loader = fastload.loader(
         opt.data, split="train", imgsz=opt.imgsz, batch_size=per_rank, hyp=hyp, augment=True, store=store,
-        engine=opt.loader, workers=opt.workers, shuffle=True, rect=opt.rect, stride=gs, pad=0.0, seed=opt.seed,
+        engine=opt.loader, workers=None if opt.loader == "gpu" else opt.workers,  # the gpu engine takes no workers
+        shuffle=True, rect=opt.rect, stride=gs, pad=0.0, seed=opt.seed,
         rank=ddp.rank, world_size=ddp.world, min_items=opt.min_items, single_cls=opt.single_cls,
         device=device if cuda else None,
         hsv_on="consumer" if cuda else "worker")

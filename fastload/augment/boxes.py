@@ -18,7 +18,7 @@ import numpy as np
 
 from fastload.augment.params import ImageParams, SampleParams, translation
 
-__all__ = ["batch_targets", "transform_labels", "image_boxes", "box_candidates", "xyxy_to_xywhn"]
+__all__ = ["batch_targets", "transform_labels", "box_candidates", "xyxy_to_xywhn"]
 
 Labels = Union[Sequence[np.ndarray], Callable[[int], np.ndarray]]
 
@@ -37,21 +37,17 @@ def box_candidates(
     return (w2 > wh_thr) & (h2 > wh_thr) & (w2 * h2 / (w1 * h1 + eps) > area_thr) & (ar < ar_thr)
 
 
-def image_boxes(image: ImageParams, get_labels: Callable[[int], np.ndarray]) -> np.ndarray:
-    """float64 [n, 5] (cls, x0, y0, x1, y1) in output pixels for every tile of ``image``."""
-    return _boxes((image,), (0,), get_labels)[0]
-
-
 def _boxes(
     images: Sequence[ImageParams], owners: Sequence[int], get_labels: Callable[[int], np.ndarray]
 ) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`image_boxes` of several images sharing one output size, in one vectorised pass;
-    also returns, per box, the ``owners`` entry of its image (the sample it belongs to).
+    """float64 [n, 5] ``(cls, x0, y0, x1, y1)`` boxes in output pixels of every tile of several
+    images sharing one output size, in one vectorised pass, and per box the ``owners`` entry of its
+    image (the sample it belongs to).
 
     The per-tile loop only collects label arrays and tile constants; every row then carries its
     tile's crop, matrix and candidate scale, so the arithmetic is a handful of array operations
     per call whatever the number of samples, tiles and boxes (a whole batch costs little more
-    than one sample: the per-call overhead of ~40 small numpy operations dominated).
+    than one sample: the per-call overhead of its small numpy operations dominated).
     """
     labs, counts, consts, mats, tile_owner = [], [], [], [], []
     persp = False

@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
 from fastload.augment.hyp import load_hyp
 
 __all__ = [
+    "Rect",
     "TileParams",
     "ImageParams",
     "SampleParams",
@@ -31,9 +32,18 @@ __all__ = [
     "rect_batch_shapes",
     "per_index_shapes",
     "translation",
+    "shapes_to_array",
+    "shapes_from_array",
 ]
 
-Crop = tuple[int, int, int, int]
+class Rect(NamedTuple):
+    """A half-open pixel rectangle ``[x0, x1) x [y0, y1)``: the one rectangle convention of the
+    augmentation code (crops, the output rectangle a tile owns, the box of drawn pixels)."""
+
+    x0: int
+    y0: int
+    x1: int
+    y1: int
 
 
 def make_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
@@ -55,14 +65,14 @@ class TileParams:
 
     Attributes:
         src: dataset index of the loaded image.
-        crop: ``(x0, y0, x1, y1)``, the visible part of the loaded image in its pixels (half-open).
+        crop: the visible part of the loaded image, in its pixels.
         matrix: float64 [3, 3], loaded-image pixel -> output pixel (warpAffine convention; the
             last row is ``(0, 0, 1)`` unless the sample uses perspective). Read-only.
         src_hw: ``(h, w)`` of the loaded image (boxes are normalised to it); set by the sampler.
     """
 
     src: int
-    crop: Crop
+    crop: Rect
     matrix: np.ndarray
     src_hw: tuple[int, int] | None = None
 
@@ -71,7 +81,7 @@ class TileParams:
         m.setflags(write=False)
         object.__setattr__(self, "matrix", m)
         object.__setattr__(self, "src", int(self.src))
-        object.__setattr__(self, "crop", tuple(int(v) for v in self.crop))
+        object.__setattr__(self, "crop", Rect(*(int(v) for v in self.crop)))
         if self.src_hw is not None:
             object.__setattr__(self, "src_hw", (int(self.src_hw[0]), int(self.src_hw[1])))
 
@@ -163,6 +173,23 @@ class SampleParams:
         return tuple(t.src for t in tiles)
 
 
+def shapes_to_array(shapes: Any) -> np.ndarray:
+    """A YOLOv9 ``shapes`` entry as ``float64 [6]`` ``(h0, w0, h / h0, w / w0, padw, padh)``, all NaN
+    for ``None`` (a mosaic sample): how the entry crosses a process boundary (CPU workers, DALI)."""
+    if shapes is None:
+        return np.full(6, np.nan)
+    (h0, w0), ((rh, rw), (pw, ph)) = shapes
+    return np.array([h0, w0, rh, rw, pw, ph], np.float64)
+
+
+def shapes_from_array(a: np.ndarray) -> Any:
+    """The YOLOv9 ``shapes`` entry back from :func:`shapes_to_array`'s six floats."""
+    a = np.asarray(a, np.float64).reshape(6)
+    if math.isnan(a[0]):
+        return None
+    return ((int(a[0]), int(a[1])), ((float(a[2]), float(a[3])), (float(a[4]), float(a[5]))))
+
+
 # ----------------------------------------------------------------------------------------- rect shapes
 def rect_batch_shapes(
     shapes: np.ndarray, batch_size: int, imgsz: int, stride: int = 32, pad: float = 0.5
@@ -217,7 +244,6 @@ class ParamSampler:
         rect_shapes: int [N, 2] per-index batch shape ``(h, w)`` (rect mode: letterbox into it;
             mosaic is off as in YOLOv9). See :func:`rect_batch_shapes` / :func:`per_index_shapes`.
         mosaic9: use YOLOv9's 9-tile mosaic instead of the 4-tile one.
-        pad, stride: rect planning parameters, kept for :meth:`plan_rect`.
         orig_shapes: int [N, 2] original ``(h0, w0)`` for the ``shapes`` entry (default: loaded).
     """
 
@@ -231,8 +257,6 @@ class ParamSampler:
         seed: int = 0,
         rect_shapes: np.ndarray | None = None,
         mosaic9: bool = False,
-        pad: float = 0.0,
-        stride: int = 32,
         orig_shapes: np.ndarray | None = None,
     ) -> None:
         self.loaded_shapes = np.asarray(loaded_shapes, dtype=np.int64).reshape(-1, 2)
@@ -246,8 +270,6 @@ class ParamSampler:
         self.augment = bool(augment)
         self.seed = int(seed)
         self.mosaic9 = bool(mosaic9)
-        self.pad = float(pad)
-        self.stride = int(stride)
         n = len(self.loaded_shapes)
         self.rect_shapes = None if rect_shapes is None else np.asarray(rect_shapes, np.int64).reshape(-1, 2)
         if self.rect_shapes is not None and len(self.rect_shapes) != n:
@@ -269,9 +291,17 @@ class ParamSampler:
         self.mosaic_prob = 0.0
         self.mixup_prob = 0.0
 
-    def plan_rect(self, shapes: np.ndarray, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
-        """:func:`rect_batch_shapes` with this sampler's ``imgsz``, ``stride`` and ``pad``."""
-        return rect_batch_shapes(shapes, batch_size, self.imgsz, self.stride, self.pad)
+    @property
+    def max_out_hw(self) -> tuple[int, int]:
+        """The largest output ``(h, w)`` a record of this sampler can have (engines size buffers by it):
+        the largest rect batch shape in rect mode, else ``imgsz`` square (a mosaic of odd ``imgsz`` is
+        one pixel larger: the canvas is ``2 * imgsz`` minus ``imgsz // 2`` on each side)."""
+        if self.rect_shapes is not None:
+            return int(self.rect_shapes[:, 0].max()), int(self.rect_shapes[:, 1].max())
+        side = self.imgsz
+        if self.mosaic_prob > 0:
+            side = max(side, 2 * self.imgsz - 2 * (self.imgsz // 2))
+        return side, side
 
     # -- the record --------------------------------------------------------------------------------
     def sample(self, epoch: int, index: int) -> SampleParams:
@@ -381,7 +411,7 @@ class ParamSampler:
         return ImageParams((TileParams(index, (0, 0, w, h), lb, (h, w)),), (oh, ow), 114, cand), shapes
 
 
-Placement = tuple[Crop | None, tuple[int, int]]
+Placement = tuple[Rect | None, tuple[int, int]]
 
 
 def _mosaic4_placements(rng: np.random.Generator, s: int, hw: Sequence[tuple[int, int]]) -> list[Placement]:
@@ -406,7 +436,7 @@ def _mosaic4_placements(rng: np.random.Generator, s: int, hw: Sequence[tuple[int
         else:  # bottom right
             xa0, ya0, xa1, ya1 = xc, yc, min(xc + w, 2 * s), min(2 * s, yc + h)
             xb0, yb0 = 0, 0
-        crop = (xb0, yb0, xb0 + (xa1 - xa0), yb0 + (ya1 - ya0))
+        crop = Rect(xb0, yb0, xb0 + (xa1 - xa0), yb0 + (ya1 - ya0))
         out.append((crop if xa1 > xa0 and ya1 > ya0 else None, (xa0 - xb0, ya0 - yb0)))
     return out
 
@@ -444,6 +474,6 @@ def _mosaic9_placements(rng: np.random.Generator, s: int, hw: Sequence[tuple[int
         # visible = tile rect clipped to the 3s canvas (YOLOv9 clips at 0) and to the window
         vx0, vy0 = max(x0, 0, xc), max(y0, 0, yc)
         vx1, vy1 = min(x1, 3 * s, xc + 2 * s), min(y1, 3 * s, yc + 2 * s)
-        crop = (vx0 - x0, vy0 - y0, vx1 - x0, vy1 - y0)
+        crop = Rect(vx0 - x0, vy0 - y0, vx1 - x0, vy1 - y0)
         out.append((crop if vx1 > vx0 and vy1 > vy0 else None, (x0 - xc, y0 - yc)))
     return out

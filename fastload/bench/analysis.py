@@ -54,7 +54,7 @@ def _find(ms: Sequence[Measurement], stage: str, name: str) -> Measurement | Non
     return None
 
 
-def config_ceilings(
+def _config_ceilings(
     kind: str,
     ms: Sequence[Measurement],
     info: StoreInfo,
@@ -131,7 +131,7 @@ def analyse(
     configs: dict[str, dict[str, Any]] = {}
     for kind in sorted(stores, key=lambda k: PREFERENCE.index(k) if k in PREFERENCE else 99):
         loader = _find(ms, "loader", f"cpu/{kind}")
-        ceil = config_ceilings(
+        ceil = _config_ceilings(
             kind, ms, stores[kind], parallel=parallel, reads=reads, ram_available=ram_available,
             decode_cache_bytes=decode_cache_bytes, loader=loader,
         )

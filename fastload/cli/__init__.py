@@ -11,6 +11,8 @@ import importlib
 import sys
 from typing import Sequence
 
+from fastload._version import __version__
+
 # (sub-command module, one-line help) in the order `fastload --help` lists them.
 COMMANDS: tuple[tuple[str, str], ...] = (
     ("demo", "generate a synthetic dataset, convert it, load augmented batches, print throughput"),
@@ -30,8 +32,6 @@ def build_parser() -> argparse.ArgumentParser:
         prog="fastload",
         description="Fast object-detection data loading for YOLO datasets.",
     )
-    from fastload import __version__
-
     parser.add_argument("--version", action="version", version=f"fastload {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, help_text in COMMANDS:

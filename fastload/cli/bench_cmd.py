@@ -43,6 +43,7 @@ def _terminate(signum: int, _frame: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # imported when the command runs: `fastload --help` stays light
     from fastload.bench import run_bench
     from fastload.bench.report import format_report
 
@@ -78,6 +79,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json_out:
         print(f"json -> {result.write_json(args.json_out)}")
     if args.plot:
+        # imported when the command runs: `fastload --help` stays light
         from fastload.bench.plot import plot_bench
 
         print(f"plot -> {plot_bench(result, args.plot)}")

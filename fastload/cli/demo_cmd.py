@@ -12,6 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
+import fastload
+
 STORES = ("files", "lmdb", "ram")
 
 
@@ -28,6 +30,7 @@ def register(sub: argparse._SubParsersAction, help_text: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # imported when the command runs: `fastload --help` stays light
     from fastload.data.synthetic import make_synthetic_dataset
     from fastload.store import shm
     from fastload.store.convert import convert
@@ -47,9 +50,9 @@ def run(args: argparse.Namespace) -> int:
             rows.append((store, rate))
             if preview_batch is None:
                 preview_batch = batch
-        print_table(rows, args)
+        _print_table(rows, args)
         preview = out / "preview.jpg"
-        save_preview(preview_batch, preview)
+        _save_preview(preview_batch, preview)
         print(f"[4/4] preview of one augmented batch with its boxes: {preview}")
     finally:
         ram_segment = result.stores.get("train", {}).get("ram")
@@ -61,8 +64,6 @@ def run(args: argparse.Namespace) -> int:
 
 def measure(data_yaml: Path, store: str, args: argparse.Namespace) -> tuple[float, tuple]:
     """Images/s of full scratch-high augmentation from one store, after one warm-up batch."""
-    import fastload
-
     loader = fastload.loader(data_yaml, "train", imgsz=args.imgsz, batch_size=args.batch, store=store,
                              workers=args.workers, seed=0)
     try:
@@ -82,7 +83,7 @@ def measure(data_yaml: Path, store: str, args: argparse.Namespace) -> tuple[floa
         loader.close()
 
 
-def print_table(rows: list[tuple[str, float]], args: argparse.Namespace) -> None:
+def _print_table(rows: list[tuple[str, float]], args: argparse.Namespace) -> None:
     base = rows[0][1]
     print(f"\n  {'store':<8}{'images/s':>10}{'vs files':>10}")
     for store, rate in rows:
@@ -91,8 +92,9 @@ def print_table(rows: list[tuple[str, float]], args: argparse.Namespace) -> None
           f"`fastload bench` measures each stage)\n")
 
 
-def save_preview(batch: tuple, path: Path, columns: int = 4, max_images: int = 16) -> None:
+def _save_preview(batch: tuple, path: Path, columns: int = 4, max_images: int = 16) -> None:
     """Save up to ``max_images`` images of a YOLOv9 batch in a grid with their boxes and class ids drawn."""
+    # imported when the command runs: `fastload --help` stays light
     import cv2
 
     imgs, targets = batch[0][:max_images], batch[1].numpy()

@@ -16,6 +16,7 @@ def register(sub: argparse._SubParsersAction, help_text: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # imported when the command runs: `fastload --help` stays light
     from fastload.data.config import DataConfigError
     from fastload.store.base import StoreError
     from fastload.store.info import dataset_info, format_info, format_shm, shm_info

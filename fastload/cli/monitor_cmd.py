@@ -32,6 +32,7 @@ def register(sub: Any, help_text: str) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+    # imported when the command runs: `fastload --help` stays light
     from fastload.monitor import format_summary, monitor
 
     command = list(args.command or [])

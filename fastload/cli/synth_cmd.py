@@ -26,6 +26,7 @@ def register(sub: "argparse._SubParsersAction", help_text: str) -> argparse.Argu
 
 def run(args: argparse.Namespace) -> int:
     """Write the dataset and print where its data.yaml is."""
+    # imported when the command runs: `fastload --help` stays light
     from fastload.data.synthetic import make_synthetic_dataset, plant_faults
 
     t0 = time.perf_counter()

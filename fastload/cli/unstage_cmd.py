@@ -16,8 +16,10 @@ def register(sub: argparse._SubParsersAction, help_text: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # imported when the command runs: `fastload --help` stays light
     from fastload.store import shm
     from fastload.store.base import StoreError
+    from fastload.store.kinds import shm_root
     from fastload.store.info import format_shm, shm_info
     from fastload.store.stage import list_staged, unstage
 
@@ -26,7 +28,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.list:
         print(format_shm(shm_info()))
-        for p in list_staged(shm.shm_root()):
+        for p in list_staged(shm_root()):
             print(f"staged copy: {p}")
     if args.stale:
         removed = shm.cleanup_stale()

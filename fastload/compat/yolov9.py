@@ -20,13 +20,17 @@ import os
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from fastload.data.config import DataConfig
+from fastload.fastloader import loader as make_loader
+from fastload.store.factory import open_store
+
 LOG = logging.getLogger(__name__)
 
 
 def _data_config(path: Any) -> Any:
     """A DataConfig whose ``train`` split is the image folder / list file(s) YOLOv9 passes."""
-    from fastload.data.config import DataConfig
-
     sources = [Path(p) for p in (path if isinstance(path, (list, tuple)) else [path])]
     for p in sources:
         if not p.exists():
@@ -63,11 +67,9 @@ def create_dataloader(
     ``DistributedSampler``. ``close_mosaic`` only selected the DataLoader class upstream and is
     accepted for signature compatibility. ``prefix`` prefixes log messages. The engine, hsv mode
     and seed can be chosen with ``FASTLOAD_ENGINE`` (cpu), ``FASTLOAD_HSV`` (worker) and
-    ``FASTLOAD_SEED`` (0); ``FASTLOAD_REDUCED_DECODE=1`` turns on ``reduced_decode``.
+    ``FASTLOAD_SEED`` (0); ``FASTLOAD_REDUCED_DECODE=1`` turns on the CPU engine's reduced JPEG
+    decode (``CPUOptions(decode_scale="reduced")``).
     """
-    from fastload.fastloader import loader as make_loader
-    from fastload.store.factory import open_store
-
     if image_weights:
         raise ValueError("fastload.compat.yolov9: image_weights=True (--image-weights) is not supported; drop the flag")
     if quad:
@@ -81,20 +83,19 @@ def create_dataloader(
     try:
         n = len(store)
         batch_size = max(1, min(batch_size, n))
-        import torch
-
         nd = torch.cuda.device_count()
         nw = min((os.cpu_count() or 1) // max(nd, 1), batch_size if batch_size > 1 else 0, workers)
         world = int(os.environ.get("WORLD_SIZE", "1"))
         global_rank = int(os.environ.get("RANK", rank)) if rank != -1 else -1
+        engine = os.environ.get("FASTLOAD_ENGINE", "cpu")
         fl = make_loader(
             store,
             imgsz=imgsz,
             batch_size=batch_size,
             hyp=hyp,
             augment=augment,
-            engine=os.environ.get("FASTLOAD_ENGINE", "cpu"),
-            workers=nw,
+            engine=engine,
+            workers=None if engine == "gpu" else nw,  # the gpu engine's host side is one thread: no workers
             shuffle=shuffle,
             rect=rect,
             stride=int(stride),
@@ -105,7 +106,7 @@ def create_dataloader(
             min_items=min_items,
             single_cls=single_cls,
             hsv_on=os.environ.get("FASTLOAD_HSV", "worker"),
-            reduced_decode=os.environ.get("FASTLOAD_REDUCED_DECODE", "0") == "1",
+            engine_options={"decode_scale": "reduced"} if os.environ.get("FASTLOAD_REDUCED_DECODE", "0") == "1" else None,
         )
     except BaseException:
         store.close()

@@ -9,12 +9,10 @@ The real format is found from the magic bytes, never from the file name, so a PN
 decoder involved), so the common no-EXIF case costs a few microseconds; other formats fall
 back to PIL's lazy header reader only when they may carry EXIF.
 
-JPEG decoder choice: on coco128 (640-px photos, one thread, best of 5 passes) ``cv2.imdecode``
-with ``IMREAD_COLOR_RGB`` took 2.09 ms/image, ``torchvision.io.decode_jpeg`` + HWC copy 2.06 ms
-and PIL 2.44 ms: cv2 and torchvision are equal within noise here (the issue's ~35% torchvision
-lead did not reproduce with OpenCV 5.0). cv2 is the default: it returns HWC directly, needs no
-torch in every worker, and torchvision 0.29 deprecates its image decoders.
-``FASTLOAD_JPEG_DECODER=torchvision|pil|cv2`` or :func:`set_jpeg_decoder` override it.
+JPEG decoder choice: ``cv2.imdecode`` is the default: it returns HWC directly, needs no torch in
+every worker, and torchvision 0.29 deprecates its image decoders (``fastload bench --stages decode``
+compares the decoders on your own data). :func:`set_jpeg_decoder` or
+``FASTLOAD_JPEG_DECODER=torchvision|pil|cv2`` (read when a JPEG is decoded) choose another.
 """
 from __future__ import annotations
 
@@ -24,6 +22,7 @@ from pathlib import Path
 
 import cv2
 import numpy as np
+from PIL import Image
 
 __all__ = [
     "CorruptImageError",
@@ -33,7 +32,6 @@ __all__ = [
     "probe_header",
     "jpeg_is_complete",
     "jpeg_first_scan",
-    "exif_orientation",
     "apply_orientation",
     "decode_image",
     "set_jpeg_decoder",
@@ -158,8 +156,6 @@ def _png_chunk_exif(buf: bytes) -> bool:
 
 def _pil_header(buf: bytes, path: str | None) -> tuple[int, int, int]:
     """(h, w, orientation) via PIL's lazy header reader (no pixel decode)."""
-    from PIL import Image
-
     try:
         with Image.open(io.BytesIO(buf)) as im:
             w, h = im.size
@@ -205,11 +201,6 @@ def probe_header(buf: bytes, path: str | None = None) -> tuple[str, int, int, in
     if h <= 0 or w <= 0:
         raise CorruptImageError(path, f"image header says size {w}x{h}")
     return fmt, h, w, orientation
-
-
-def exif_orientation(buf: bytes, path: str | None = None) -> int:
-    """The EXIF orientation (1..8) of an encoded image; 1 when absent."""
-    return probe_header(buf, path)[3]
 
 
 def probe_shape(buf: bytes, path: str | None = None) -> tuple[int, int]:
@@ -282,6 +273,7 @@ def _decode_jpeg_default(buf: bytes, flags: int) -> np.ndarray | None:
 def _decode_jpeg_torchvision(buf: bytes, flags: int) -> np.ndarray | None:
     if flags:  # reduced decodes are a cv2 (libjpeg scale_denom) feature
         return _decode_jpeg_default(buf, flags)
+    # torch: only this opt-in decoder needs it; the store tools (convert, stage, info) stay torch-free
     import torch
     from torchvision.io import ImageReadMode, decode_jpeg
 
@@ -292,34 +284,36 @@ def _decode_jpeg_torchvision(buf: bytes, flags: int) -> np.ndarray | None:
 def _decode_jpeg_pil(buf: bytes, flags: int) -> np.ndarray | None:
     if flags:
         return _decode_jpeg_default(buf, flags)
-    from PIL import Image
-
     with Image.open(io.BytesIO(buf)) as im:
         return np.asarray(im.convert("RGB"))
 
 
 _JPEG_DECODERS = {"cv2": _decode_jpeg_default, "torchvision": _decode_jpeg_torchvision, "pil": _decode_jpeg_pil}
-_jpeg_decoder_name = os.environ.get("FASTLOAD_JPEG_DECODER", "cv2").lower()
-_decode_jpeg = _JPEG_DECODERS.get(_jpeg_decoder_name, _decode_jpeg_default)
+_chosen_decoder: str | None = None  # set_jpeg_decoder()'s choice; None: the environment's, else cv2
 
 
-def set_jpeg_decoder(name: str) -> None:
-    """Choose the JPEG decoder of this process: ``cv2`` (default), ``torchvision`` or ``pil``."""
-    global _decode_jpeg, _jpeg_decoder_name
-    if name not in _JPEG_DECODERS:
+def set_jpeg_decoder(name: str | None) -> None:
+    """Choose the JPEG decoder of this process: ``cv2`` (default), ``torchvision`` or ``pil``; it
+    takes precedence over ``$FASTLOAD_JPEG_DECODER``. ``None`` goes back to the environment's choice."""
+    global _chosen_decoder
+    if name is not None and name not in _JPEG_DECODERS:
         raise ValueError(f"unknown JPEG decoder {name!r}; choose from {sorted(_JPEG_DECODERS)}")
-    _decode_jpeg, _jpeg_decoder_name = _JPEG_DECODERS[name], name
+    _chosen_decoder = name
 
 
 def jpeg_decoder() -> str:
-    """Name of the JPEG decoder in use."""
-    return _jpeg_decoder_name if _jpeg_decoder_name in _JPEG_DECODERS else "cv2"
+    """Name of the JPEG decoder in use: :func:`set_jpeg_decoder`'s choice, else
+    ``$FASTLOAD_JPEG_DECODER`` (read on every call), else ``cv2``."""
+    if _chosen_decoder is not None:
+        return _chosen_decoder
+    name = os.environ.get("FASTLOAD_JPEG_DECODER", "cv2").lower()
+    if name not in _JPEG_DECODERS:
+        raise ValueError(f"FASTLOAD_JPEG_DECODER={name!r} is not a JPEG decoder; choose from {sorted(_JPEG_DECODERS)}")
+    return name
 
 
 def _decode_other_pil(buf: bytes) -> np.ndarray | None:
     """Fallback for formats the cv2 build cannot read (e.g. GIF): first frame, RGB."""
-    from PIL import Image
-
     try:
         with Image.open(io.BytesIO(buf)) as im:
             im.seek(0)
@@ -344,7 +338,7 @@ def _decode(buf: bytes, path: str | None, reduce: int = 1) -> tuple[np.ndarray, 
             reduce
         ]
         try:
-            img = _decode_jpeg(buf, flags)
+            img = _JPEG_DECODERS[jpeg_decoder()](buf, flags)
         except Exception as exc:
             raise CorruptImageError(path, f"JPEG decode failed ({type(exc).__name__}: {exc})") from None
         if img is None:
@@ -388,7 +382,8 @@ def decode_image_reduced(buf: bytes, imgsz: int, path: str | None = None) -> np.
     """Decode a JPEG at 1/2, 1/4 or 1/8 scale when its long side is at least 2x ``imgsz``.
 
     The result's long side stays >= ``imgsz`` (so a following resize still shrinks) and is
-    about 1.5x cheaper to decode than the full image. Other formats decode at full size.
+    cheaper to decode than the full image (``benchmarks/reduced_decode.py`` measures by how much).
+    Other formats decode at full size.
     """
     buf = _as_bytes(buf)
     if sniff_format(buf) != "jpeg":

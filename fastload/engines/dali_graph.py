@@ -15,8 +15,8 @@ the hardware decoder) and all pixel work runs on the GPU. Per tile slot ``k`` (s
   blends with what is there);
 * painted in order: ``canvas = value * weight + (1 - cover * weight) * canvas`` from the fill.
 
-Then both canvases are rounded to uint8, blended (``floor(a * r + b * (1 - r))``), flipped and
-transposed to CHW. HSV is applied by the engine on the output batch with
+Then both canvases are rounded to uint8, blended (``floor(a * r + b * (1 - r))``), flipped and,
+for ``layout="nchw"``, transposed to CHW. HSV is applied after the graph, on the output batch, with
 :func:`~fastload.augment.functional.torch_ops.apply_hsv_batch` (YOLOv9's multiplicative hue has no
 DALI operator; ``fn.hsv`` shifts hue additively).
 """
@@ -24,7 +24,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastload.engines.dali_source import HEAD, PER_SLOT, SampleSource, SlotLayout, n_outputs
+from fastload.engines.base import Layout
+from fastload.engines.dali_source import HEAD, PER_SLOT, SampleSource, TileSlots, n_outputs
 
 __all__ = ["build_pipeline"]
 
@@ -70,34 +71,38 @@ def build_pipeline(
     workers: int,
     threads: int,
     prefetch: int,
+    layout: Layout,
     seed: int = 0,
 ) -> Any:
-    """The DALI pipeline (not yet built) whose outputs are ``HEAD`` (CPU) then the CHW uint8 images."""
+    """The DALI pipeline (not yet built) whose outputs are ``HEAD`` (CPU) then the uint8 images
+    (HWC for ``layout="nhwc"``, CHW for ``"nchw"``)."""
+    # optional dependency: only an engine="dali" loader builds a pipeline (DALIEngine checked it is installed)
     from nvidia.dali import fn, pipeline_def, types
     import nvidia.dali.math as dmath
 
-    layout: SlotLayout = source.layout
+    slots: TileSlots = source.slots
     encoded = source.encoded
     dev = "cpu" if device_id is None else "gpu"
 
     @pipeline_def(batch_size=batch_size, num_threads=max(1, threads), device_id=device_id, seed=seed,
                   py_num_workers=max(1, workers), py_start_method="spawn", prefetch_queue_depth=max(1, prefetch))
     def graph():
-        outs = fn.external_source(source, num_outputs=n_outputs(layout), batch=False, parallel=True)
+        outs = fn.external_source(source, num_outputs=n_outputs(slots), batch=False, parallel=True)
         head = dict(zip(HEAD, outs[: len(HEAD)]))
-        slots = [tuple(outs[len(HEAD) + PER_SLOT * k : len(HEAD) + PER_SLOT * (k + 1)]) for k in range(layout.total)]
+        tile_slots = [tuple(outs[len(HEAD) + PER_SLOT * k : len(HEAD) + PER_SLOT * (k + 1)]) for k in range(slots.total)]
         out_hw = head["out_hw"]
         fill = head["fill"]
-        main = _canvas(fn, types, dmath, slots[: layout.main], out_hw, fill, encoded=encoded, dev=dev)
+        main = _canvas(fn, types, dmath, tile_slots[: slots.main], out_hw, fill, encoded=encoded, dev=dev)
         main = dmath.floor(main + 0.5)
-        if layout.mixup:
-            other = _canvas(fn, types, dmath, slots[layout.main :], out_hw, fill, encoded=encoded, dev=dev)
+        if slots.mixup:
+            other = _canvas(fn, types, dmath, tile_slots[slots.main :], out_hw, fill, encoded=encoded, dev=dev)
             other = dmath.floor(other + 0.5)
             r = head["ratio"]
             main = dmath.floor(main * r + other * (1.0 - r) + 1e-4)
         img = fn.cast(dmath.clamp(main, 0.0, 255.0), dtype=types.UINT8)
         img = fn.flip(img, horizontal=head["flip_lr"][0], vertical=head["flip_ud"][0])
-        img = fn.transpose(img, perm=[2, 0, 1])
+        if layout == "nchw":
+            img = fn.transpose(img, perm=[2, 0, 1])
         return tuple(head[k] for k in ("index", "boxes", "shapes", "gain")) + (img,)
 
     return graph()

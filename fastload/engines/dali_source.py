@@ -15,17 +15,21 @@ Matrices are emitted in DALI's ``warp_affine`` convention (destination -> source
 from __future__ import annotations
 
 import json
-import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import cv2
 import numpy as np
 
-from fastload.augment.params import ImageParams, SampleParams, TileParams, translation
+from fastload.augment.boxes import transform_labels
+from fastload.augment.functional import tiles
+from fastload.augment.functional.tiles import DrawMethod
+from fastload.augment.params import ImageParams, ParamSampler, SampleParams, TileParams, shapes_to_array, translation
+from fastload.store.base import Store
 
-__all__ = ["SampleSource", "SlotLayout", "placeholder_image", "dali_matrix", "write_plan"]
+__all__ = ["SampleSource", "TileSlots", "write_plan"]
 
 _HALF = translation(0.5, 0.5)
 _MINUS_HALF = translation(-0.5, -0.5)
@@ -33,7 +37,7 @@ PER_SLOT = 8  # image, loaded size, part box, crop box, part matrix, crop matrix
 
 
 @dataclass(frozen=True)
-class SlotLayout:
+class TileSlots:
     """How many tile slots the graph has for the main image and for the mixup partner."""
 
     main: int
@@ -44,19 +48,17 @@ class SlotLayout:
         return self.main + self.mixup
 
 
-def placeholder_image(encoded: bool) -> np.ndarray:
+def _placeholder_image(encoded: bool) -> np.ndarray:
     """An 8x8 grey image for unused slots: JPEG bytes (encoded stores) or an HWC array."""
     px = np.full((8, 8, 3), 114, np.uint8)
     if not encoded:
         return px
-    import cv2
-
     ok, buf = cv2.imencode(".jpg", px)
     assert ok
     return np.frombuffer(buf.tobytes(), np.uint8)
 
 
-def dali_matrix(dst_to_src: np.ndarray) -> np.ndarray:
+def _dali_matrix(dst_to_src: np.ndarray) -> np.ndarray:
     """OpenCV-convention destination -> source 3x3 matrix as DALI's ``[2, 3]`` float32 (affine part)."""
     m = _HALF @ dst_to_src @ _MINUS_HALF
     return np.ascontiguousarray(m[:2], np.float32)
@@ -80,20 +82,18 @@ def _tile_slot(tile: TileParams, out_hw: tuple[int, int], loaded_hw: tuple[int, 
     exact matrix) or its exact-scale resize (the rounded source span); 1: a warped tile
     (BORDER_TRANSPARENT: the coverage of the crop weights the blend with what is already there).
     """
-    from fastload.augment.functional import tiles as ref
-
     m = tile.matrix
     x0, y0, x1, y1 = tile.crop
     crop_box = np.array([y0, x0, y1 - y0, x1 - x0], np.int32)
     crop_inv = np.linalg.inv(m @ translation(x0, y0))  # output px -> crop px
-    plan = ref.tile_plan(tile, loaded_hw, out_hw, ref.check_axis_kernel(None))
-    if plan is None:
+    plan = tiles.tile_plan(tile, loaded_hw, out_hw, tiles.check_axis_kernel(None))
+    if plan.method is DrawMethod.SKIP:
         return None  # no output pixel samples inside the crop: the reference draws nothing
-    if plan is False:
-        return crop_box, crop_box, dali_matrix(crop_inv), dali_matrix(crop_inv), np.array([1.0], np.float32)
-    if isinstance(plan, ref.OwnedRect):
-        return crop_box, crop_box, dali_matrix(crop_inv), dali_matrix(crop_inv), np.array([0.0], np.float32)
-    xs, ys = plan
+    if plan.method is DrawMethod.WARP:
+        return crop_box, crop_box, _dali_matrix(crop_inv), _dali_matrix(crop_inv), np.array([1.0], np.float32)
+    if plan.method is DrawMethod.SCALED_WARP:
+        return crop_box, crop_box, _dali_matrix(crop_inv), _dali_matrix(crop_inv), np.array([0.0], np.float32)
+    xs, ys = plan.xs, plan.ys
     a, b = float(m[0, 0]), float(m[1, 1])
     px0, py0 = max(xs.s0, 0), max(ys.s0, 0)
     part_box = np.array([py0, px0, max(ys.s1 - py0, 1), max(xs.s1 - px0, 1)], np.int32)
@@ -102,7 +102,7 @@ def _tile_slot(tile: TileParams, out_hw: tuple[int, int], loaded_hw: tuple[int, 
     inv[0, 0], inv[1, 1] = 1.0 / a, 1.0 / b
     inv[0, 2] = xs.s0 - px0 + (xs.j0 - xs.d0 + 0.5) / a - 0.5
     inv[1, 2] = ys.s0 - py0 + (ys.j0 - ys.d0 + 0.5) / b - 0.5
-    return part_box, crop_box, dali_matrix(inv), dali_matrix(crop_inv), np.array([0.0], np.float32)
+    return part_box, crop_box, _dali_matrix(inv), _dali_matrix(crop_inv), np.array([0.0], np.float32)
 
 
 class SampleSource:
@@ -112,16 +112,16 @@ class SampleSource:
         store: the loader's store view (re-opens its handles lazily in each worker).
         sampler: the parameter sampler (a copy lives in every worker; the plan carries mosaic state).
         plan_dir: where the engine writes ``plan_<k>.npz`` before DALI epoch ``k``.
-        layout: tile slots of the graph.
+        slots: tile slots of the graph.
         imgsz: loaded long side.
         encoded: emit encoded bytes (decoded by DALI) instead of loaded arrays.
     """
 
-    def __init__(self, store: Any, sampler: Any, plan_dir: str, layout: SlotLayout, imgsz: int, encoded: bool) -> None:
+    def __init__(self, store: Store, sampler: ParamSampler, plan_dir: str, slots: TileSlots, imgsz: int, encoded: bool) -> None:
         self.store = store
         self.sampler = sampler
         self.plan_dir = str(plan_dir)
-        self.layout = layout
+        self.slots = slots
         self.imgsz = int(imgsz)
         self.encoded = bool(encoded)
         self._plan: tuple[int, int, np.ndarray] | None = None  # (dali epoch, our epoch, indices)
@@ -158,9 +158,9 @@ class SampleSource:
             out += [self._image(tile.src), np.array(hw, np.float32), part, crop, pm, cm, kind, np.array([1.0], np.float32)]
             used += 1
         if self._placeholder is None:
-            self._placeholder = placeholder_image(self.encoded)
+            self._placeholder = _placeholder_image(self.encoded)
         box = np.array([0, 0, 8, 8], np.int32)
-        eye = dali_matrix(np.eye(3))
+        eye = _dali_matrix(np.eye(3))
         for _ in range(n - used):
             out += [self._placeholder, np.array([8.0, 8.0], np.float32), box, box, eye, eye,
                     np.array([0.0], np.float32), np.array([0.0], np.float32)]
@@ -168,16 +168,11 @@ class SampleSource:
 
     def record_arrays(self, rec: SampleParams) -> list[np.ndarray]:
         """Everything the graph needs for one record, in output order (see :mod:`dali_graph`)."""
-        from fastload.augment.boxes import transform_labels
-
         oh, ow = rec.image.out_hw
-        sh = rec.shapes
-        shapes = np.full(6, np.nan, np.float64) if sh is None else np.array(
-            [sh[0][0], sh[0][1], sh[1][0][0], sh[1][0][1], sh[1][1][0], sh[1][1][1]], np.float64)
         head = [
             np.array([rec.index], np.int64),
             np.ascontiguousarray(transform_labels(rec, self.store.labels), np.float32).reshape(-1, 5),
-            shapes,
+            shapes_to_array(rec.shapes),
             np.array([float(oh), float(ow)], np.float32),
             np.array([float(rec.image.fill)], np.float32),
             np.array([rec.mixup_ratio if rec.mixup is not None else 1.0], np.float32),
@@ -185,7 +180,7 @@ class SampleSource:
             np.array([int(rec.flip_ud)], np.int32),
             np.array(rec.hsv_gain, np.float32),
         ]
-        return head + self._slots(rec.image, self.layout.main) + self._slots(rec.mixup, self.layout.mixup)
+        return head + self._slots(rec.image, self.slots.main) + self._slots(rec.mixup, self.slots.mixup)
 
     def __call__(self, info: Any) -> list[np.ndarray]:
         epoch, indices = self._epoch_plan(int(info.epoch_idx))
@@ -198,14 +193,6 @@ class SampleSource:
 HEAD = ("index", "boxes", "shapes", "out_hw", "fill", "ratio", "flip_lr", "flip_ud", "gain")
 
 
-def n_outputs(layout: SlotLayout) -> int:
+def n_outputs(slots: TileSlots) -> int:
     """Number of arrays the source emits per sample."""
-    return len(HEAD) + PER_SLOT * layout.total
-
-
-def shapes_from_array(a: np.ndarray) -> Any:
-    """The YOLOv9 shapes entry back from its 6 floats (NaN: None, a mosaic sample)."""
-    a = np.asarray(a, np.float64).reshape(-1)
-    if math.isnan(a[0]):
-        return None
-    return ((int(a[0]), int(a[1])), ((float(a[2]), float(a[3])), (float(a[4]), float(a[5]))))
+    return len(HEAD) + PER_SLOT * slots.total

@@ -1,6 +1,7 @@
 """A decoded-image cache shared by all worker processes of one loader.
 
-Mosaic and mixup read ~4.6 images per output image (YOLOv9 scratch-high), so a loader that decodes
+Mosaic and mixup read several images per output image (4 per mosaic, 4 more with mixup; ``fastload
+bench`` reports the average as ``reads_per_sample``), so a loader that decodes
 JPEGs on every read spends most of its time in the decoder. This cache keeps the *loaded* image
 (long side = imgsz, RGB HWC uint8) of every sample it has room for, in one anonymous shared mapping
 created before the workers fork: whichever worker decodes an image first writes it, every worker

@@ -26,6 +26,7 @@ from typing import Any, Sequence, TextIO
 import numpy as np
 import psutil
 
+from fastload.monitor.plot import plot_monitor
 from fastload.monitor.sampler import GPU_FIELDS, HOST_FIELDS, GpuReading, HostReading, HostSampler, NvmlSampler
 
 BUSY_PCT = 50.0  # a sample under this GPU utilisation counts as "GPU waiting"
@@ -45,7 +46,7 @@ class MonitorResult:
     plot_path: Path | None = None
 
 
-def csv_header(gpu_indices: Sequence[int]) -> list[str]:
+def _csv_header(gpu_indices: Sequence[int]) -> list[str]:
     """CSV columns: wall time, elapsed seconds, host fields, then the fields of each GPU."""
     cols = ["time", "elapsed_s", *HOST_FIELDS]
     for i in gpu_indices:
@@ -124,7 +125,7 @@ def monitor(
     fh = None
     writer = None
     rows: list[list[str]] = []
-    header = csv_header(nvml.indices)
+    header = _csv_header(nvml.indices)
     start = time.monotonic()
     try:
         if csv_path is not None:
@@ -183,8 +184,6 @@ def monitor(
         csv_path=csv_path,
     )
     if plot:
-        from fastload.monitor.plot import plot_monitor
-
         result.plot_path = plot_monitor(table, plot, gpu_indices=gpu_indices, cores=host.cores, title=_title(command, pid))
     if echo is not None:
         print(format_summary(summary), file=echo, flush=True)

@@ -12,9 +12,14 @@ from __future__ import annotations
 
 import abc
 import os
-from typing import Any, Union
+from typing import TYPE_CHECKING, Any, NamedTuple, Union
 
 import numpy as np
+
+from fastload.data.images import decode_image, decode_image_reduced, loaded_shape, resize_to
+
+if TYPE_CHECKING:  # torch is needed only by stores whose images live on a device
+    import torch
 
 Sample = Union[bytes, np.ndarray]
 
@@ -28,6 +33,18 @@ class StoreError(RuntimeError):
 
 class IncompleteStoreError(StoreError):
     """The store was never finished (interrupted conversion): no commit marker."""
+
+
+class ResidentImages(NamedTuple):
+    """Loaded images held in device memory (``store="gpu"``), as HWC pixel rows in one tensor.
+
+    Image ``i`` (a store index) is ``pixels[offsets[i] : offsets[i] + h * w]`` with ``(h, w) = hw[i]``.
+    """
+
+    pixels: "torch.Tensor"  # uint8 [P, 3] on device
+    offsets: np.ndarray  # int64 [N] first pixel row of every image
+    hw: np.ndarray  # int64 [N, 2] loaded (h, w) of every image
+    device: "torch.device"
 
 
 class Store(abc.ABC):
@@ -70,6 +87,10 @@ class Store(abc.ABC):
     def close(self) -> None:
         """Release handles. Idempotent; the store may be re-opened lazily by a later read."""
 
+    def resident_images(self) -> ResidentImages | None:
+        """The loaded images already in device memory (``store="gpu"``), else None (the default)."""
+        return None
+
     # -- helpers shared by all backends ----------------------------------------------------------
     def load(self, i: int, imgsz: int | None = None, *, reduced: bool = False) -> np.ndarray:
         """The loaded RGB HWC uint8 image ``i`` whose long side is ``imgsz`` (default: the store's).
@@ -77,11 +98,9 @@ class Store(abc.ABC):
         The result always has exactly ``fastload.data.images.loaded_shape(h0, w0, imgsz)``, the shape
         the augmentation sampler planned with, also when the stored bytes were re-encoded smaller.
         ``reduced``: a JPEG whose stored long side is at least twice ``imgsz`` is decoded at 1/2, 1/4
-        or 1/8 scale by the DCT (still >= ``imgsz``) before the same final resize: faster, pixels
-        within a few grey levels of the full decode (README, "Reduced JPEG decode").
+        or 1/8 scale by the DCT (still >= ``imgsz``) before the same final resize: cheaper, pixels
+        within a few grey levels of the full decode (``benchmarks/reduced_decode.py`` measures both).
         """
-        from fastload.data.images import decode_image, decode_image_reduced, loaded_shape, resize_to
-
         target = imgsz or self.imgsz
         sample = self.read_image(i)
         if isinstance(sample, np.ndarray):

@@ -36,15 +36,15 @@ INDEX_KEY = b"__index__"
 JOB_KEY = b"__job__"
 
 
-def image_key(src: int) -> bytes:
+def _image_key(src: int) -> bytes:
     return b"i:%08d" % src
 
 
-def record_key(src: int) -> bytes:
+def _record_key(src: int) -> bytes:
     return b"r:%08d" % src
 
 
-def skip_key(src: int) -> bytes:
+def _skip_key(src: int) -> bytes:
     return b"x:%08d" % src
 
 
@@ -53,7 +53,7 @@ def record_checksum(image: bytes | memoryview, labels: np.ndarray) -> int:
     return zlib.crc32(np.ascontiguousarray(labels, np.float32).tobytes(), zlib.crc32(image))
 
 
-def open_env(path: Path, *, write: bool = False, map_size: int = 1 << 30) -> lmdb.Environment:
+def _open_env(path: Path, *, write: bool = False, map_size: int = 1 << 30) -> lmdb.Environment:
     if write:
         return lmdb.open(str(path), map_size=map_size, subdir=True, meminit=False, max_dbs=0)
     return lmdb.open(
@@ -77,7 +77,7 @@ def _acquire_env(path: Path) -> lmdb.Environment:
                 _ENVS.pop(other)[0].close()
             except lmdb.Error:
                 pass
-        entry = _ENVS[key] = [open_env(path), 0]
+        entry = _ENVS[key] = [_open_env(path), 0]
     entry[1] += 1
     return entry[0]
 
@@ -93,7 +93,7 @@ def _release_env(path: Path) -> None:
         entry[0].close()
 
 
-def read_lmdb_meta(path: Path) -> dict[str, Any]:
+def _read_lmdb_meta(path: Path) -> dict[str, Any]:
     """The committed metadata of an LMDB store, or IncompleteStoreError naming the directory."""
     path = Path(path)
     if not (path / "data.mdb").is_file():
@@ -129,7 +129,7 @@ class LmdbStore(Store):
     def __init__(self, path: str | Path) -> None:
         super().__init__()
         self.path = str(path)
-        self.meta = read_lmdb_meta(Path(path))
+        self.meta = _read_lmdb_meta(Path(path))
         self.names = list(self.meta.get("names", []))
         self._env: lmdb.Environment | None = None
         with self._environment().begin() as txn:
@@ -159,7 +159,7 @@ class LmdbStore(Store):
     def read_image(self, i: int) -> bytes:
         i = self.check_index(i)
         with self._environment().begin() as txn:
-            buf = txn.get(image_key(int(self.keys[i])))
+            buf = txn.get(_image_key(int(self.keys[i])))
         if buf is None:
             raise StoreError(f"{self.path}: image record {i} ({self.im_files[i]}) is missing")
         return bytes(buf)
@@ -194,7 +194,7 @@ class LmdbWriter:
         self.map_size = max(int(map_size), 1 << 24)
         resuming = self.tmp.exists()
         self.tmp.mkdir(parents=True, exist_ok=True)
-        self.env = open_env(self.tmp, write=True, map_size=self.map_size)
+        self.env = _open_env(self.tmp, write=True, map_size=self.map_size)
         self.done: set[int] = set()
         if resuming:
             with self.env.begin() as txn:
@@ -228,12 +228,12 @@ class LmdbWriter:
         items: list[tuple[bytes, bytes]] = []
         for src, buf, labels, shape, file, error in records:
             if buf is None:
-                items.append((skip_key(src), msgpack.packb({"f": file, "e": error or "unreadable"})))
+                items.append((_skip_key(src), msgpack.packb({"f": file, "e": error or "unreadable"})))
                 continue
             lb = np.ascontiguousarray(labels, np.float32).reshape(-1, 5)
             rec = {"l": lb.tobytes(), "s": [int(shape[0]), int(shape[1])], "f": file, "c": record_checksum(buf, lb)}
-            items.append((image_key(src), bytes(buf)))
-            items.append((record_key(src), msgpack.packb(rec)))
+            items.append((_image_key(src), bytes(buf)))
+            items.append((_record_key(src), msgpack.packb(rec)))
         self._put(items)
 
     def commit(self, n_sources: int, meta: dict[str, Any]) -> tuple[Path, list[tuple[str, str]]]:
@@ -244,9 +244,9 @@ class LmdbWriter:
         keys, labels, shapes, files, sums, skipped = [], [], [], [], [], []
         with self.env.begin() as txn:
             for src in range(n_sources):
-                raw = txn.get(record_key(src))
+                raw = txn.get(_record_key(src))
                 if raw is None:
-                    bad = txn.get(skip_key(src))
+                    bad = txn.get(_skip_key(src))
                     if bad is None:
                         raise StoreError(f"{self.tmp}: record {src} was never written; cannot commit")
                     info = msgpack.unpackb(bytes(bad), raw=False)

@@ -27,6 +27,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from fastload.data.images import loaded_shape
+from fastload.store import shm
 from fastload.store.base import (
     SCHEMA_VERSION,
     IncompleteStoreError,
@@ -224,8 +226,6 @@ def replace_dir(src: Path, dst: Path) -> None:
 
 def packed_nbytes(shapes: np.ndarray, imgsz: int) -> int:
     """Bytes ``pixels.bin`` will take for these original shapes at ``imgsz`` (to check space first)."""
-    from fastload.data.images import loaded_shape
-
     return int(sum(3 * h * w for h, w in (loaded_shape(int(a), int(b), imgsz) for a, b in np.asarray(shapes).reshape(-1, 2))))
 
 
@@ -240,8 +240,6 @@ class RamStore(PackedStore):
     kind = "ram"
 
     def __init__(self, path: str | Path, *, build: Any = None, pinned: bool = False) -> None:
-        from fastload.store import shm
-
         shm.acquire(Path(path), build, pinned=pinned)
         self._holder_pid = os.getpid()
         try:
@@ -251,8 +249,6 @@ class RamStore(PackedStore):
             raise
 
     def close(self) -> None:
-        from fastload.store import shm
-
         super().close()
         if getattr(self, "_holder_pid", None) == os.getpid():
             self._holder_pid = None

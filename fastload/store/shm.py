@@ -27,17 +27,15 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-PREFIX = "fastload-"
+from fastload.store.base import StoreError
+from fastload.store.kinds import SHM_PREFIX, shm_root
+from fastload.store.space import tree_bytes
+
 HOLDERS_SUFFIX = ".holders"
 COMMIT_FILE = "meta.json"  # the packed layout's commit marker (see packed.py)
 
 
-def shm_root() -> Path:
-    """Root folder of shared-memory stores (``/dev/shm`` unless ``FASTLOAD_SHM_DIR`` is set)."""
-    return Path(os.environ.get("FASTLOAD_SHM_DIR", "/dev/shm"))
-
-
-def pid_alive(pid: int) -> bool:
+def _pid_alive(pid: int) -> bool:
     """True when ``pid`` names a running (non-zombie) process on this machine."""
     if pid <= 0:
         return False
@@ -71,7 +69,7 @@ class Registry:
     info: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def prune(self) -> list[int]:
-        dead = [p for p in self.pids if not pid_alive(p)]
+        dead = [p for p in self.pids if not _pid_alive(p)]
         self.pids = [p for p in self.pids if p not in dead]
         return dead
 
@@ -139,8 +137,6 @@ def acquire(
     It runs while the lock is held, so exactly one process per machine builds; the others wait.
     Raises :class:`fastload.store.base.StoreError` when the segment is absent and ``build`` is None.
     """
-    from fastload.store.base import StoreError
-
     segment = Path(segment)
     with locked(segment) as reg:
         reg.prune()
@@ -190,8 +186,6 @@ def release(segment: Path) -> bool:
 
 def remove(segment: Path, *, force: bool = False) -> None:
     """Remove a segment now. Refuses while live processes hold it unless ``force``."""
-    from fastload.store.base import StoreError
-
     segment = Path(segment)
     with locked(segment) as reg:
         reg.prune()
@@ -226,14 +220,6 @@ class SegmentInfo:
         return d
 
 
-def _tree_bytes(path: Path) -> int:
-    total = 0
-    for p in path.rglob("*") if path.is_dir() else []:
-        with contextlib.suppress(OSError):
-            total += p.stat().st_size
-    return total
-
-
 def list_segments(root: Path | None = None) -> list[SegmentInfo]:
     """Every ram store segment (finished or not) under the shm root.
 
@@ -243,7 +229,7 @@ def list_segments(root: Path | None = None) -> list[SegmentInfo]:
     root = Path(root) if root else shm_root()
     names = {
         p.name[: -len(HOLDERS_SUFFIX)]
-        for p in (root.glob(PREFIX + "*" + HOLDERS_SUFFIX) if root.is_dir() else [])
+        for p in (root.glob(SHM_PREFIX + "*" + HOLDERS_SUFFIX) if root.is_dir() else [])
     }
     out = []
     for name in sorted(names):
@@ -252,8 +238,8 @@ def list_segments(root: Path | None = None) -> list[SegmentInfo]:
         with contextlib.suppress(OSError, ValueError):
             data = json.loads(holders_path(seg).read_text() or "{}")
         pids = [int(p) for p in data.get("pids", [])]
-        live = [p for p in pids if pid_alive(p)]
-        nbytes = _tree_bytes(seg) + sum(_tree_bytes(p) for p in root.glob(name + ".partial*"))
+        live = [p for p in pids if _pid_alive(p)]
+        nbytes = tree_bytes(seg) + sum(tree_bytes(p) for p in root.glob(name + ".partial*"))
         out.append(
             SegmentInfo(seg, nbytes, is_complete(seg), bool(data.get("pinned")), live, [p for p in pids if p not in live])
         )

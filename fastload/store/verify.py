@@ -10,7 +10,12 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+from tqdm import tqdm
+
+from fastload.data.config import load_data_config
 from fastload.store.base import StoreError
+from fastload.store.factory import open_path
+from fastload.store.kinds import detect_kind
 
 
 @dataclasses.dataclass
@@ -44,10 +49,6 @@ class VerifyResult:
 
 def verify_store(path: str | Path, *, progress: bool = False) -> VerifyResult:
     """Check every record of the store at ``path``; never raises for a damaged or unfinished store."""
-    from tqdm import tqdm
-
-    from fastload.store.factory import detect_kind, open_path
-
     path = Path(path)
     result = VerifyResult(str(path), detect_kind(path) if path.exists() else None)
     try:
@@ -73,8 +74,6 @@ def verify_target(target: str | Path, *, progress: bool = False) -> list[VerifyR
     """Verify a store directory, or every store a ``data.yaml`` records (each path once)."""
     target = Path(target)
     if target.is_file() and target.suffix in (".yaml", ".yml"):
-        from fastload.data.config import load_data_config
-
         cfg = load_data_config(target)
         paths: list[Path] = []
         for kinds in cfg.stores.values():
