@@ -113,14 +113,26 @@ def test_resize_loaded_matches_store_load():
 
 
 # ---------------------------------------------------------------------------------- through the loader
-@pytest.mark.parametrize("store,max_diff", [("lmdb", 3), ("ram", 3)])
-def test_gpu_engine_matches_cpu_engine_without_hsv(converted, store, max_diff):
+@pytest.mark.parametrize("store,partners", [("lmdb", "dataset"), ("ram", "dataset"), ("lmdb", "batch")])
+def test_gpu_engine_matches_cpu_engine_without_hsv(converted, store, partners):
     """Same records -> identical boxes, paths and shapes. Pixels: OpenCV's fixed-point rounding
     gives up to 1 level in the tile resize, 1 more in the loaded resize (encoded stores only) and
-    mixup's truncation can add 1."""
-    ref = batches(converted, "cpu", store=store, hyp=no_hsv())
-    got = batches(converted, "gpu", store=store, hyp=no_hsv(), device="cpu")
-    assert_same_boxes_close_pixels(ref, got, max_diff=max_diff, mean_diff=0.1)
+    mixup's truncation can add 1. With partners="batch" the engine decodes each batch's own images
+    once (one batched decode) and gathers the tiles from them."""
+    ref = batches(converted, "cpu", store=store, hyp=no_hsv(), partners=partners)
+    with loader(converted, engine="gpu", imgsz=IMGSZ, batch_size=6, workers=0, seed=7, store=store, hyp=no_hsv(),
+                device="cpu", partners=partners) as fl:
+        got = [(b[0].cpu().clone(), b[1].cpu().clone(), b[2], b[3]) for b in fl]
+        stats = fl.stats()
+    assert_same_boxes_close_pixels(ref, got, max_diff=3, mean_diff=0.1)
+    n = sum(len(b[2]) for b in got)
+    assert stats["partners"] == partners and stats["images"] == n
+    if store == "ram":
+        assert stats["decodes"] == 0
+    elif partners == "batch":
+        assert stats["decodes"] == n  # the batch's distinct images, each once (no duplicates in one epoch)
+    else:
+        assert stats["decodes"] > 2 * n  # the distinct sources of every batch's mosaics
 
 
 def test_gpu_engine_matches_cpu_engine_with_hsv(converted):
