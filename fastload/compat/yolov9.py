@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from fastload.augment.params import PARTNERS
 from fastload.data.config import DataConfig
 from fastload.fastloader import loader as make_loader
 from fastload.store.factory import open_store
@@ -68,7 +69,9 @@ def create_dataloader(
     accepted for signature compatibility. ``prefix`` prefixes log messages. The engine, hsv mode
     and seed can be chosen with ``FASTLOAD_ENGINE`` (cpu), ``FASTLOAD_HSV`` (worker) and
     ``FASTLOAD_SEED`` (0); ``FASTLOAD_REDUCED_DECODE=1`` turns on the CPU engine's reduced JPEG
-    decode (``CPUOptions(decode_scale="reduced")``).
+    decode (``CPUOptions(decode_scale="reduced")``); ``FASTLOAD_PARTNERS`` (``dataset`` or ``batch``;
+    unset: the engine's default) sets the training loader's ``partners`` (validation loaders draw
+    no partners and ignore it).
     """
     if image_weights:
         raise ValueError("fastload.compat.yolov9: image_weights=True (--image-weights) is not supported; drop the flag")
@@ -88,6 +91,9 @@ def create_dataloader(
         world = int(os.environ.get("WORLD_SIZE", "1"))
         global_rank = int(os.environ.get("RANK", rank)) if rank != -1 else -1
         engine = os.environ.get("FASTLOAD_ENGINE", "cpu")
+        partners = os.environ.get("FASTLOAD_PARTNERS") or None
+        if partners is not None and partners not in PARTNERS:
+            raise ValueError(f"FASTLOAD_PARTNERS={partners!r}: choose one of {', '.join(PARTNERS)} (or leave it unset)")
         fl = make_loader(
             store,
             imgsz=imgsz,
@@ -107,6 +113,7 @@ def create_dataloader(
             single_cls=single_cls,
             hsv_on=os.environ.get("FASTLOAD_HSV", "worker"),
             engine_options={"decode_scale": "reduced"} if os.environ.get("FASTLOAD_REDUCED_DECODE", "0") == "1" else None,
+            partners=partners if augment and not rect else None,
         )
     except BaseException:
         store.close()
