@@ -279,6 +279,8 @@ def decode_counts(yaml_path: Path, imgsz: int, batch: int, workers: int, batches
     """Decodes per output image of every engine and ``partners`` over the first ``batches`` batches
     from files and lmdb (the CPU engine without its decoded cache: what a dataset larger than the
     cache costs)."""
+    from fastload.fastloader import loader
+
     rows = []
     for engine in ("cpu", "gpu", "dali"):
         for store in ("files", "lmdb"):
@@ -289,10 +291,10 @@ def decode_counts(yaml_path: Path, imgsz: int, batch: int, workers: int, batches
                 else:
                     kw["device"] = "cuda" if torch.cuda.is_available() else "cpu"
                     kw["workers"] = 0 if engine == "gpu" else workers
+                    if engine == "gpu":
+                        kw["prefetch"] = 0  # no background batch left rendering when the count stops
                 row = {"engine": engine, "store": store, "partners": partners}
                 try:
-                    from fastload.fastloader import loader
-
                     with loader(yaml_path, **kw) as fl:
                         for _ in itertools.islice(fl, batches):
                             pass
