@@ -191,8 +191,9 @@ class FastLoader:
 
     def stats(self) -> dict[str, Any]:
         """Counters for benchmarks: ``store`` (its kind) plus the engine's :meth:`~fastload.engines.base.Engine.stats`
-        (every engine: ``engine``, ``batches``, ``images``, ``worker_pids``; the CPU engine adds its
-        decoded-cache hits/misses and the next epoch's batches rendered early, used / dropped)."""
+        (every engine: ``engine``, ``batches``, ``images``, ``worker_pids``, ``partners``, ``decodes``,
+        ``decodes_per_image``; the CPU engine adds its decoded cache's hits/misses and machine-wide
+        state and the next epoch's batches rendered early, used / dropped)."""
         return {"store": self.store.kind, **self.engine.stats()}
 
     def close(self) -> None:

@@ -226,7 +226,10 @@ def _build(segment: Path, hw: np.ndarray, budget: int, imgsz: int, recipe: str) 
     fd = os.open(tmp / _DATA, os.O_RDWR | os.O_CREAT, 0o666)
     try:
         try:  # reserve the memory now: a full filesystem fails here, not as a SIGBUS in a worker's write
-            os.posix_fallocate(fd, 0, pixels_at + nbytes)
+            if hasattr(os, "posix_fallocate"):
+                os.posix_fallocate(fd, 0, pixels_at + nbytes)
+            else:  # macOS: no reservation, the free-space check above is all there is
+                os.ftruncate(fd, pixels_at + nbytes)
         except OSError as e:
             raise _NoRoom(f"cannot reserve {fmt_bytes(pixels_at + nbytes)} for a decoded-image cache in "
                           f"{segment.parent}: {e.strerror}") from e
