@@ -17,6 +17,9 @@ def register(sub: argparse._SubParsersAction, help_text: str) -> None:
     p.add_argument("--resume", action="store_true", help="continue an interrupted LMDB conversion")
     p.add_argument("--max-side", type=int, default=None, help="lmdb: re-encode images whose long side exceeds N")
     p.add_argument("--quality", type=int, default=90, help="JPEG quality for --max-side re-encoding (default 90)")
+    p.add_argument("--force", action="store_true",
+                   help="replace the stores of another dataset in --out (a folder holds one dataset's stores), and "
+                        "remove stores built before the images changed that this run does not rebuild")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=run)
 
@@ -33,6 +36,7 @@ def run(args: argparse.Namespace) -> int:
         convert(
             args.data, args.to, out=args.out, imgsz=args.imgsz, splits=args.split, workers=args.workers,
             resume=args.resume, max_side=args.max_side, quality=args.quality, progress=not args.no_progress,
+            force=args.force,
         )
     except (StoreError, DataConfigError, OSError) as e:
         print(f"fastload convert: {e}", file=sys.stderr)
