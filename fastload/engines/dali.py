@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from fastload.engines.base import Batch, Engine, chunks, collate_targets
+from fastload.engines.main_guard import unguarded_main_line
 from fastload.store.base import Store
 
 __all__ = ["DALIEngine", "require_dali"]
@@ -64,6 +65,18 @@ def _device_id(device: str | torch.device | None) -> tuple[int | None, torch.dev
                            f"(torch.cuda.is_available() is False); use device='cpu' for DALI's CPU-only mode or engine='cpu'")
     index = dev.index if dev.index is not None else torch.cuda.current_device()
     return index, torch.device("cuda", index)
+
+
+def _refuse_unguarded_script() -> None:
+    """Fail at once, saying what to do, where DALI's spawned workers would re-run the script and hang."""
+    unguarded = unguarded_main_line()
+    if unguarded:
+        script, line = unguarded
+        raise RuntimeError(
+            f"engine='dali' starts its reader processes with 'spawn', which runs {script} again from the top, and "
+            f"line {line} builds the loader outside `if __name__ == \"__main__\":`; move the script's work under that "
+            f"guard (docs/gpu.md, \"DALI needs a main guard\")"
+        )
 
 
 def _max_tiles(sampler: Any) -> int:
@@ -99,6 +112,7 @@ class DALIEngine(Engine):
         **options: Any,
     ) -> None:
         require_dali()
+        _refuse_unguarded_script()
         super().__init__(store, sampler, batch_size=batch_size, workers=workers, device=device, hsv=hsv, **options)
         self.device_id, self.device = _device_id(device)
         if store.kind == "gpu":
