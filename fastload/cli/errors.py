@@ -27,6 +27,10 @@ EXIT_BROKEN_PIPE = 128 + 13  # SIGPIPE, as a shell reports a writer killed by it
 USER_ERRORS: tuple[type[BaseException], ...] = (OSError, ValueError, LookupError, ImportError)
 
 
+class UsageError(ValueError):
+    """An option value that cannot work (found after parsing, e.g. by looking at the machine): exit 2."""
+
+
 def debug_enabled(flag: bool = False) -> bool:
     """True when ``--debug`` was given or ``FASTLOAD_DEBUG`` is set to anything but ``""``/``0``."""
     return bool(flag) or os.environ.get("FASTLOAD_DEBUG", "").strip() not in ("", "0")
@@ -66,7 +70,7 @@ def run_reported(prog: str, fn: Callable[[], int | None], *, debug: bool = False
         if debug_enabled(debug):
             raise
         print(f"{prog}: {describe(exc)}", file=sys.stderr)
-        return EXIT_FAILED
+        return EXIT_USAGE if isinstance(exc, UsageError) else EXIT_FAILED
 
 
 class OneLineParser(argparse.ArgumentParser):
