@@ -111,7 +111,7 @@ def test_missing_store_is_skipped_with_the_command_to_build_it(synth_yaml, tmp_p
 
 def test_bad_input_fails_clearly(tmp_path, capsys, synth_yaml):
     missing = tmp_path / "nope.yaml"
-    assert _cli(["bench", str(missing), "--seconds", "0.1"]) == 2
+    assert _cli(["bench", str(missing), "--seconds", "0.1"]) == 1  # the data is wrong: exit 1
     assert str(missing) in capsys.readouterr().err
     assert _cli(["bench", str(synth_yaml), "--stages", "read,telepathy"]) == 2
     assert "telepathy" in capsys.readouterr().err

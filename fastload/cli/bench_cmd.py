@@ -45,6 +45,8 @@ def _terminate(signum: int, _frame: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from fastload.bench import run_bench
     from fastload.bench.report import format_report
+    from fastload.data.config import DataConfigError
+    from fastload.store.base import StoreError
 
     # SIGTERM (`timeout`, a scheduler) becomes SystemExit so that the temporary stores and ram segments
     # built with --convert are removed by run_bench's clean-up instead of being left behind.
@@ -68,7 +70,10 @@ def run(args: argparse.Namespace) -> int:
             convert=args.convert,
             log=None if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True)),
         )
-    except (ValueError, FileNotFoundError) as e:
+    except (DataConfigError, StoreError, OSError) as e:  # the data: nothing could be measured
+        print(f"fastload bench: {e}", file=sys.stderr)
+        return 1
+    except ValueError as e:  # an option (--stages, --seconds, ...)
         print(f"fastload bench: {e}", file=sys.stderr)
         return 2
     finally:
