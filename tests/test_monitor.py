@@ -83,8 +83,13 @@ def test_rows_follow_interval_and_exit_code_is_the_childs(tmp_path, capsys):
 
 def test_zero_exit_and_child_shorter_than_one_interval(tmp_path):
     out = tmp_path / "short.csv"
-    assert _cli(["monitor", "--quiet", "--interval", "5", "--out", str(out), "--", PY, "-c", "pass"]) == 0
+    js = tmp_path / "short.json"
+    started = time.monotonic()
+    assert _cli(["monitor", "--quiet", "--interval", "5", "--out", str(out), "--json", str(js), "--", PY, "-c",
+                 "import time; time.sleep(0.6)"]) == 0
+    took = time.monotonic() - started
     assert len(_read_csv(out)) == 1  # never an empty CSV
+    assert 0.6 <= json.loads(js.read_text())["span_s"] <= took  # the run's length, not "0.0 s"
 
 
 def test_missing_command_is_a_clear_error(capsys):

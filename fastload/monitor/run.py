@@ -304,7 +304,8 @@ def summarise(
     summary: dict[str, Any] = {
         "samples": len(table),
         "interval_s": float(interval),
-        "span_s": float(elapsed[-1] - elapsed[0]) if elapsed.size > 1 else 0.0,
+        # from the start of monitoring to the last sample: a job shorter than one interval still spans its run
+        "span_s": float(elapsed[-1]) if elapsed.size else 0.0,
         "gpu_found": bool(gpu_indices),
         "gpu_reason": gpu_reason,
         "gpus": devices,

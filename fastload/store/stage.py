@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import json
 import os
 import shutil
@@ -146,7 +147,12 @@ def stage(
         sums: list[tuple[Path, int, int]] = []
         with tqdm(total=total, unit="B", unit_scale=True, desc=f"stage -> {to}", disable=not progress) as bar:
             for src, rel in files:
-                size, crc = _copy_file(src, tmp / rel)
+                try:
+                    size, crc = _copy_file(src, tmp / rel)
+                except OSError as e:  # the copy so far is removed below: say where and why
+                    room = f" ({fmt_bytes(free_bytes(to.parent))} free on {to.parent})" if e.errno == errno.ENOSPC else ""
+                    raise StoreError(f"staging {source} to {to} stopped at {src}: {e.strerror or e}{room}; "
+                                     f"nothing was kept") from None
                 sums.append((rel, size, crc))
                 bar.update(size)
         os.sync()
