@@ -188,6 +188,8 @@ def load_data_config(data: str | os.PathLike | Mapping[str, Any] | DataConfig) -
             raise DataConfigError(f"{origin}: not valid YAML ({_yaml_problem(exc)}); fix the syntax there") from None
         except (OSError, UnicodeDecodeError) as exc:
             raise DataConfigError(f"{origin}: cannot read the yaml ({exc})") from None
+        if raw is None:
+            raise DataConfigError(f"{origin}: the file is empty; a data.yaml needs 'train' and/or 'val', and 'names'")
         if not isinstance(raw, dict):
             raise DataConfigError(f"{origin}: expected a mapping of keys, got {type(raw).__name__}")
         base = yaml_path.parent

@@ -15,6 +15,7 @@ from __future__ import annotations
 import csv
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -93,6 +94,8 @@ def monitor(
         raise ValueError(f"interval must be positive, got {interval}")
     if command and pid is not None:
         raise ValueError("give either a command or --pid, not both")
+    if command and shutil.which(command[0]) is None:  # say so before any notice about the GPU
+        raise FileNotFoundError(f"cannot start {command[0]!r}: not an executable file and not found on PATH")
     nvml = NvmlSampler(gpus)
     if echo is not None and not nvml.available:
         print(f"fastload monitor: no GPU found ({nvml.reason}); recording CPU and memory only", file=echo)

@@ -28,7 +28,15 @@ import lmdb
 import msgpack
 import numpy as np
 
-from fastload.store.base import SCHEMA_VERSION, IncompleteStoreError, Store, StoreError, join_labels, split_labels
+from fastload.store.base import (
+    SCHEMA_VERSION,
+    IncompleteStoreError,
+    Store,
+    StoreError,
+    check_schema,
+    join_labels,
+    split_labels,
+)
 from fastload.store.packed import replace_dir
 
 META_KEY = b"__meta__"
@@ -77,9 +85,24 @@ def _acquire_env(path: Path) -> lmdb.Environment:
                 _ENVS.pop(other)[0].close()
             except lmdb.Error:
                 pass
-        entry = _ENVS[key] = [open_env(path), 0]
+        env = open_env(path)
+        _check_complete(env, path)
+        entry = _ENVS[key] = [env, 0]
     entry[1] += 1
     return entry[0]
+
+
+def _check_complete(env: lmdb.Environment, path: Path) -> None:
+    """A data.mdb shorter than the pages its header uses (a cut copy, a full disk) would crash the process
+    with SIGBUS on the first read of a missing page: refuse it while that is still an error."""
+    need = (int(env.info()["last_pgno"]) + 1) * int(env.stat()["psize"])
+    have = (path / "data.mdb").stat().st_size
+    if have < need:
+        env.close()
+        raise StoreError(
+            f"{path / 'data.mdb'} is truncated ({have} of {need} bytes; an incomplete copy?); copy it again or "
+            f"convert the dataset again"
+        )
 
 
 def _release_env(path: Path) -> None:
@@ -115,8 +138,7 @@ def read_lmdb_meta(path: Path) -> dict[str, Any]:
             f"continue it with `fastload convert ... --to lmdb --resume`"
         )
     meta = json.loads(bytes(raw))
-    if meta.get("schema") != SCHEMA_VERSION or meta.get("layout") != "lmdb":
-        raise StoreError(f"{path}: LMDB schema {meta.get('schema')!r} is not the supported {SCHEMA_VERSION}")
+    check_schema(path, meta, "lmdb")
     return meta
 
 

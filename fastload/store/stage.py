@@ -126,6 +126,8 @@ def stage(
         files, split_values = _dataset_files(cfg, wanted)
     elif source.is_dir():
         files = _store_files(source)
+    elif not source.exists():
+        raise StoreError(f"cannot stage {source}: it does not exist; give a data.yaml or a store folder")
     else:
         raise StoreError(f"cannot stage {source}: give a data.yaml or a store folder")
     if not files:
