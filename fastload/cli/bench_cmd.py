@@ -6,6 +6,8 @@ import signal
 import sys
 from typing import Any
 
+from fastload.cli.errors import UsageError
+
 
 def register(sub: Any, help_text: str) -> argparse.ArgumentParser:
     p = sub.add_parser(
@@ -46,7 +48,6 @@ def run(args: argparse.Namespace) -> int:
     from fastload.bench import run_bench
     from fastload.bench.report import format_report
     from fastload.data.config import DataConfigError
-    from fastload.store.base import StoreError
 
     # SIGTERM (`timeout`, a scheduler) becomes SystemExit so that the temporary stores and ram segments
     # built with --convert are removed by run_bench's clean-up instead of being left behind.
@@ -70,12 +71,10 @@ def run(args: argparse.Namespace) -> int:
             convert=args.convert,
             log=None if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True)),
         )
-    except (DataConfigError, StoreError, OSError) as e:  # the data: nothing could be measured
-        print(f"fastload bench: {e}", file=sys.stderr)
-        return 1
-    except ValueError as e:  # an option (--stages, --seconds, ...)
-        print(f"fastload bench: {e}", file=sys.stderr)
-        return 2
+    except ValueError as e:
+        if isinstance(e, DataConfigError):  # the data.yaml, not an option: exit 1
+            raise
+        raise UsageError(str(e)) from e  # an option (--stages, --seconds, ...)
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)

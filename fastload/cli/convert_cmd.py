@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 import argparse
-import sys
+
+from fastload.cli.errors import UsageError
 
 
 def register(sub: argparse._SubParsersAction, help_text: str) -> None:
@@ -25,20 +26,13 @@ def register(sub: argparse._SubParsersAction, help_text: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fastload.data.config import DataConfigError
-    from fastload.store.base import StoreError
     from fastload.store.convert import convert
 
-    if args.quality and not 1 <= args.quality <= 100:
-        print("fastload convert: --quality must be in 1..100", file=sys.stderr)
-        return 2
-    try:
-        convert(
-            args.data, args.to, out=args.out, imgsz=args.imgsz, splits=args.split, workers=args.workers,
-            resume=args.resume, max_side=args.max_side, quality=args.quality, progress=not args.no_progress,
-            force=args.force,
-        )
-    except (StoreError, DataConfigError, OSError) as e:
-        print(f"fastload convert: {e}", file=sys.stderr)
-        return 1
+    if not 1 <= args.quality <= 100:
+        raise UsageError(f"--quality must be in 1..100, got {args.quality}")
+    convert(
+        args.data, args.to, out=args.out, imgsz=args.imgsz, splits=args.split, workers=args.workers,
+        resume=args.resume, max_side=args.max_side, quality=args.quality, progress=not args.no_progress,
+        force=args.force,
+    )
     return 0

@@ -147,6 +147,7 @@ def stage(
     tmp.mkdir(parents=True)
     try:
         sums: list[tuple[Path, int, int]] = []
+        delay = float(os.environ.get("FASTLOAD_STAGE_DELAY") or 0)  # seconds per file: tests interrupt a copy midway
         with tqdm(total=total, unit="B", unit_scale=True, desc=f"stage -> {to}", disable=not progress) as bar:
             for src, rel in files:
                 try:
@@ -157,6 +158,8 @@ def stage(
                                      f"nothing was kept") from None
                 sums.append((rel, size, crc))
                 bar.update(size)
+                if delay:
+                    time.sleep(delay)
         os.sync()
         for rel, size, crc in sums:  # read every copy back: a bad RAM disk or a racing writer shows here
             got = _file_crc(tmp / rel)
