@@ -232,6 +232,16 @@ def test_nothing_half_written_opens(files, results):
     assert not (tmp / "staged").exists() and not (tmp / "s" / "data.yaml").exists()
 
 
+def test_trainer_help_says_when_cfg_is_needed_and_what_multi_scale_does(capsys):
+    from yolov9.train import parse_args
+
+    with pytest.raises(SystemExit):
+        parse_args(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "required unless --weights or --resume names a checkpoint" in text
+    assert "resize each batch to a random size within +/- 50% of --imgsz" in text
+
+
 def test_output_pipe_closed_early_is_quiet(files):
     """`fastload info ... | head`: the reader goes away before the output is written."""
     proc = subprocess.Popen([*FASTLOAD, "info", files["good"], "--json"], env=_env(), stdout=subprocess.PIPE,
