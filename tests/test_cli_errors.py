@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import time
+import traceback
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -183,6 +184,9 @@ def _run_here(argv: list[str]) -> subprocess.CompletedProcess:
             rc = main(args)
         except SystemExit as e:  # argparse
             rc = e.code
+        except Exception:  # what the console would show: a traceback and exit 1
+            traceback.print_exc()
+            rc = 1
     return subprocess.CompletedProcess(argv, rc, out.getvalue(), err.getvalue())
 
 
