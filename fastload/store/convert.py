@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import fcntl
 import json
 import multiprocessing
 import os
@@ -63,29 +62,13 @@ def output_lock(out: Path) -> Iterator[None]:
     lock_path = out / ".convert.lock"
     try:
         out.mkdir(parents=True, exist_ok=True)
+        fd = shm.flock_current(lock_path, wait=False)
+    except BlockingIOError as e:
+        raise StoreError(
+            f"another `fastload convert` (pid {e.args[0] or '?'}) is writing into {out}; wait for it to finish"
+        ) from None
     except OSError as e:
         raise StoreError(f"cannot write into {out} ({e.strerror or e}); choose another folder with --out") from None
-    while True:
-        try:
-            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o666)
-        except OSError as e:
-            raise StoreError(f"cannot write into {out} ({e.strerror or e}); choose another folder with --out") from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            other = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
-            os.close(fd)
-            raise StoreError(
-                f"another `fastload convert` (pid {other}) is writing into {out}; wait for it to finish"
-            ) from None
-        # A holder that just finished removed the file after we opened it: that lock guards nothing, retry.
-        try:
-            current = os.stat(lock_path).st_ino == os.fstat(fd).st_ino
-        except FileNotFoundError:
-            current = False
-        if current:
-            break
-        os.close(fd)
     try:
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)

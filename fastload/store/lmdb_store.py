@@ -28,15 +28,7 @@ import lmdb
 import msgpack
 import numpy as np
 
-from fastload.store.base import (
-    SCHEMA_VERSION,
-    IncompleteStoreError,
-    Store,
-    StoreError,
-    check_schema,
-    join_labels,
-    split_labels,
-)
+from fastload.store.base import SCHEMA_VERSION, IncompleteStoreError, Store, StoreError, check_schema, join_labels, split_labels
 from fastload.store.packed import replace_dir
 
 META_KEY = b"__meta__"
