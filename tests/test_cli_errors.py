@@ -115,7 +115,8 @@ CASES = [
     Case("convert-debug", [*FASTLOAD, "convert", "{missing}", "--debug"], 1, ("DataConfigError", "not found"), traceback=True),
     Case("verify-env-debug", [*FASTLOAD, "verify", "{syntax}"], 1, ("DataConfigError",), env={"FASTLOAD_DEBUG": "1"},
          traceback=True),
-    Case("train-debug", [*TRAIN, "--data", "{good}", "--cfg", "gelan-x", "--debug"], 1, ("UsageError", "gelan-x"), traceback=True),
+    Case("train-debug", [*TRAIN, "--data", "{good}", "--cfg", "gelan-x", "--debug"], 1, ("UsageError", "gelan-x"), traceback=True,
+         inproc=True),
 ]
 
 
