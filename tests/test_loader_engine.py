@@ -40,7 +40,7 @@ class ArrayStore(Store):
     def read_image(self, i: int):
         return self._imgs[i]
 
-    def load(self, i: int, imgsz: int | None = None, *, reduced: bool = False) -> np.ndarray:
+    def load(self, i: int, imgsz: int | None = None, *, reduced: bool = False, shrink: str = "area") -> np.ndarray:
         self.loads += 1
         return self._imgs[i]
 

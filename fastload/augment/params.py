@@ -204,6 +204,33 @@ def per_index_shapes(order: np.ndarray, batch_shapes: np.ndarray, batch_size: in
     return out
 
 
+# ----------------------------------------------------------------------------------------- sample ids
+def visit_ids(images: np.ndarray, n: int) -> np.ndarray:
+    """Sample ids for an ordered list of image indices that may repeat: ``k * n + i`` for the
+    ``(k + 1)``-th visit of image ``i`` (``int64``, same length and order).
+
+    YOLOv9's ``--image-weights`` draws an epoch's images with replacement. The first visit of an image
+    keeps its index as id (a list without repeats comes back unchanged); :meth:`ParamSampler.sample`
+    seeds its draws with the id, so every repeat gets its own augmentation, and the ids depend only on
+    the list, not on which process renders it.
+    """
+    images = np.asarray(images, np.int64).reshape(-1)
+    if len(images) and (images.min() < 0 or images.max() >= n):
+        raise ValueError(f"image indices must be in [0, {n}), got {int(images.min())}..{int(images.max())}")
+    by_image = np.argsort(images, kind="stable")
+    ranked = images[by_image]
+    starts = np.r_[0, np.flatnonzero(np.diff(ranked)) + 1] if len(images) else np.zeros(0, np.int64)
+    run_start = np.repeat(starts, np.diff(np.r_[starts, len(images)]))
+    visit = np.empty(len(images), np.int64)
+    visit[by_image] = np.arange(len(images)) - run_start
+    return visit * n + images
+
+
+def image_of(ids: np.ndarray, n: int) -> np.ndarray:
+    """The image index of each sample id from :func:`visit_ids` (an id below ``n`` is the image)."""
+    return np.asarray(ids, np.int64) % n
+
+
 # ----------------------------------------------------------------------------------------- sampler
 class ParamSampler:
     """Draws :class:`SampleParams` with YOLOv9's augmentation distributions.
@@ -275,12 +302,18 @@ class ParamSampler:
 
     # -- the record --------------------------------------------------------------------------------
     def sample(self, epoch: int, index: int) -> SampleParams:
-        """The record of output sample ``index`` in ``epoch`` (pure function of seed, epoch, index)."""
-        index = int(index)
+        """The record of output sample ``index`` in ``epoch`` (pure function of seed, epoch, index).
+
+        ``index`` is an image index, or a sample id ``k * n + i`` from :func:`visit_ids`
+        (the ``(k + 1)``-th visit of image ``i`` in an epoch that repeats images): the draws are
+        seeded by the id, the record's ``index`` is the image.
+        """
+        sample_id = int(index)
         n = len(self.loaded_shapes)
-        if not 0 <= index < n:
-            raise IndexError(f"index {index} out of range for {n} images")
-        rng = make_rng(self.seed, epoch, index)
+        if sample_id < 0:
+            raise IndexError(f"index {sample_id} out of range for {n} images")
+        index = sample_id % n
+        rng = make_rng(self.seed, epoch, sample_id)
         hyp = self.hyp
         mosaic = bool(self.augment and self.mosaic_prob > 0 and rng.random() < self.mosaic_prob)
         mixup, ratio, shapes = None, 1.0, None

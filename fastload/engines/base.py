@@ -190,8 +190,8 @@ class StoreView(Store):
     def read_image(self, i: int) -> Sample:
         return self.base.read_image(int(self.base_indices[self.check_index(i)]))
 
-    def load(self, i: int, imgsz: int | None = None, *, reduced: bool = False) -> np.ndarray:
-        return self.base.load(int(self.base_indices[self.check_index(i)]), imgsz, reduced=reduced)
+    def load(self, i: int, imgsz: int | None = None, *, reduced: bool = False, shrink: str = "area") -> np.ndarray:
+        return self.base.load(int(self.base_indices[self.check_index(i)]), imgsz, reduced=reduced, shrink=shrink)
 
     def close(self) -> None:
         self.base.close()

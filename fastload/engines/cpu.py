@@ -20,6 +20,7 @@ import numpy as np
 import psutil
 import torch
 
+from fastload.augment.params import image_of
 from fastload.engines.base import Batch, Engine, chunks, shapes_to_tuple
 from fastload.engines.cpu_render import BatchRenderer
 from fastload.engines.cpu_workers import WorkerPool, default_start_method_ok
@@ -62,6 +63,7 @@ class CPUEngine(Engine):
         reduced_decode: decode JPEGs at least twice ``imgsz`` at a reduced DCT scale (encoded stores).
         axis_kernel: how axis-aligned tiles are drawn, ``"warp"`` or ``"resize"`` (None: the faster for
             the installed OpenCV).
+        shrink: filter for shrinking encoded images to their loaded size, ``"area"`` or ``"linear"``.
     """
 
     name = "cpu"
@@ -85,6 +87,7 @@ class CPUEngine(Engine):
         world_size: int = 1,
         reduced_decode: bool = False,
         axis_kernel: str | None = None,
+        shrink: str = "area",
     ) -> None:
         super().__init__(store, sampler, batch_size=batch_size, workers=workers, device=device, hsv=hsv)
         if workers > 0 and not default_start_method_ok():
@@ -105,7 +108,7 @@ class CPUEngine(Engine):
         self.cache = cache
         self.renderer = BatchRenderer(
             store, sampler, imgsz=imgsz, cache=cache, hsv_in_worker=(hsv == "worker"), layout=layout,
-            reduced_decode=reduced_decode, axis_kernel=axis_kernel,
+            reduced_decode=reduced_decode, axis_kernel=axis_kernel, shrink=shrink,
         )
         n_slots = self.workers * self.prefetch + self.keep if self.workers else self.keep
         self.ring = SlotRing(n_slots, self.batch_size * self.max_hw[0] * self.max_hw[1] * 3)
@@ -167,7 +170,7 @@ class CPUEngine(Engine):
                 imgs = apply_hsv_batch(imgs, g)
             else:  # "defer": the caller applies them
                 self.last_gains = g
-        paths = tuple(self.store.im_files[int(i)] for i in idx)
+        paths = tuple(self.store.im_files[i] for i in image_of(idx, len(self.store)).tolist())
         return Batch(imgs, torch.from_numpy(targets), paths, tuple(shapes_to_tuple(s) for s in shapes))
 
     def _release_old(self) -> None:

@@ -43,6 +43,8 @@ class BatchRenderer:
         reduced_decode: decode large JPEGs at a reduced DCT scale (see :meth:`Store.load`).
         axis_kernel: ``"warp"``, ``"resize"`` or None (the faster for the installed OpenCV), see
             :func:`fastload.augment.functional.tiles.default_axis_kernel`.
+        shrink: the filter encoded stores are shrunk to the loaded size with, ``"area"`` or ``"linear"``
+            (see :meth:`Store.load`).
     """
 
     def __init__(
@@ -56,6 +58,7 @@ class BatchRenderer:
         layout: str = "nhwc",
         reduced_decode: bool = False,
         axis_kernel: str | None = None,
+        shrink: str = "area",
     ) -> None:
         if layout not in ("nhwc", "nchw"):
             raise ValueError(f"layout must be 'nhwc' or 'nchw', got {layout!r}")
@@ -67,6 +70,7 @@ class BatchRenderer:
         self.layout = layout
         self.reduced_decode = bool(reduced_decode)
         self.axis_kernel = check_axis_kernel(axis_kernel)
+        self.shrink = shrink
         self.labels: Sequence[np.ndarray] = store.labels
         self._scratch: np.ndarray | None = None
         # the pixel and box functions; replaceable (before workers fork) to test the machinery alone
@@ -75,7 +79,7 @@ class BatchRenderer:
 
     # -- images ---------------------------------------------------------------------------------------
     def _load(self, i: int) -> np.ndarray:
-        return self.store.load(int(i), self.imgsz, reduced=self.reduced_decode)
+        return self.store.load(int(i), self.imgsz, reduced=self.reduced_decode, shrink=self.shrink)
 
     def get_image(self, i: int) -> np.ndarray:
         """Loaded RGB HWC uint8 image of loader index ``i`` (decoded stores: a zero-copy view)."""

@@ -22,7 +22,8 @@ pipeline.
 Tolerance against the CPU reference (see ``tests/test_engine_dali.py``): boxes identical; pixels
 from decoded stores within a few levels at tile seams (DALI's float bilinear vs OpenCV's fixed
 point, renormalised edge taps); from encoded stores DALI's antialiased linear resize replaces
-INTER_AREA (mean difference about 1-2 levels on noisy images, less on photos).
+validation's INTER_AREA (mean difference about 1-2 levels on noisy images, less on photos); training
+shrinks with plain linear interpolation, as YOLOv9's INTER_LINEAR.
 """
 from __future__ import annotations
 
@@ -96,6 +97,7 @@ class DALIEngine(Engine):
         hsv: str = "worker",
         threads: int | None = None,
         prefetch: int = 2,
+        shrink: str = "area",
         **options: Any,
     ) -> None:
         require_dali()
@@ -113,6 +115,9 @@ class DALIEngine(Engine):
         self.layout = SlotLayout(k if sampler.mosaic_prob > 0 else 1, mixup)
         self.threads = int(threads or max(2, self.workers))
         self.prefetch = max(1, int(prefetch))
+        if shrink not in ("area", "linear"):
+            raise ValueError(f"shrink must be 'area' or 'linear', got {shrink!r}")
+        self.shrink = shrink
         self._dir = tempfile.mkdtemp(prefix="fastload-dali-")
         self._source = SampleSource(store, sampler, self._dir, self.layout, self.imgsz, encoded=not store.decoded)
         self._pipe: Any = None
@@ -125,7 +130,8 @@ class DALIEngine(Engine):
 
         self._drop_pipe()
         pipe = build_pipeline(self._source, batch_size=self.batch_size, device_id=self.device_id,
-                              workers=max(1, self.workers), threads=self.threads, prefetch=self.prefetch)
+                              workers=max(1, self.workers), threads=self.threads, prefetch=self.prefetch,
+                              antialias=self.shrink == "area")
         try:
             with warnings.catch_warnings():
                 # decoded stores do not use the slots' loaded-size outputs (encoded ones do)

@@ -76,6 +76,7 @@ class GPUEngine(Engine):
             200 bytes per pixel; default 4M on CUDA, 1M on CPU).
         decode: ``"device"`` (JPEGs decoded by ``decode_jpeg`` on ``device``) or ``"cpu"`` (every image
             decoded by the CPU decoder in the background thread, then uploaded).
+        shrink: filter for shrinking encoded images to their loaded size, ``"area"`` or ``"linear"``.
 
     ``workers`` is accepted for signature compatibility and unused: the CPU side is one thread.
     """
@@ -95,6 +96,7 @@ class GPUEngine(Engine):
         layout: str = "nchw",
         max_elements: int | None = None,
         decode: str = "device",
+        shrink: str = "area",
         **options: Any,
     ) -> None:
         super().__init__(store, sampler, batch_size=batch_size, workers=workers, device=device, hsv=hsv, **options)
@@ -107,6 +109,7 @@ class GPUEngine(Engine):
             raise ValueError(f"prefetch must be >= 0, got {prefetch}")
         self.layout = layout
         self.decode = decode
+        self.shrink = shrink
         self.prefetch = int(prefetch)
         self.cuda = self.device.type == "cuda"
         self.max_elements = int(max_elements or ((1 << 22) if self.cuda else (1 << 20)))
@@ -146,7 +149,7 @@ class GPUEngine(Engine):
         slot = {s: k for k, s in enumerate(srcs)}
         hw = self.loaded_hw[srcs]
         if self.store.decoded or self.decode == "cpu":
-            arrays = [np.asarray(self.store.load(i, self.imgsz)) for i in srcs]
+            arrays = [np.asarray(self.store.load(i, self.imgsz, shrink=self.shrink)) for i in srcs]
             for i, a in zip(srcs, arrays):
                 if a.shape[:2] != tuple(self.loaded_hw[i]):
                     raise ValueError(f"{self.store.im_files[i]}: loaded image is {a.shape[:2]}, expected {tuple(self.loaded_hw[i])}")
@@ -163,7 +166,8 @@ class GPUEngine(Engine):
         from fastload.store.gpu import decode_on_device
 
         bufs = [bytes(self.store.read_image(i)) for i in srcs]
-        imgs = decode_on_device(bufs, [self.store.im_files[i] for i in srcs], [tuple(v) for v in hw], self.device)
+        imgs = decode_on_device(bufs, [self.store.im_files[i] for i in srcs], [tuple(v) for v in hw], self.device,
+                                shrink=self.shrink)
         pixels = torch.cat([chw_to_rows(im) for im in imgs], 0)
         sizes = hw[:, 0] * hw[:, 1]
         offsets = np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64)

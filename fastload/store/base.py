@@ -18,7 +18,8 @@ import numpy as np
 
 Sample = Union[bytes, np.ndarray]
 
-# Bumped whenever an on-disk layout changes incompatibly; open refuses other versions.
+# Bumped whenever the LMDB layout changes incompatibly; open refuses other versions (packed disk/ram
+# stores carry their own version, fastload.store.packed.PACKED_SCHEMA).
 SCHEMA_VERSION = 1
 
 
@@ -71,7 +72,7 @@ class Store(abc.ABC):
         """Release handles. Idempotent; the store may be re-opened lazily by a later read."""
 
     # -- helpers shared by all backends ----------------------------------------------------------
-    def load(self, i: int, imgsz: int | None = None, *, reduced: bool = False) -> np.ndarray:
+    def load(self, i: int, imgsz: int | None = None, *, reduced: bool = False, shrink: str = "area") -> np.ndarray:
         """The loaded RGB HWC uint8 image ``i`` whose long side is ``imgsz`` (default: the store's).
 
         The result always has exactly ``fastload.data.images.loaded_shape(h0, w0, imgsz)``, the shape
@@ -79,6 +80,9 @@ class Store(abc.ABC):
         ``reduced``: a JPEG whose stored long side is at least twice ``imgsz`` is decoded at 1/2, 1/4
         or 1/8 scale by the DCT (still >= ``imgsz``) before the same final resize: faster, pixels
         within a few grey levels of the full decode (README, "Reduced JPEG decode").
+        ``shrink``: the filter when the image shrinks, ``"area"`` (YOLOv9 validation) or ``"linear"``
+        (YOLOv9 training). A decoded store returns its stored pixels at its own ``imgsz`` whatever
+        ``shrink`` says: they were shrunk once, with the filter its ``meta["shrink"]`` records.
         """
         from fastload.data.images import decode_image, decode_image_reduced, loaded_shape, resize_to
 
@@ -93,8 +97,8 @@ class Store(abc.ABC):
         if target is None:
             return img
         h0, w0 = (int(v) for v in self.shapes[i])
-        # YOLOv9 picks the interpolation from the original size (area when shrinking).
-        return resize_to(img, loaded_shape(h0, w0, target), enlarge=max(h0, w0) < target)
+        # YOLOv9 decides between enlarging and shrinking from the original size
+        return resize_to(img, loaded_shape(h0, w0, target), enlarge=max(h0, w0) < target, shrink=shrink)
 
     def nbytes(self, i: int) -> int:
         """Bytes of sample ``i`` as stored (for throughput figures)."""

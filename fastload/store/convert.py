@@ -36,6 +36,11 @@ import numpy as np
 from fastload.store.base import StoreError
 
 KINDS = ("lmdb", "disk", "ram")
+# Decoded (disk/ram) stores hold images shrunk once, with YOLOv9 validation's INTER_AREA: validation
+# batches from them are the official ones bit for bit. YOLOv9 training shrinks with INTER_LINEAR, so
+# training batches read from a decoded store differ slightly from the stock loader's (encoded stores
+# are shrunk per mode, exactly as the official loader does). Recorded as meta["shrink"].
+DECODED_SHRINK = "area"
 COMMIT_EVERY = 64  # records per LMDB transaction: the most a kill can lose
 
 
@@ -169,7 +174,7 @@ def _decoded_task(task: tuple[int, str, int]) -> tuple[int, np.ndarray | None, s
     i, path, imgsz = task
     try:
         buf = Path(path).read_bytes()
-        img = np.ascontiguousarray(resize_long_side(decode_image(buf, path), imgsz))
+        img = np.ascontiguousarray(resize_long_side(decode_image(buf, path), imgsz, shrink=DECODED_SHRINK))
     except Exception as e:
         return i, None, str(e), 0
     return i, img, None, len(buf)
@@ -308,6 +313,7 @@ def write_packed(
         "source_hash": source_fingerprint(files),
         "source_files": len(files),
         "options": {"imgsz": imgsz},
+        "shrink": DECODED_SHRINK,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "fastload_version": _version(),
     }

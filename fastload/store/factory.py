@@ -172,8 +172,11 @@ def ram_segment_path(cfg: Any, split: str, imgsz: int) -> Path:
 
     from fastload.store import shm
 
+    from fastload.store.packed import PACKED_SCHEMA
+
     sources = [str(Path(p).resolve()) for p in cfg.splits.get(split, [])]
-    digest = hashlib.sha1(json.dumps([sources, imgsz]).encode()).hexdigest()[:10]
+    # the schema is part of the name: a segment an older fastload left behind is never picked up
+    digest = hashlib.sha1(json.dumps([sources, imgsz, PACKED_SCHEMA]).encode()).hexdigest()[:10]
     slug = re.sub(r"[^A-Za-z0-9_.]+", "_", Path(cfg.root).name or "data")[:32]
     return shm.shm_root() / f"{shm.PREFIX}{slug}-{digest}-{imgsz}"
 

@@ -28,7 +28,6 @@ from typing import Any, Sequence
 import numpy as np
 
 from fastload.store.base import (
-    SCHEMA_VERSION,
     IncompleteStoreError,
     Store,
     StoreError,
@@ -36,6 +35,10 @@ from fastload.store.base import (
     split_labels,
 )
 
+# Version of the packed layout *and of what its pixels mean*. 2: loaded sizes are YOLOv9's truncated
+# ``int(w0 * r)`` (1 rounded them: some images were one pixel larger than the official loader's) and
+# ``meta["shrink"]`` names the filter images were shrunk with.
+PACKED_SCHEMA = 2
 META = "meta.json"
 PIXELS = "pixels.bin"
 ARRAYS = ("offsets", "hw", "shapes", "labels", "label_counts", "checksums")
@@ -62,9 +65,17 @@ def read_meta(path: Path) -> dict[str, Any]:
         meta = json.loads(meta_file.read_text())
     except ValueError as e:
         raise StoreError(f"damaged metadata {meta_file}: {e}") from e
-    if meta.get("schema") != SCHEMA_VERSION or meta.get("layout") != "packed":
+    if meta.get("layout") != "packed":
+        raise StoreError(f"{path}: not a packed store (layout {meta.get('layout')!r})")
+    if meta.get("schema") == 1:
         raise StoreError(
-            f"{path}: packed layout schema {meta.get('schema')!r} is not the supported {SCHEMA_VERSION}; "
+            f"{path} was written by an older fastload whose loaded image sizes are rounded, where YOLOv9 "
+            f"truncates them (some images one pixel larger than the official loader's); convert the "
+            f"dataset again (`fastload convert ... --to {meta.get('kind', 'disk')}`)"
+        )
+    if meta.get("schema") != PACKED_SCHEMA:
+        raise StoreError(
+            f"{path}: packed layout schema {meta.get('schema')!r} is not the supported {PACKED_SCHEMA}; "
             f"convert the dataset again"
         )
     return meta
@@ -188,7 +199,7 @@ class PackedWriter:
         (self.tmp / "files.json").write_text(json.dumps(self.files))
         meta = {
             **self.extra,
-            "schema": SCHEMA_VERSION,
+            "schema": PACKED_SCHEMA,
             "layout": "packed",
             "imgsz": self.imgsz,
             "names": self.names,
