@@ -59,17 +59,26 @@ class TileParams:
         matrix: float64 [3, 3], loaded-image pixel -> output pixel (warpAffine convention; the
             last row is ``(0, 0, 1)`` unless the sample uses perspective). Read-only.
         src_hw: ``(h, w)`` of the loaded image (boxes are normalised to it); set by the sampler.
+        box_matrix: the matrix boxes move with when it is not ``matrix`` (same convention), else None.
+            Validation letterboxes: YOLOv9 moves the pixels by the rounded pad ``round(dw - 0.1)`` but
+            the boxes by the float pad ``dw`` (and its ``shapes`` entry, which val.py maps predictions
+            back with, holds ``dw``), so validation targets follow the boxes' rule to stay the official ones.
     """
 
     src: int
     crop: Crop
     matrix: np.ndarray
     src_hw: tuple[int, int] | None = None
+    box_matrix: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         m = np.array(self.matrix, dtype=np.float64).reshape(3, 3)
         m.setflags(write=False)
         object.__setattr__(self, "matrix", m)
+        if self.box_matrix is not None:
+            b = np.array(self.box_matrix, dtype=np.float64).reshape(3, 3)
+            b.setflags(write=False)
+            object.__setattr__(self, "box_matrix", b)
         object.__setattr__(self, "src", int(self.src))
         object.__setattr__(self, "crop", tuple(int(v) for v in self.crop))
         if self.src_hw is not None:
@@ -83,6 +92,8 @@ class TileParams:
             and self.crop == other.crop
             and self.src_hw == other.src_hw
             and np.array_equal(self.matrix, other.matrix)
+            and (self.box_matrix is None) == (other.box_matrix is None)
+            and (self.box_matrix is None or np.array_equal(self.box_matrix, other.box_matrix))
         )
 
     def __hash__(self) -> int:
@@ -404,14 +415,16 @@ class ParamSampler:
         sx, sy = nw / w, nh / h
         # cv2.resize maps pixel centres x -> sx * (x + 0.5) - 0.5; then the border offset.
         lb = np.array([[sx, 0.0, 0.5 * (sx - 1) + left], [0.0, sy, 0.5 * (sy - 1) + top], [0.0, 0.0, 1.0]])
-        cand = None
+        cand = box = None
         if self.augment:
             m, scale = self._perspective(rng, (oh, ow), (oh, ow))
             lb = m @ lb
             cand = scale * r
+        else:  # YOLOv9 validation boxes: x * r + dw in edge coordinates (see TileParams.box_matrix)
+            box = np.array([[r, 0.0, 0.5 * (r - 1) + dw], [0.0, r, 0.5 * (r - 1) + dh], [0.0, 0.0, 1.0]])
         h0, w0 = (int(v) for v in self.orig_shapes[index])
         shapes = ((h0, w0), ((h / h0, w / w0), (dw, dh)))
-        return ImageParams((TileParams(index, (0, 0, w, h), lb, (h, w)),), (oh, ow), 114, cand), shapes
+        return ImageParams((TileParams(index, (0, 0, w, h), lb, (h, w), box),), (oh, ow), 114, cand), shapes
 
 
 Placement = tuple[Crop | None, tuple[int, int]]
