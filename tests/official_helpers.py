@@ -1,4 +1,5 @@
-"""Running the official YOLOv9 repository (../shared/upstream/yolov9, GPL-3.0, a test fixture) from tests.
+"""Running the official YOLOv9 repository (../shared/upstream/yolov9, GPL-3.0, a test fixture) from
+tests and from benchmarks/official_trainer.py.
 
 It is copied to a temporary folder (read-only in CI) where only what a user would change changes:
 the import line the README shows, and one numpy-compatibility patch (below). Its scripts run as
@@ -15,8 +16,6 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-import pytest
-
 REPO = Path(__file__).resolve().parents[1]
 UPSTREAM = Path(os.environ.get("FASTLOAD_YOLOV9_UPSTREAM", REPO.parent / "shared" / "upstream" / "yolov9"))
 STOCK_IMPORT = "from utils.dataloaders import create_dataloader"
@@ -25,13 +24,15 @@ README_IMPORT = "from fastload.compat.yolov9 import create_dataloader"
 
 def require_upstream() -> Path:
     """The official checkout; skips with a reason where ../shared is absent (a user's machine)."""
+    import pytest
+
     if not (UPSTREAM / "train_dual.py").is_file():
         pytest.skip(f"official YOLOv9 checkout not found at {UPSTREAM} (set FASTLOAD_YOLOV9_UPSTREAM)")
     return UPSTREAM
 
 
-def copy_upstream(dst: Path, *, switch_import: Sequence[str] = ()) -> Path:
-    """A writable copy of the official repository at ``dst``.
+def copy_upstream(dst: Path, *, switch_import: Sequence[str] = (), src: Path | None = None) -> Path:
+    """A writable copy of the official repository (``src``, default ../shared/upstream/yolov9) at ``dst``.
 
     ``switch_import``: scripts whose one ``from utils.dataloaders import create_dataloader`` line is
     replaced by the README's ``from fastload.compat.yolov9 import create_dataloader``.
@@ -40,7 +41,7 @@ def copy_upstream(dst: Path, *, switch_import: Sequence[str] = ()) -> Path:
     prediction matches a label; the copy calls ``np.trapezoid`` instead (the fix
     ../shared/upstream/README.md names). No other file changes.
     """
-    shutil.copytree(require_upstream(), dst)
+    shutil.copytree(src or require_upstream(), dst)
     for p in [dst, *dst.rglob("*")]:
         p.chmod(p.stat().st_mode | 0o200)
     metrics = dst / "utils" / "metrics.py"

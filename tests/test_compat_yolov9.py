@@ -204,3 +204,11 @@ def test_launcher_refuses_unsupported_flags_in_one_line(tmp_path):
         "tiled into one) is not implemented); drop the flag"]
     out = _launch(tmp_path, "missing.py")
     assert out.returncode == 2 and "no script missing.py" in out.stderr
+
+
+def test_every_option_is_documented():
+    from fastload.compat.yolov9 import OPTIONS
+
+    page = (REPO / "docs" / "official-trainer.md").read_text()
+    for opt in OPTIONS:
+        assert f"`{opt.name}`" in page and f"`{opt.flag}`" in page and f"`{opt.env}`" in page, opt.name
