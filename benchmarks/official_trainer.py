@@ -34,36 +34,49 @@ LOADERS = ("stock", "fastload")
 
 
 # ----------------------------------------------------------------------------- in the official process
-class TimedLoader:
-    """The trainer's loader with its iteration timed; everything else is the loader's own."""
+def timed_loader(loader: Any, epochs: list[dict[str, float]]) -> Any:
+    """The trainer's loader with its iteration timed (one record per epoch appended to ``epochs``);
+    everything else is the loader's own."""
+    from fastload.compat.yolov9.dataloader import LoaderWrapper
 
-    def __init__(self, loader: Any, epochs: list[dict[str, float]]) -> None:
-        self._loader = loader
-        self._epochs = epochs
+    class TimedLoader(LoaderWrapper):
+        def __iter__(self) -> Iterator[Any]:
+            return _timed_iteration(self._loader, epochs)
 
-    def __iter__(self) -> Iterator[Any]:
-        t0 = time.perf_counter()
-        wait = 0.0
-        batches = 0
-        it = iter(self._loader)
-        while True:
-            t = time.perf_counter()
-            try:
-                batch = next(it)
-            except StopIteration:
-                break
-            wait += time.perf_counter() - t
-            batches += 1
-            yield batch
-        self._epochs.append({"epoch_s": time.perf_counter() - t0, "wait_s": wait, "batches": batches})
+    return TimedLoader(loader)
 
-    def __len__(self) -> int:
-        return len(self._loader)
 
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") or name == "_loader":
-            raise AttributeError(name)
-        return getattr(self._loader, name)
+def _children_cpu_s() -> float:
+    """CPU seconds used so far by this process's live child processes (the loader's workers)."""
+    import psutil
+
+    total = 0.0
+    for child in psutil.Process().children(recursive=True):
+        try:
+            t = child.cpu_times()
+            total += t.user + t.system
+        except psutil.Error:
+            pass
+    return total
+
+
+def _timed_iteration(loader: Any, epochs: list[dict[str, float]]) -> Iterator[Any]:
+    t0 = time.perf_counter()
+    workers_cpu0 = _children_cpu_s()
+    wait = 0.0
+    batches = 0
+    it = iter(loader)
+    while True:
+        t = time.perf_counter()
+        try:
+            batch = next(it)
+        except StopIteration:
+            break
+        wait += time.perf_counter() - t
+        batches += 1
+        yield batch
+    epochs.append({"epoch_s": time.perf_counter() - t0, "wait_s": wait, "batches": batches,
+                   "workers_cpu_s": _children_cpu_s() - workers_cpu0})
 
 
 def child(kind: str, out: str, script: str, args: list[str]) -> None:
@@ -83,7 +96,7 @@ def child(kind: str, out: str, script: str, args: list[str]) -> None:
 
     def timed(*a: Any, **kw: Any) -> Any:
         loader, dataset = create(*a, **kw)
-        return (TimedLoader(loader, epochs), dataset) if kw.get("augment") else (loader, dataset)
+        return (timed_loader(loader, epochs), dataset) if kw.get("augment") else (loader, dataset)
 
     def save() -> None:
         Path(out).write_text(json.dumps({"loader": kind, "epochs": epochs, "process_s": time.perf_counter() - t_start}))
@@ -131,12 +144,13 @@ def one_run(kind: str, checkout: Path, data: Path, work: Path, args: argparse.Na
     return result
 
 
-def summary(result: dict[str, Any]) -> tuple[float, float]:
-    """Mean epoch seconds and data-wait fraction over the epochs after the first (all when only one)."""
+def summary(result: dict[str, Any]) -> tuple[float, float, float]:
+    """Mean epoch seconds and data-wait fraction over the epochs after the first (all when only one),
+    and the workers' CPU seconds per epoch over all epochs (workers render ahead across epoch ends)."""
     eps = result["epochs"][1:] or result["epochs"]
     epoch_s = statistics.mean(e["epoch_s"] for e in eps)
     wait = sum(e["wait_s"] for e in eps) / sum(e["epoch_s"] for e in eps)
-    return epoch_s, wait
+    return epoch_s, wait, statistics.mean(e["workers_cpu_s"] for e in result["epochs"])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -172,17 +186,20 @@ def compare(args: argparse.Namespace, checkout: Path, data: Path, work: Path) ->
         for kind in LOADERS:
             r = one_run(kind, checkout, data, work, args, k)
             results[kind].append(r)
-            per_epoch = "  ".join(f"{e['epoch_s']:.1f}s (wait {e['wait_s'] / e['epoch_s']:.1%})" for e in r["epochs"])
+            per_epoch = "  ".join(f"{e['epoch_s']:.1f}s (wait {e['wait_s'] / e['epoch_s']:.1%}, workers "
+                                  f"{e['workers_cpu_s']:.1f} CPU s)" for e in r["epochs"])
             print(f"  round {k + 1} {kind:8s} epochs: {per_epoch}   process {r['wall_s']:.0f}s", flush=True)
-    print(f"\n{'loader':10s} {'epoch s':>9s} {'data wait':>10s} {'process s':>10s}   (epochs after the first, mean over rounds)")
+    print(f"\n{'loader':10s} {'epoch s':>9s} {'data wait':>10s} {'workers CPU s':>14s} {'process s':>10s}"
+          f"   (epochs after the first; workers CPU: all epochs; mean over rounds)")
     rows = {}
     for kind in LOADERS:
         sums = [summary(r) for r in results[kind]]
         epoch_s = statistics.mean(s[0] for s in sums)
         wait = statistics.mean(s[1] for s in sums)
+        cpu = statistics.mean(s[2] for s in sums)
         proc_s = statistics.mean(r["wall_s"] for r in results[kind])
         rows[kind] = (epoch_s, wait, proc_s)
-        print(f"{kind:10s} {epoch_s:9.2f} {wait:10.1%} {proc_s:10.0f}")
+        print(f"{kind:10s} {epoch_s:9.2f} {wait:10.1%} {cpu:14.1f} {proc_s:10.0f}")
     ratio = rows["fastload"][0] / rows["stock"][0]
     print(f"\nfastload / stock epoch time: {ratio:.2f}x   data wait: stock {rows['stock'][1]:.1%}, fastload "
           f"{rows['fastload'][1]:.1%}")

@@ -126,6 +126,8 @@ def create_dataloader(
         shuffle = False
     device = _device(opts)
     hsv = opts.hsv if opts.hsv != "auto" else ("consumer" if device is not None else "worker")
+    if not augment:  # validation draws no HSV gains: nothing to apply anywhere
+        hsv = "worker"
     store = _open_store(path, cache, imgsz, opts.store)
     try:
         n = len(store)
@@ -172,7 +174,26 @@ def create_dataloader(
     return fl, ds
 
 
-class BatchLog:
+class LoaderWrapper:
+    """A loader seen through a wrapper: ``len()`` and every attribute (``dataset``, ``sampler``,
+    ``num_workers``...) are the wrapped loader's; subclasses redefine ``__iter__``."""
+
+    def __init__(self, loader: Any) -> None:
+        self._loader = loader
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._loader)
+
+    def __len__(self) -> int:
+        return len(self._loader)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name == "_loader":
+            raise AttributeError(name)
+        return getattr(self._loader, name)
+
+
+class BatchLog(LoaderWrapper):
     """The loader, appending one JSON line per batch it yields to ``path`` (``batch_log`` option).
 
     Each line: ``split`` (the official prefix, e.g. ``train``), ``pid``, ``rank``, ``augment``, ``epoch``,
@@ -182,7 +203,7 @@ class BatchLog:
     """
 
     def __init__(self, loader: Any, path: str, *, prefix: str = "") -> None:
-        self._loader = loader
+        super().__init__(loader)
         self.path = str(path)
         self.prefix = prefix
 
@@ -198,11 +219,3 @@ class BatchLog:
                                         mosaic=sum(s is None for s in shapes), images=[Path(p).name for p in paths],
                                         device=str(imgs.device))) + "\n")
                 yield batch
-
-    def __len__(self) -> int:
-        return len(self._loader)
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") or name == "_loader":
-            raise AttributeError(name)
-        return getattr(self._loader, name)
