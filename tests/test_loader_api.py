@@ -219,6 +219,19 @@ def test_bad_arguments(synth_yaml):
         loader(synth_yaml, store="files", engine="gpu", engine_options={"axis_kernel": "warp"})
 
 
+@pytest.mark.parametrize("kw, says", [
+    (dict(imgsz=300), r"imgsz must be a positive multiple of the stride 32, got 300; use e.g. 288"),
+    (dict(imgsz=0), r"imgsz must be a positive multiple of the stride 32, got 0; use e.g. 32"),
+    (dict(imgsz=96, stride=64), r"multiple of the stride 64, got 96"),
+    (dict(workers=-1), r"workers must be >= 0 \(0 renders in the calling process\), got -1"),
+])
+def test_imgsz_and_workers_are_checked_first(synth_yaml, kw, says):
+    """A model cannot take 300x300 batches (its feature maps of stride 8..32 would not line up): refused,
+    as are sizes and worker counts that mean nothing."""
+    with pytest.raises(ValueError, match=says):
+        loader(synth_yaml, store="files", **kw)
+
+
 def test_axis_kernel_reaches_the_workers(synth_yaml):
     """Both tile kernels, rendered by 2 workers, equal the in-process render of the same kernel; the
     two kernels give different, close pixels and identical boxes."""
@@ -262,3 +275,43 @@ def test_hsv_consumer_and_defer_match_worker(synth_yaml):
 def batches_nohsv(synth_yaml, kw):
     with loader(synth_yaml, workers=0, hsv_on="defer", **kw) as fl:
         return batches(fl, 1)[0][0]
+
+
+def test_image_table_repeats_images_with_their_own_draws_for_any_worker_count(synth_yaml):
+    """dataset.indices (YOLOv9 --image-weights): position p shows image table[p]; a repeated image gets
+    its own augmentation; the batches are the same for 0 and 2 workers."""
+    kw = dict(imgsz=64, batch_size=4, seed=3, store="files")
+    runs = []
+    for workers in (0, 2):
+        with loader(synth_yaml, workers=workers, **kw) as fl:
+            assert fl.num_workers == workers
+            n = fl.dataset.n
+            assert list(fl.dataset.indices) == list(range(n))
+            table = [1] * (n // 2) + list(range(n - n // 2))  # image 1 at least n/2 + 1 times
+            fl.dataset.indices = table
+            assert fl.dataset.indices == table
+            got = batches(fl)
+            runs.append(got)
+    a, b = runs
+    for x, y in zip(a, b):
+        assert torch.equal(x[0], y[0]) and torch.equal(x[1], y[1]) and x[2] == y[2]
+    paths = [p for batch in a for p in batch[2]]
+    with loader(synth_yaml, workers=0, **kw) as fl:
+        files = fl.dataset.im_files
+    assert sorted(paths) == sorted(files[i] for i in table)  # the table's multiset, shuffled
+    ones = [k for k, p in enumerate(paths) if p == files[1]]
+    imgs = torch.cat([batch[0] for batch in a])
+    assert len(ones) > 1 and not torch.equal(imgs[ones[0]], imgs[ones[1]])  # repeats are augmented anew
+
+
+def test_image_table_errors(synth_yaml):
+    with loader(synth_yaml, imgsz=64, batch_size=4, workers=0, store="files") as fl:
+        with pytest.raises(ValueError, match="one image index per position"):
+            fl.dataset.indices = [0, 1]
+        with pytest.raises(ValueError, match="outside"):
+            fl.dataset.indices = [fl.dataset.n] * fl.dataset.n
+        fl.dataset.indices = range(fl.dataset.n)  # the plain order again
+        assert fl.image_table is None
+    with loader(synth_yaml, imgsz=64, batch_size=4, workers=0, store="files", rect=True, augment=False) as fl:
+        with pytest.raises(ValueError, match="rect"):
+            fl.dataset.indices = [0] * fl.dataset.n

@@ -17,8 +17,9 @@ import numpy as np
 
 from fastload.augment.boxes import batch_targets
 from fastload.augment.functional.tiles import AxisKernel, check_axis_kernel
-from fastload.augment.params import ParamSampler
+from fastload.augment.params import ParamSampler, image_of
 from fastload.augment.pipeline import render_sample
+from fastload.data.images import ShrinkFilter
 from fastload.engines.base import Layout
 from fastload.engines.shm_cache import SharedDecodeCache
 from fastload.store.base import Store
@@ -47,6 +48,8 @@ class BatchRenderer:
         reduced_decode: decode large JPEGs at a reduced DCT scale (see :meth:`Store.load`).
         axis_kernel: ``"warp"``, ``"resize"`` or None (the faster for the installed OpenCV), see
             :func:`fastload.augment.functional.tiles.default_axis_kernel`.
+        shrink: the filter encoded stores are shrunk to the loaded size with, ``"area"`` or ``"linear"``
+            (see :meth:`Store.load`).
     """
 
     def __init__(
@@ -59,6 +62,7 @@ class BatchRenderer:
         layout: Layout = "nhwc",
         reduced_decode: bool = False,
         axis_kernel: AxisKernel | None = None,
+        shrink: ShrinkFilter = "area",
     ) -> None:
         self.store = store
         self.sampler = sampler
@@ -68,6 +72,7 @@ class BatchRenderer:
         self.layout = layout
         self.reduced_decode = bool(reduced_decode)
         self.axis_kernel = check_axis_kernel(axis_kernel)
+        self.shrink = shrink
         self.labels: Sequence[np.ndarray] = store.labels
         self._scratch: np.ndarray | None = None
         self.decodes = 0  # encoded images this process decoded (cache misses included, hits not)
@@ -76,7 +81,7 @@ class BatchRenderer:
     def _load(self, i: int) -> np.ndarray:
         if not self.store.decoded:
             self.decodes += 1
-        return self.store.load(int(i), self.imgsz, reduced=self.reduced_decode)
+        return self.store.load(int(i), self.imgsz, reduced=self.reduced_decode, shrink=self.shrink)
 
     def get_image(self, i: int) -> np.ndarray:
         """Loaded RGB HWC uint8 image of loader index ``i`` (decoded stores: a zero-copy view)."""
@@ -104,7 +109,8 @@ class BatchRenderer:
         h, w = hws.pop()
         get_image: Callable[[int], np.ndarray] = self.get_image
         if self.sampler.partners == "batch":  # every source is one of the batch's own images: load each once
-            loaded = {i: self.get_image(i) for i in dict.fromkeys(int(v) for v in indices)}
+            images = image_of(np.asarray(indices, np.int64), len(self.sampler.loaded_shapes))  # indices may be sample ids
+            loaded = {i: self.get_image(i) for i in dict.fromkeys(images.tolist())}
             get_image = loaded.__getitem__
         out = slot_array(len(params), h, w)
         for k, p in enumerate(params):

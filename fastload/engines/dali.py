@@ -23,7 +23,8 @@ pipeline.
 Tolerance against the CPU reference (see ``tests/test_engine_dali.py``): boxes identical; pixels
 from decoded stores within a few levels at tile seams (DALI's float bilinear vs OpenCV's fixed
 point, renormalised edge taps); from encoded stores DALI's antialiased linear resize replaces
-INTER_AREA (a small mean difference, larger on noisy images than on photos; the test states the bounds).
+validation's INTER_AREA (a small mean difference, larger on noisy images than on photos; the test states
+the bounds); training shrinks with plain linear interpolation, as YOLOv9's INTER_LINEAR.
 """
 from __future__ import annotations
 
@@ -40,6 +41,7 @@ from fastload.augment.params import ParamSampler, shapes_from_array
 from fastload.engines.base import Batch, Engine, EngineOptionError, EngineSettings, Rendered, chunks, collate_targets
 from fastload.engines.dali_graph import build_pipeline
 from fastload.engines.dali_source import SampleSource, TileSlots, write_plan
+from fastload.engines.main_guard import unguarded_main_line
 from fastload.store.base import Store
 
 __all__ = ["DALIEngine", "DALIOptions", "require_dali"]
@@ -69,6 +71,18 @@ def _device_id(device: str | torch.device | None) -> tuple[int | None, torch.dev
                            f"(torch.cuda.is_available() is False); use device='cpu' for DALI's CPU-only mode or engine='cpu'")
     index = dev.index if dev.index is not None else torch.cuda.current_device()
     return index, torch.device("cuda", index)
+
+
+def _refuse_unguarded_script() -> None:
+    """Fail at once, saying what to do, where DALI's spawned workers would re-run the script and hang."""
+    unguarded = unguarded_main_line()
+    if unguarded:
+        script, line = unguarded
+        raise RuntimeError(
+            f"engine='dali' starts its reader processes with 'spawn', which runs {script} again from the top, and "
+            f"line {line} builds the loader outside `if __name__ == \"__main__\":`; move the script's work under that "
+            f"guard (docs/gpu.md, \"DALI needs a main guard\")"
+        )
 
 
 def _max_tiles(sampler: ParamSampler) -> int:
@@ -119,6 +133,7 @@ class DALIEngine(Engine):
 
     def __init__(self, store: Store, sampler: ParamSampler, settings: EngineSettings, options: DALIOptions | None = None) -> None:
         require_dali()
+        _refuse_unguarded_script()
         super().__init__(store, sampler, settings, options)
         if self.workers < 1:
             self._refuse("workers", self.workers, "samples are read in external-source worker processes (at least 1)")
@@ -147,7 +162,7 @@ class DALIEngine(Engine):
         self._drop_pipe()
         pipe = build_pipeline(self._source, batch_size=self.batch_size, device_id=self.device_id,
                               workers=self.workers, threads=self.threads, prefetch=self.prefetch,
-                              layout=self.settings.layout)
+                              layout=self.settings.layout, antialias=self.shrink == "area")
         try:
             with warnings.catch_warnings():
                 # decoded stores do not use the loaded-size outputs (encoded ones do)

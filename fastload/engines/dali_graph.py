@@ -36,13 +36,14 @@ __all__ = ["build_pipeline"]
 _EPS = 1e-6
 
 
-def _loaded(fn: Any, types: Any, image: Any, loaded_hw: Any, *, encoded: bool, dev: str) -> Any:
+def _loaded(fn: Any, types: Any, image: Any, loaded_hw: Any, *, encoded: bool, dev: str, antialias: bool) -> Any:
     """The loaded image (HWC uint8 on the graph's device) from encoded bytes or a loaded array."""
     if not encoded:
         return image.gpu() if dev == "gpu" else image
     decoded = fn.decoders.image(image, device="mixed" if dev == "gpu" else "cpu", output_type=types.RGB)
-    # the YOLOv9 loaded resize; DALI has no INTER_AREA: antialiased linear (triangle) filter
-    return fn.resize(decoded, size=loaded_hw, interp_type=types.INTERP_LINEAR, antialias=True)
+    # the YOLOv9 loaded resize; DALI has no INTER_AREA: antialiased linear (triangle) filter stands
+    # for it (validation), plain linear is training's INTER_LINEAR
+    return fn.resize(decoded, size=loaded_hw, interp_type=types.INTERP_LINEAR, antialias=antialias)
 
 
 def _canvas(fn: Any, types: Any, dmath: Any, slots: list[tuple], out_hw: Any, fill: Any, *, dev: str) -> Any:
@@ -80,10 +81,14 @@ def build_pipeline(
     prefetch: int,
     layout: Layout,
     seed: int = 0,
+    antialias: bool = True,
 ) -> Any:
     """The DALI pipeline (not yet built) whose outputs are index, boxes, shapes, gain, decodes (CPU)
-    then the uint8 images
-    (HWC for ``layout="nhwc"``, CHW for ``"nchw"``)."""
+    then the uint8 images (HWC for ``layout="nhwc"``, CHW for ``"nchw"``).
+
+    ``antialias``: shrink encoded images with the antialiased linear filter (INTER_AREA's stand-in,
+    YOLOv9 validation) or, False, with plain linear interpolation (YOLOv9 training's INTER_LINEAR).
+    """
     # optional dependency: only an engine="dali" loader builds a pipeline (DALIEngine checked it is installed)
     from nvidia.dali import fn, pipeline_def, types
     import nvidia.dali.math as dmath
@@ -101,7 +106,7 @@ def build_pipeline(
         rest = outs[len(HEAD):]
         tile_slots = []
         if by_batch:  # the sample's own image, loaded once; slots gather loaded images by batch position
-            own = _loaded(fn, types, rest[0], rest[1], encoded=encoded, dev=dev)
+            own = _loaded(fn, types, rest[0], rest[1], encoded=encoded, dev=dev, antialias=antialias)
             per = 1 + len(PLACEMENT)
             for k in range(slots.total):
                 fields = rest[2 + per * k : 2 + per * (k + 1)]
@@ -110,7 +115,8 @@ def build_pipeline(
             per = 2 + len(PLACEMENT)
             for k in range(slots.total):
                 fields = rest[per * k : per * (k + 1)]
-                tile_slots.append((_loaded(fn, types, fields[0], fields[1], encoded=encoded, dev=dev),) + tuple(fields[2:]))
+                tile_slots.append((_loaded(fn, types, fields[0], fields[1], encoded=encoded, dev=dev, antialias=antialias),)
+                                  + tuple(fields[2:]))
         out_hw = head["out_hw"]
         fill = head["fill"]
         main = _canvas(fn, types, dmath, tile_slots[: slots.main], out_hw, fill, dev=dev)

@@ -15,6 +15,8 @@ from fastload.engines.dali import DALIEngine
 from fastload.engines.gpu import GPUEngine
 
 ENGINES: dict[str, type[Engine]] = {"cpu": CPUEngine, "gpu": GPUEngine, "dali": DALIEngine}
+# the engines that render epochs which repeat images (Engine.takes_sample_ids: YOLOv9's --image-weights)
+SAMPLE_ID_ENGINES: tuple[str, ...] = tuple(name for name, cls in ENGINES.items() if cls.takes_sample_ids)
 
 
 def engine_class(name: str) -> type[Engine]:
