@@ -168,7 +168,7 @@ class FastLoader:
         several times gets its own augmentation draws each time (:func:`~fastload.augment.params.visit_ids`),
         so batches stay a function of the seed, the epoch and the table, for any number of workers.
         Mosaic partners are drawn from all images, as without a table (YOLOv9 draws them from the
-        table). ``None`` or ``range(n)`` restores the plain order. Needs an engine that takes sample ids
+        table); with ``partners="batch"`` from the images the batch shows. ``None`` or ``range(n)`` restores the plain order. Needs an engine that takes sample ids
         (:attr:`~fastload.engines.base.Engine.takes_sample_ids`: ``cpu``); not with ``rect`` (YOLOv9's
         own loader cannot collate rect images taken out of their batches either).
         """

@@ -78,6 +78,22 @@ def test_same_seed_same_batches_for_0_1_2_workers(synth_yaml, partners):
         assert not torch.equal(batches(fl, 1)[0][0], runs[0][0][0])
 
 
+def test_batch_partners_with_an_image_table(synth_yaml):
+    """--image-weights' table repeats images (sample ids): partners come from the images the batch
+    shows, each loaded once, the same for 0 and 2 workers."""
+    runs = []
+    for w in (0, 2):
+        with loader(synth_yaml, imgsz=IMGSZ, batch_size=6, workers=w, seed=3, store="files", partners="batch",
+                    engine_options={"decode_cache_mb": 0}) as fl:
+            table = np.random.default_rng(0).integers(0, fl.n, fl.n)  # with repeats
+            fl.set_image_table(table)
+            runs.append(batches(fl))
+            stats = fl.stats()
+            assert 0 < stats["decodes"] <= stats["images"]  # at most once per batch image, repeats included
+    for a, b in zip(*runs):
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) and a[2] == b[2]
+
+
 @pytest.mark.parametrize("shuffle", [True, False])
 def test_next_epoch_started_early_gives_the_same_batches(synth_yaml, shuffle):
     """Workers begin the next epoch's first batches while an epoch ends. The batches equal those
