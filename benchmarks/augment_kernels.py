@@ -4,8 +4,8 @@
 
 Kernels: mosaic drawing (stock 2s x 2s canvas + warpAffine vs one draw per tile, with both tile
 kernels: ``warp``, a warpAffine of the tile's source pixels, and ``resize``, an exact-scale resize),
-validation letterbox, HSV (stock split/LUT/merge vs one cv2.transform), flip + CHW copy, mixup
-blend, and the record + box maths that fastload adds.  Prints a markdown table (best of
+validation letterbox, HSV (stock split/LUT/merge vs one cv2.transform), flip (stock: plus the
+HWC->CHW copy; fastload flips in place and hands the batch over channels-last), mixup blend, and the record + box maths that fastload adds.  Prints a markdown table (best of
 ``--repeat`` runs, mean ms per image over ``--n`` records).
 """
 from __future__ import annotations
@@ -24,12 +24,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from fastload.augment.boxes import batch_targets, transform_labels  # noqa: E402
 from fastload.augment.functional.color import apply_hsv, apply_hsv_reference  # noqa: E402
-from fastload.augment.functional.flip import to_chw  # noqa: E402
+from fastload.augment.functional.flip import flip_inplace  # noqa: E402
 from fastload.augment.functional.tiles import AXIS_KERNELS, default_axis_kernel, render_image  # noqa: E402
 from fastload.augment.params import ParamSampler  # noqa: E402
 from fastload.augment.pipeline import mixup_blend  # noqa: E402
+from fastload.bench.stock import mixup_pixels  # noqa: E402
 from tests.augment_helpers import load_folder, shapes_of, smooth_images  # noqa: E402
-from tests.reference.stock_yolov9 import mixup_pixels, render_image_record  # noqa: E402
+from tests.reference.stock_replay import render_image_record  # noqa: E402
 
 
 def best_ms(fn: Callable[[int], object], n: int, repeat: int) -> float:
@@ -76,7 +77,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     out = np.empty((s, s, 3), np.uint8)
     frames = [render_image(p.image, get) for p in mos]
     other = frames[::-1]
-    chw = np.empty((3, s, s), np.uint8)
     rng = np.random.default_rng(0)
     gains = [tuple(rng.uniform(-1, 1, 3) * [0.015, 0.7, 0.4] + 1) for _ in range(args.n)]
     ratios = rng.beta(32, 32, args.n)
@@ -98,7 +98,7 @@ def main(argv: Sequence[str] | None = None) -> None:
          best_ms(lambda k: render_image(lbx[k].image, get, out), n, r)),
         ("HSV gains", best_ms(lambda k: apply_hsv_reference(work[k], gains[k]), n, r),
          best_ms(lambda k: apply_hsv(work[k], gains[k]), n, r)),
-        ("flip + HWC->CHW copy", best_ms(stock_flip, n, r), best_ms(lambda k: to_chw(frames[k], chw, flip_lr=True), n, r)),
+        ("flip (stock: + HWC->CHW copy)", best_ms(stock_flip, n, r), best_ms(lambda k: flip_inplace(work[k], False, True), n, r)),
         ("mixup blend", best_ms(lambda k: mixup_pixels(frames[k], other[k], ratios[k]), n, r),
          best_ms(lambda k: mixup_blend(work[k], other[k], ratios[k]), n, r)),
         (f"mosaic tiles (4) -> output, {other_kernel} kernel", stock_mosaic,

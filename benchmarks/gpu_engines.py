@@ -83,7 +83,8 @@ def engine_rate(yaml_path: Path, engine: str, store: str, device: str | None, ar
 
     label = f"engine={engine:<4s} store={store:<5s} device={device or 'cpu'}"
     try:
-        opts = dict(store=store, engine=engine, imgsz=args.imgsz, batch_size=args.batch, workers=args.workers,
+        opts = dict(store=store, engine=engine, imgsz=args.imgsz, batch_size=args.batch,
+                    workers=None if engine == "gpu" else args.workers,  # the gpu engine takes no workers
                     device=device, hyp=None, seed=0)
         with loader(yaml_path, **opts) as fl:
             it = iter(fl)

@@ -1,4 +1,4 @@
-"""Reduced-DCT JPEG decode (``loader(..., reduced_decode=True)``) against the full decode, side by side.
+"""Reduced-DCT JPEG decode (``CPUOptions(decode_scale="reduced")``) against the full decode, side by side.
 
 For each ``--imgsz`` on coco128 (640-pixel photographs, so 320 means a 1/2-scale and 160 a 1/4-scale
 DCT decode, 640 none): CPU ms per loaded image (decode + resize to the loaded shape, one core) for
@@ -39,7 +39,8 @@ def loader_rate(yaml_path: Path, imgsz: int, reduced: bool, seconds: float) -> f
     from fastload.fastloader import loader
 
     with loader(yaml_path, split="train", imgsz=imgsz, batch_size=32, store="files", augment=False, rect=True,
-                pad=0.5, workers=2, decode_cache_mb=0, reduced_decode=reduced) as fl:
+                pad=0.5, workers=2,
+                engine_options={"decode_cache_mb": 0, "decode_scale": "reduced" if reduced else "full"}) as fl:
         it = iter(fl)
         next(it)
         n, t0 = 0, time.perf_counter()

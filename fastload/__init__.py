@@ -1,20 +1,70 @@
 """fastload: object-detection data loading that keeps the GPU busy.
 
-The public entry is :func:`fastload.loader` (defined in :mod:`fastload.fastloader`); see
-``docs/design.md`` for the package map.
+The public API, by name (``docs/design.md`` maps the packages behind it):
+
+* :func:`loader` builds a YOLOv9-compatible loader and returns a :class:`FastLoader`;
+* :class:`CPUOptions`, :class:`TorchGPUOptions`, :class:`DALIOptions`: each engine's own options
+  (``loader(..., engine_options=...)``);
+* :func:`apply_hsv_batch`: the HSV finishing step of ``hsv_on="defer"``;
+* :func:`open_store` opens a store, :func:`convert` builds stores (``fastload convert``);
+* the exceptions: :class:`StoreError`, :class:`IncompleteStoreError`, :class:`CorruptImageError`,
+  :class:`DataConfigError`, :class:`EngineOptionError`, :class:`WorkerError`.
+
+Each name is imported on first use, so ``import fastload`` (and the CLI's ``--help``) does not
+import torch or OpenCV.
 """
 from __future__ import annotations
 
-from typing import Any
+import importlib
+from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
-__all__ = ["loader", "__version__"]
+from fastload._version import __version__
+
+# public name -> the module that defines it
+_EXPORTS = {
+    "loader": "fastload.fastloader",
+    "FastLoader": "fastload.fastloader",
+    "CPUOptions": "fastload.engines.cpu",
+    "TorchGPUOptions": "fastload.engines.gpu",
+    "DALIOptions": "fastload.engines.dali",
+    "apply_hsv_batch": "fastload.augment.functional.torch_ops",
+    "open_store": "fastload.store.factory",
+    "convert": "fastload.store.convert",
+    "StoreError": "fastload.store.base",
+    "IncompleteStoreError": "fastload.store.base",
+    "CorruptImageError": "fastload.data.images",
+    "DataConfigError": "fastload.data.config",
+    "EngineOptionError": "fastload.engines.base",
+    "WorkerError": "fastload.engines.cpu_workers",
+}
+__all__ = [
+    "__version__", "loader", "FastLoader", "CPUOptions", "TorchGPUOptions", "DALIOptions", "apply_hsv_batch",
+    "open_store", "convert", "StoreError", "IncompleteStoreError", "CorruptImageError", "DataConfigError",
+    "EngineOptionError", "WorkerError",
+]
+
+if TYPE_CHECKING:  # what static tools see; at run time __getattr__ imports each name when first used
+    from fastload.augment.functional.torch_ops import apply_hsv_batch
+    from fastload.data.config import DataConfigError
+    from fastload.data.images import CorruptImageError
+    from fastload.engines.base import EngineOptionError
+    from fastload.engines.cpu import CPUOptions
+    from fastload.engines.cpu_workers import WorkerError
+    from fastload.engines.dali import DALIOptions
+    from fastload.engines.gpu import TorchGPUOptions
+    from fastload.fastloader import FastLoader, loader
+    from fastload.store.base import IncompleteStoreError, StoreError
+    from fastload.store.convert import convert
+    from fastload.store.factory import open_store
 
 
 def __getattr__(name: str) -> Any:
-    # `fastload.loader` resolves on first use, so `import fastload` (and the CLI's --help) does not import torch.
-    if name == "loader":
-        from fastload.fastloader import loader
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'fastload' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
 
-        return loader
-    raise AttributeError(f"module 'fastload' has no attribute {name!r}")
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -2,30 +2,32 @@
 
 It ties the packages together: a store (``fastload.store.open_store``), the augmentation sampler
 (``fastload.augment.params.ParamSampler``), the epoch order (:mod:`fastload.order`) and an engine
-(``cpu``, ``gpu`` or ``dali``) that renders the batches.
+(``cpu``, ``gpu`` or ``dali``, :mod:`fastload.engines.factory`) that renders the batches.
 """
 from __future__ import annotations
 
-import importlib
 import logging
 import os
 import warnings
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 import torch
 
 from fastload import order as _order
-from fastload.engines.base import HSV_MODES, Batch, Engine, StoreView
+from fastload.augment.hyp import load_hyp
+from fastload.augment.params import (
+    PARTNERS, ParamSampler, Partners, image_of, per_index_shapes, rect_batch_shapes, visit_ids,
+)
+from fastload.data.images import loaded_shape
+from fastload.data.labels import img2label_path
+from fastload.engines.base import Batch, Engine, EngineSettings, HSVMode, Layout
+from fastload.engines.factory import SAMPLE_ID_ENGINES, engine_class, resolve_options
 from fastload.store.base import Store
+from fastload.store.factory import open_store
+from fastload.store.view import StoreView
 
 LOG = logging.getLogger(__name__)
-
-ENGINES = {
-    "cpu": ("fastload.engines.cpu", "CPUEngine"),
-    "gpu": ("fastload.engines.gpu", "GPUEngine"),
-    "dali": ("fastload.engines.dali", "DALIEngine"),
-}
 
 
 class LoaderDataset:
@@ -35,7 +37,10 @@ class LoaderDataset:
         labels: ``float32 [n, 5]`` (cls, xc, yc, w, h) per image, after ``min_items`` / ``single_cls``.
         shapes: ``int [N, 2]`` original image sizes as **(w, h)**, YOLOv9's order (``hw`` has (h, w)).
         im_files, label_files: source image and label path per image.
-        n: number of images; names: class names; indices: ``range(n)``.
+        n: number of images; names: class names.
+        indices: YOLOv9's image table, ``range(n)`` unless set: ``dataset.indices = table`` (what
+            ``--image-weights`` does before every epoch) draws image ``table[p]`` at every position ``p``
+            of the epochs that follow (see :meth:`FastLoader.set_image_table`).
         batch_shapes: rect mode's ``int [nb, 2]`` (h, w) per batch, else None.
         mosaic: YOLOv9's switch; ``dataset.mosaic = False`` closes mosaic (as ``--close-mosaic`` does).
     """
@@ -47,11 +52,8 @@ class LoaderDataset:
         self.hw = np.asarray(view.shapes, np.int64)
         self.shapes = self.hw[:, ::-1].copy()
         self.im_files = list(view.im_files)
-        from fastload.data.labels import img2label_path
-
         self.label_files = [img2label_path(f) for f in self.im_files]
         self.n = len(self.im_files)
-        self.indices = range(self.n)
         self.names = list(view.names)
         self.img_size = img_size
         self.augment = augment
@@ -64,6 +66,15 @@ class LoaderDataset:
 
     def __len__(self) -> int:
         return self.n
+
+    @property
+    def indices(self) -> Sequence[int]:
+        table = self._owner.image_table
+        return range(self.n) if table is None else table.tolist()
+
+    @indices.setter
+    def indices(self, value: Sequence[int] | np.ndarray | None) -> None:
+        self._owner.set_image_table(value)
 
     @property
     def mosaic(self) -> bool:
@@ -96,7 +107,8 @@ class _EpochSampler:
         return len(self._owner._indices(self._owner.epoch))
 
     def __iter__(self) -> Iterator[int]:
-        return iter(self._owner._indices(self._owner.epoch).tolist())
+        """The image indices of the current epoch, in order (this rank's part)."""
+        return iter(image_of(self._owner._indices(self._owner.epoch), self._owner.n).tolist())
 
 
 class FastLoader:
@@ -129,19 +141,54 @@ class FastLoader:
         self.epochs = epochs
         self.epoch = 0
         self.mosaic_closed = False
+        self.image_table: np.ndarray | None = None  # set_image_table()
         self.sampler = _EpochSampler(self)
         self._epoch_set = False
         self._closed = False
 
     # -- order --------------------------------------------------------------------------------------------
     def _indices(self, epoch: int) -> np.ndarray:
+        """What the engine renders in ``epoch``: image indices, or sample ids when an image table repeats images."""
         if self._rect_batches is not None:
             return np.concatenate(self._rect_batches) if self._rect_batches else np.zeros(0, np.int64)
         idx = _order.epoch_indices(self.n, epoch, seed=self.seed, shuffle=self.shuffle, rank=self.rank,
                                    world_size=self.world_size, drop_last=self.drop_last)
         if self.drop_last:
             idx = idx[: len(idx) // self.batch_size * self.batch_size]
+        if self.image_table is not None:  # positions -> the images drawn there, each visit its own draws
+            idx = visit_ids(self.image_table[idx], self.n)
         return idx
+
+    def set_image_table(self, images: Sequence[int] | np.ndarray | None) -> None:
+        """Draw image ``images[p]`` wherever position ``p`` comes up, from the next iteration on.
+
+        This is YOLOv9's ``dataset.indices``, which ``--image-weights`` replaces before every epoch with
+        ``random.choices(range(n), weights, k=n)``: the order (shuffle, DDP shards) still runs over the
+        ``n`` positions and each position shows the image the table holds there. An image that appears
+        several times gets its own augmentation draws each time (:func:`~fastload.augment.params.visit_ids`),
+        so batches stay a function of the seed, the epoch and the table, for any number of workers.
+        Mosaic partners are drawn from all images, as without a table (YOLOv9 draws them from the
+        table); with ``partners="batch"`` from the images the batch shows. ``None`` or ``range(n)`` restores the plain order. Needs an engine that takes sample ids
+        (:attr:`~fastload.engines.base.Engine.takes_sample_ids`: ``cpu``); not with ``rect`` (YOLOv9's
+        own loader cannot collate rect images taken out of their batches either).
+        """
+        if images is None:
+            self.image_table = None
+            return
+        table = np.asarray(images, np.int64).reshape(-1)
+        if len(table) != self.n:
+            raise ValueError(f"dataset.indices needs one image index per position ({self.n}), got {len(table)}")
+        if len(table) and (table.min() < 0 or table.max() >= self.n):
+            raise ValueError(f"dataset.indices holds indices outside [0, {self.n})")
+        if np.array_equal(table, np.arange(self.n)):
+            self.image_table = None
+            return
+        if self._rect_batches is not None:
+            raise ValueError("dataset.indices (--image-weights) cannot reorder rect batches; drop --rect or the weights")
+        if not self.engine.takes_sample_ids:
+            able = " or ".join(map(repr, SAMPLE_ID_ENGINES))
+            raise ValueError(f"dataset.indices (--image-weights) needs engine={able}, this loader uses {self.engine.name!r}")
+        self.image_table = table
 
     def __len__(self) -> int:
         if self._rect_batches is not None:
@@ -169,6 +216,11 @@ class FastLoader:
         self.mosaic_closed = True
         self.engine.close_mosaic()
 
+    @property
+    def num_workers(self) -> int:
+        """Worker processes rendering batches (0: the calling process); DataLoader's name, read by YOLOv9."""
+        return int(self.engine.workers)
+
     # -- iteration ------------------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Batch]:
         if self._closed:
@@ -186,19 +238,17 @@ class FastLoader:
 
     @property
     def hsv_gains(self) -> torch.Tensor | None:
-        """``hsv_on="defer"``: the ``float32 [B, 3]`` HSV gains of the latest batch (None before)."""
-        return self.engine.last_gains
+        """``hsv_on="defer"``: the HSV gains of the latest batch, ``float32 [B, 3]`` on the CPU (every
+        engine), to apply with ``fastload.apply_hsv_batch(imgs, loader.hsv_gains)``; None before the
+        first batch."""
+        return self.engine.hsv_gains
 
     def stats(self) -> dict[str, Any]:
-        """Counters for benchmarks: decoded-cache hits/misses and batches of the next epoch rendered early
-        (used / dropped after a wrong guess; CPU engine), worker PIDs."""
-        out: dict[str, Any] = {"engine": self.engine.name, "store": self.store.kind}
-        if hasattr(self.engine, "cache_stats"):
-            out["decode_cache_hits"], out["decode_cache_misses"] = self.engine.cache_stats
-        if hasattr(self.engine, "early_stats"):
-            out["early_batches_used"], out["early_batches_dropped"] = self.engine.early_stats
-        out["worker_pids"] = list(getattr(self.engine, "worker_pids", []))
-        return out
+        """Counters for benchmarks: ``store`` (its kind) plus the engine's :meth:`~fastload.engines.base.Engine.stats`
+        (every engine: ``engine``, ``batches``, ``images``, ``worker_pids``, ``partners``, ``decodes``,
+        ``decodes_per_image``; the CPU engine adds its decoded cache's hits/misses and machine-wide
+        state and the next epoch's batches rendered early, used / dropped)."""
+        return {"store": self.store.kind, **self.engine.stats()}
 
     def close(self) -> None:
         """Stop workers and release buffers, and the store if :func:`loader` opened it. Idempotent."""
@@ -239,16 +289,6 @@ def _filter(labels: list[np.ndarray], min_items: int, single_cls: bool) -> tuple
     return keep, out
 
 
-def _engine_class(name: str) -> type:
-    if name not in ENGINES:
-        raise ValueError(f"unknown engine {name!r}; choose one of {', '.join(ENGINES)}")
-    module, cls = ENGINES[name]
-    try:
-        return getattr(importlib.import_module(module), cls)
-    except ImportError as e:
-        raise ImportError(f"engine {name!r} is not available here: {e}") from e
-
-
 def loader(
     data: Any,
     split: str = "train",
@@ -259,7 +299,7 @@ def loader(
     augment: bool = True,
     store: str | Store = "auto",
     engine: str = "cpu",
-    workers: int = 8,
+    workers: int | None = None,
     shuffle: bool = True,
     rect: bool = False,
     stride: int = 32,
@@ -273,15 +313,11 @@ def loader(
     single_cls: bool = False,
     drop_last: bool = False,
     device: str | torch.device | None = None,
-    hsv_on: str = "worker",
-    layout: str = "nhwc",
-    decode_cache_mb: int | None = None,
-    reduced_decode: bool = False,
-    axis_kernel: str | None = None,
+    hsv_on: HSVMode = "worker",
+    layout: Layout = "nhwc",
     prefetch: int = 2,
-    keep: int = 2,
-    timeout: float = 0.0,
-    **engine_options: Any,
+    partners: Partners | None = None,
+    engine_options: Any = None,
 ) -> FastLoader:
     """Build a YOLOv9-compatible loader.
 
@@ -289,6 +325,10 @@ def loader(
     ``[B, 3, H, W]`` RGB, ``targets`` float32 ``[N, 6]`` (index in batch, cls, xc, yc, w, h)
     normalised, ``paths`` tuple of str, ``shapes`` tuple (None for mosaic samples, else
     ``((h0, w0), ((h / h0, w / w0), (padw, padh)))``).
+
+    The keywords up to ``partners`` mean the same for every engine (an engine that cannot honour
+    one refuses it with :class:`~fastload.engines.base.EngineOptionError`); what only one engine
+    has goes in ``engine_options``.
 
     Args:
         data: a ``data.yaml`` path, a dict with the same keys, a ``DataConfig`` or an open ``Store``
@@ -299,12 +339,17 @@ def loader(
         batch_size: images per batch (per rank).
         hyp: augmentation hyper-parameters: yaml path, dict or None (YOLOv9 ``hyp.scratch-high``).
         augment: apply training augmentation (mosaic, mixup, perspective, HSV, flips). False:
-            letterbox only (validation).
+            letterbox only (validation). As in YOLOv9's ``load_image``, every engine shrinks images
+            from encoded stores (files, lmdb) with INTER_LINEAR in training and INTER_AREA in
+            validation; decoded stores (disk, ram, gpu) hold images shrunk once, with INTER_AREA
+            (disk/ram record it: ``store.meta["shrink"]``).
         store: ``auto`` (the fastest store ``fastload convert`` recorded for this split and imgsz:
             ram > disk > lmdb > files), one of ``files | lmdb | disk | ram``, ``gpu`` (decoded images
             resident on ``device``; ``engine="gpu"`` only), or a ``Store``.
         engine: ``cpu`` (worker processes), ``gpu`` (PyTorch on ``device``) or ``dali``.
-        workers: CPU worker processes (0: render in the calling process). Persistent across epochs.
+        workers: the engine's worker processes, persistent across epochs: ``cpu``: render
+            processes (0: render in the calling process); ``dali``: external-source processes
+            (>= 1); ``gpu``: none (0). ``None``: the engine's default (8 for cpu and dali, 0 for gpu).
         shuffle: new permutation every epoch (a function of ``seed`` and the epoch). Ignored in rect mode.
         rect: validation-style rectangular batches: images sorted by aspect ratio, each batch
             letterboxed to its own ``stride``-multiple shape, no shuffle, no mosaic.
@@ -321,61 +366,60 @@ def loader(
         min_items: drop images with fewer labels than this.
         single_cls: map every class to 0.
         drop_last: drop the last incomplete batch (and, under DDP, the tail instead of padding).
-        device: where batches are delivered (``None``: CPU). The CPU engine copies each batch there
-            and applies consumer-side HSV there.
-        hsv_on: ``"worker"`` (HSV applied while rendering, on the CPU workers), ``"consumer"`` (gains
-            applied to the whole batch on ``device`` by ``apply_hsv_batch``; the trainer uses it on
-            GPU, where it is nearly free) or ``"defer"`` (not applied: after each batch,
-            ``loader.hsv_gains`` holds its ``float32 [B, 3]`` gains for the caller to apply, e.g.
-            ``apply_hsv_batch(imgs.to(dev), loader.hsv_gains.to(dev))``). HSV costs ~1.3-1.5 ms per
-            640x640 image on a CPU core, against ~1.2-1.5 ms for all the rest of a mosaic sample
-            (OpenCV 5, warp kernel).
-        layout: CPU engine: ``"nhwc"`` (``imgs`` is a channels-last view of the shared slot, no copy)
-            or ``"nchw"`` (contiguous ``imgs``, one transposing copy per image in the workers).
-        decode_cache_mb: CPU engine, encoded stores (files, lmdb): bound of the decoded-image cache
-            shared by all workers, so mosaic partners and later epochs skip decoding. ``None``: 1/8 of
-            physical memory divided by ``world_size``; ``0``: off.
-        reduced_decode: CPU engine, encoded stores: decode a JPEG whose long side is at least twice
-            ``imgsz`` at 1/2, 1/4 or 1/8 scale by the DCT, then resize as usual (coco128 at imgsz 320 /
-            160: 1.2x / 1.3x cheaper reads, 1.3x / 1.5x faster uncached loading; loaded pixels differ by
-            1.3 / 1.7 grey levels on average, boxes and shapes not at all). Off by default: the full
-            decode is what stock YOLOv9 does.
-        axis_kernel: CPU engine: how tiles with a scale + translation matrix (every scratch-high mosaic
-            tile) are drawn: ``"warp"`` (``cv2.warpAffine`` with the exact matrix, YOLOv9's own
-            sampling) or ``"resize"`` (one ``cv2.resize`` per tile, sampling positions within 0.05
-            px). None: the faster for the installed OpenCV (``warp`` from OpenCV 5, else ``resize``;
-            coco128 scratch-high tiles drawn in 0.71-0.73x the time on OpenCV 5.1). Letterboxes are
-            bit-identical to YOLOv9 either way.
-        prefetch: batches each worker renders ahead.
-        keep: how many of the latest yielded batches stay valid (their buffers are then reused);
-            clone ``imgs`` to keep a batch longer.
-        timeout: seconds to wait for one batch before raising (0: as long as the worker lives; a
-            dead worker always raises at once).
-        engine_options: passed to the engine.
+        device: where batches are delivered (``None``: the CPU for ``engine="cpu"``, else the current
+            CUDA device, or the CPU without one). The CPU engine copies each batch there.
+        hsv_on: where the HSV augmentation happens, the same for every engine: ``"worker"`` (by the
+            engine while it renders), ``"consumer"`` (on the whole batch on ``device`` as it is
+            delivered, by :func:`fastload.apply_hsv_batch`; nearly free on a GPU) or ``"defer"`` (not
+            applied: after each batch ``loader.hsv_gains`` holds its ``float32 [B, 3]`` gains on the
+            CPU, e.g. ``imgs = fastload.apply_hsv_batch(imgs.to(dev), loader.hsv_gains)``). HSV is a
+            large share of a sample's CPU cost (``benchmarks/loader_throughput.py`` prints the loader
+            with HSV in the workers and deferred side by side).
+        layout: memory order of ``imgs``, the same for every engine: ``"nhwc"`` (channels-last; the
+            engines produce HWC pixels, so this costs no copy) or ``"nchw"`` (contiguous; one
+            transposing copy per image).
+        prefetch: batches prepared ahead of the one being consumed (per worker for ``cpu``; by the
+            background thread for ``gpu``, 0: none; DALI's queue depth, >= 1, for ``dali``).
+        partners: where a mosaic's three partners (and the mixup image with its partners) come from:
+            ``"dataset"`` (YOLOv9: drawn uniformly from all images) or ``"batch"`` (drawn uniformly
+            from the images of the same batch, so a batch decodes each of its ``B`` images once,
+            about 1 decode per output image instead of 4.6; each image's expected uses per epoch
+            are unchanged, but a batch's tiles come from its own ``B`` images only). ``None``: the
+            engine's default (``"dataset"`` for ``cpu`` and ``gpu``, ``"batch"`` for ``dali``; each
+            engine's docstring says why). Only training batches with mosaic have partners: passing
+            ``"batch"`` to a loader that draws no mosaic (``augment=False``, ``rect=True``, hyp
+            ``mosaic: 0``) raises ``ValueError``.
+        engine_options: what only the chosen engine has: a :class:`~fastload.CPUOptions`,
+            :class:`~fastload.TorchGPUOptions` or :class:`~fastload.DALIOptions`, or a dict of its
+            fields (e.g. ``{"decode_cache_mb": 0}`` for ``engine="cpu"``). ``None``: the defaults.
 
     Returns a :class:`FastLoader`; ``loader.dataset`` exposes ``labels``, ``shapes``, ``im_files``,
     ``label_files``, ``n``, ``names`` for the trainer.
     """
-    from fastload.augment.hyp import load_hyp
-    from fastload.augment.params import ParamSampler, per_index_shapes, rect_batch_shapes
-    from fastload.data.images import loaded_shape
-
-    if hsv_on not in HSV_MODES:
-        raise ValueError(f"hsv_on must be one of {', '.join(HSV_MODES)}, got {hsv_on!r}")
+    cls = engine_class(engine)
+    options = resolve_options(engine, engine_options)
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    if hsv_on == "consumer" and (device is None or torch.device(device).type == "cpu"):
+    if isinstance(imgsz, bool) or not isinstance(imgsz, (int, np.integer)) or imgsz < stride or imgsz % stride:
+        # a model concatenates feature maps of stride 8..stride: other sizes fail in its forward pass
+        near = max(stride, round(float(imgsz) / stride) * stride) if isinstance(imgsz, (int, float, np.number)) else 640
+        raise ValueError(f"imgsz must be a positive multiple of the stride {stride}, got {imgsz!r}; use e.g. {near}")
+    if workers is not None and workers < 0:
+        raise ValueError(f"workers must be >= 0 (0 renders in the calling process), got {workers}")
+    if hsv_on == "consumer" and engine == "cpu" and (device is None or torch.device(device).type == "cpu"):
         warnings.warn("fastload.loader: hsv_on='consumer' without a GPU device applies HSV in the main process "
                       "with torch ops (slow on a CPU); use hsv_on='worker' there")
     rank, world_size = _resolve_world(rank, world_size)
+    settings = EngineSettings(batch_size=batch_size, workers=cls.default_workers if workers is None else int(workers),
+                              device=device, hsv_on=hsv_on, layout=layout, prefetch=prefetch)
+    if partners is not None and partners not in PARTNERS:
+        raise ValueError(f"partners must be None or one of {', '.join(PARTNERS)}, got {partners!r}")
     owns_store = not isinstance(data, Store) and not isinstance(store, Store)
     if isinstance(data, Store):
         base = data
     elif isinstance(store, Store):
         base = store
     else:
-        from fastload.store.factory import open_store
-
         base = open_store(data, split=split, kind=store, imgsz=imgsz, **({"device": device} if store == "gpu" else {}))
     try:
         keep_idx, labels = _filter(list(base.labels), int(min_items), bool(single_cls))
@@ -394,23 +438,12 @@ def loader(
             order_idx, batch_shapes = rect_batch_shapes(view.shapes, batch_size, imgsz, stride=stride, pad=pad)
             rect_shapes = per_index_shapes(order_idx, batch_shapes, batch_size)
             rect_batches = _order.rect_order(order_idx, batch_size, rank=rank, world_size=world_size)
-            max_hw = (int(batch_shapes[:, 0].max()), int(batch_shapes[:, 1].max()))
-        else:
-            max_hw = (imgsz, imgsz)
         sampler = ParamSampler(loaded_hw, hyp_d, imgsz, augment=augment, seed=seed, rect_shapes=rect_shapes,
-                               pad=pad, stride=stride, orig_shapes=view.shapes)
-
-        cls = _engine_class(engine)
-        opts: dict[str, Any] = dict(engine_options, prefetch=prefetch)
-        if engine == "cpu":
-            opts.update(max_hw=max_hw, layout=layout, keep=keep, loaded_hw=loaded_hw,
-                        decode_cache_bytes=None if decode_cache_mb is None else int(decode_cache_mb) << 20,
-                        timeout=timeout, world_size=world_size, reduced_decode=reduced_decode, axis_kernel=axis_kernel)
-        elif reduced_decode:
-            raise ValueError(f"reduced_decode is a CPU-engine option (engine={engine!r} decodes on its own)")
-        elif axis_kernel is not None:
-            raise ValueError(f"axis_kernel is a CPU-engine option (engine={engine!r} follows the default kernel's tile plan)")
-        eng = cls(view, sampler, batch_size=batch_size, workers=workers, device=device, hsv=hsv_on, **opts)
+                               orig_shapes=view.shapes, partners=partners or cls.default_partners)
+        if partners == "batch" and not sampler.draws_mosaics:
+            raise ValueError("partners='batch' applies to mosaic training batches only, and this loader draws no mosaic "
+                             f"(augment={augment}, rect={rect}, hyp mosaic={hyp_d['mosaic']}); leave partners unset")
+        eng = cls(view, sampler, settings, options)
     except BaseException:
         if owns_store:
             base.close()

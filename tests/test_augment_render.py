@@ -8,13 +8,14 @@ import numpy as np
 import pytest
 
 from fastload.augment.functional.color import apply_hsv, apply_hsv_reference
-from fastload.augment.functional.flip import flip_inplace, to_chw
+from fastload.augment.functional.flip import flip_inplace
 from fastload.augment.functional import tiles
 from fastload.augment.functional.tiles import render_image
-from fastload.augment.params import ImageParams, ParamSampler, TileParams
+from fastload.augment.params import ImageParams, ParamSampler, Rect, TileParams
 from fastload.augment.pipeline import mixup_blend, render_sample
 from tests.augment_helpers import load_folder, shapes_of, smooth_images
-from tests.reference.stock_yolov9 import augment_hsv, mixup_pixels, render_image_record, render_record
+from fastload.bench.stock import augment_hsv, mixup_pixels
+from tests.reference.stock_replay import render_image_record, render_record
 
 
 KERNELS = ("warp", "resize")
@@ -69,15 +70,16 @@ def test_scaled_warp_reads_only_what_it_needs():
         m = np.array([[a, 0, tx], [0, b, ty], [0, 0, 1]])
         tile = TileParams(0, (x0, y0, x1, y1), m, (300, 420))
         plan = tiles.tile_plan(tile, (300, 420), (320, 320), "warp")
-        if plan is None:
+        if plan.method is tiles.DrawMethod.SKIP:
             continue
-        assert isinstance(plan, tiles.OwnedRect)
+        assert plan.method is tiles.DrawMethod.SCALED_WARP
+        r = plan.rect
         got = np.zeros((320, 320, 3), np.uint8)
-        assert tiles.draw_tile(got, src, tile, axis_kernel="warp") == (plan.y0, plan.y1, plan.x0, plan.x1)
-        local = np.array([[a, 0, a * x0 + tx - plan.x0], [0, b, b * y0 + ty - plan.y0]])
+        assert tiles.draw_tile(got, src, tile, axis_kernel="warp") == r
+        local = np.array([[a, 0, a * x0 + tx - r.x0], [0, b, b * y0 + ty - r.y0]])
         want = np.zeros_like(got)
-        cv2.warpAffine(np.ascontiguousarray(src[y0:y1, x0:x1]), local, (plan.x1 - plan.x0, plan.y1 - plan.y0),
-                       dst=want[plan.y0:plan.y1, plan.x0:plan.x1], flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)
+        cv2.warpAffine(np.ascontiguousarray(src[y0:y1, x0:x1]), local, (r.x1 - r.x0, r.y1 - r.y0),
+                       dst=want[r.y0:r.y1, r.x0:r.x1], flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)
         d = np.abs(got.astype(int) - want)
         assert d.max() <= 1 and (d > 0).mean() < 0.01, (a, b, tx, ty, tile.crop)
         checked += 1
@@ -90,11 +92,12 @@ def test_warp_kernel_keeps_exact_resizes_on_cv2_resize():
     images = smooth_images(4, 640, seed=2)
     s = ParamSampler(shapes_of(images), None, 640, augment=False)
     tile = s.sample(0, 0).image.tiles[0]
-    assert not isinstance(tiles.tile_plan(tile, tile.src_hw, (640, 640), "warp"), (tiles.OwnedRect, bool))
+    assert tiles.tile_plan(tile, tile.src_hw, (640, 640), "warp").method is tiles.DrawMethod.RESIZE
     mosaic = ParamSampler(shapes_of(images), None, 640, seed=0).sample(0, 0)
     assert mosaic.mosaic
     plans = [tiles.tile_plan(t, t.src_hw, (640, 640), "warp") for t in mosaic.image.tiles]
-    assert all(isinstance(p, tiles.OwnedRect) for p in plans if p is not None)
+    assert all(p.method in (tiles.DrawMethod.SCALED_WARP, tiles.DrawMethod.SKIP) for p in plans)
+    assert any(p.method is tiles.DrawMethod.SCALED_WARP for p in plans)
 
 
 def test_axis_kernel_is_checked():
@@ -154,13 +157,6 @@ def test_flip_helpers():
         for lr in (False, True):
             want = img[:: -1 if ud else 1, :: -1 if lr else 1]
             assert np.array_equal(flip_inplace(img.copy(), ud, lr), want)
-            assert np.array_equal(to_chw(img, flip_ud=ud, flip_lr=lr), want.transpose(2, 0, 1))
-            batch = np.zeros((2, 3, 5, 7), np.uint8)  # a slot of a batch buffer
-            to_chw(img, batch[1], flip_ud=ud, flip_lr=lr)
-            assert np.array_equal(batch[1], want.transpose(2, 0, 1)) and not batch[0].any()
-            strided = np.zeros((3, 5, 14), np.uint8)[:, :, ::2]  # non-contiguous planes: numpy path
-            to_chw(img, strided, flip_ud=ud, flip_lr=lr)
-            assert np.array_equal(strided, want.transpose(2, 0, 1))
 
 
 # ---------------------------------------------------------------------------------------- HSV
@@ -213,7 +209,7 @@ def test_hsv_in_box_fills_coloured_border_rows():
     img[...] = (200, 40, 90)  # a saturated border colour: its HSV result is not grey
     img[32:64] = rng.integers(0, 256, (32, 64, 3), dtype=np.uint8)
     for g in ((1.01, 0.5, 1.3), (0.99, 1.6, 0.7)):
-        got = apply_hsv_in_box(img.copy(), g, (32, 64, 10, 50))
+        got = apply_hsv_in_box(img.copy(), g, Rect(10, 32, 50, 64))
         assert np.array_equal(got, apply_hsv(img.copy(), g))
         assert not np.array_equal(got[0, 0], img[0, 0])  # the border did change
 
@@ -286,7 +282,7 @@ def test_stock_dataset_smoke(coco128_yaml):
     """The benchmark's "stock loader": fresh tensors, YOLOv9 batch tuple."""
     import torch
 
-    from tests.reference.stock_yolov9 import StockDataset
+    from fastload.bench.stock import StockDataset
 
     root = coco128_yaml.parent
     files = sorted((root / "images").rglob("*.jpg"))[:6]
@@ -330,7 +326,7 @@ def test_bbox_bounds_every_drawn_pixel_and_hsv_in_box_equals_whole_image():
         img, box = render_image_bbox(p.image, images.__getitem__)
         outside = np.ones(img.shape[:2], bool)
         if box is not None:
-            outside[box[0] : box[1], box[2] : box[3]] = False
+            outside[box.y0 : box.y1, box.x0 : box.x1] = False
         assert (img[outside] == p.image.fill).all()
         borders += int(outside.any())
         for g in ((1.01, 0.5, 1.3), (0.99, 1.6, 0.7)):
@@ -410,7 +406,7 @@ def test_near_rational_scales_stay_on_resize_path(a):
     t = wide[0]
     m = np.array([[a, 0, t], [0, a, t], [0, 0, 1]])
     tile = TileParams(0, (3, 3, 300, 300), m, img.shape[:2])
-    assert _resize_plan(tile, img.shape[:2], (640, 640)) is not False
+    assert _resize_plan(tile, img.shape[:2], (640, 640)).method is tiles.DrawMethod.RESIZE
     got = render_image(ImageParams((tile,), (640, 640)), [img].__getitem__)
     ref = cv2.warpAffine(img[3:300, 3:300], (m @ _shift(3))[:2], (640, 640), flags=cv2.INTER_LINEAR, borderValue=(114, 114, 114))
     n = int(297 * a) - 4  # inner pixels: away from the crop's edges

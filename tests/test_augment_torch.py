@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from fastload.augment.functional.color import apply_hsv_reference
-from fastload.augment.functional.torch_ops import apply_hsv_batch, flip_batch, hsv8_to_rgb, rgb_to_hsv8
+from fastload.augment.functional.torch_ops import apply_hsv_batch, hsv8_to_rgb, rgb_to_hsv8
 from tests.augment_helpers import smooth_images
 
 
@@ -57,12 +57,8 @@ def test_apply_hsv_batch_cuda():
     _check_batch("cuda")
 
 
-def test_apply_hsv_batch_errors_and_flip():
+def test_apply_hsv_batch_errors():
     with pytest.raises(ValueError, match="uint8"):
         apply_hsv_batch(torch.zeros(2, 3, 4, 4), torch.ones(2, 3))
     with pytest.raises(ValueError, match="rows"):
         apply_hsv_batch(torch.zeros(2, 3, 4, 4, dtype=torch.uint8), torch.ones(3, 3))
-    x = torch.arange(2 * 3 * 4 * 5, dtype=torch.uint8).reshape(2, 3, 4, 5)
-    y = flip_batch(x, torch.tensor([True, False]), torch.tensor([False, True]))
-    assert torch.equal(y[0], x[0].flip(-2)) and torch.equal(y[1], x[1].flip(-1))
-    assert torch.equal(flip_batch(x), x)

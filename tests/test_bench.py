@@ -1,7 +1,6 @@
 """``fastload bench``: every stage measured (or skipped with a reason), JSON + PNG written, bottleneck named."""
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
@@ -13,14 +12,7 @@ from fastload.bench import pagecache
 from fastload.bench.analysis import StoreInfo, analyse, expected_reads
 from fastload.bench.decoders import DECODERS, available_decoders
 from fastload.bench.stages import STAGES, Measurement, measure_augment, measure_loader
-from fastload.cli import bench_cmd
-
-
-def _cli(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="fastload")
-    bench_cmd.register(parser.add_subparsers(), "bench")
-    args = parser.parse_args(argv)
-    return args.func(args)
+from store_helpers import run_cli
 
 
 def _check_document(doc: dict, stores: list[str]) -> None:
@@ -47,9 +39,9 @@ def _check_document(doc: dict, stores: list[str]) -> None:
     assert doc["elapsed_s"] > 0 and doc["planned_s"] > 0
 
 
-def _run_cli(tmp_path: Path, data: Path, extra: list[str], capsys) -> dict:
+def _run_bench(tmp_path: Path, data: Path, extra: list[str], capsys) -> dict:
     js, png = tmp_path / "bench.json", tmp_path / "bench.png"
-    code = _cli(["bench", str(data), "--seconds", "2", "--json", str(js), "--plot", str(png), *extra])
+    code = run_cli(["bench", str(data), "--seconds", "2", "--json", str(js), "--plot", str(png), *extra])
     assert code == 0
     out = capsys.readouterr()
     assert "bottleneck:" in out.out and "machine:" in out.out
@@ -60,7 +52,7 @@ def _run_cli(tmp_path: Path, data: Path, extra: list[str], capsys) -> dict:
 
 
 def test_bench_synthetic_all_stages(synth_yaml, tmp_path, capsys):
-    doc = _run_cli(tmp_path, synth_yaml, ["--decoders", "fastload,cv2"], capsys)
+    doc = _run_bench(tmp_path, synth_yaml, ["--decoders", "fastload,cv2"], capsys)
     _check_document(doc, ["files"])
     decoders = {m["name"] for m in doc["measurements"] if m["stage"] == "decode"}
     assert decoders == {"fastload", "cv2"}
@@ -70,7 +62,7 @@ def test_bench_synthetic_all_stages(synth_yaml, tmp_path, capsys):
 
 
 def test_bench_coco128(coco128_yaml, tmp_path, capsys):
-    doc = _run_cli(tmp_path, coco128_yaml, ["--decoders", "fastload,reduced"], capsys)
+    doc = _run_bench(tmp_path, coco128_yaml, ["--decoders", "fastload,reduced"], capsys)
     _check_document(doc, ["files"])
     from fastload.store import open_store
 
@@ -88,7 +80,7 @@ def test_convert_builds_missing_stores_in_a_temp_dir(synth_yaml, tmp_path, monke
     monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     js = tmp_path / "c.json"
     # ram is copied from a disk store the conversion also builds (not measured here, to save time)
-    code = _cli(["bench", str(synth_yaml), "--seconds", "0.3", "--stages", "read,loader", "--stores",
+    code = run_cli(["bench", str(synth_yaml), "--seconds", "0.3", "--stages", "read,loader", "--stores",
                  "lmdb,ram", "--convert", "--quiet", "--json", str(js)])
     assert code == 0
     doc = json.loads(js.read_text())
@@ -103,7 +95,7 @@ def test_convert_builds_missing_stores_in_a_temp_dir(synth_yaml, tmp_path, monke
 
 def test_missing_store_is_skipped_with_the_command_to_build_it(synth_yaml, tmp_path):
     js = tmp_path / "s.json"
-    assert _cli(["bench", str(synth_yaml), "--seconds", "0.2", "--stages", "read", "--stores", "files,lmdb",
+    assert run_cli(["bench", str(synth_yaml), "--seconds", "0.2", "--stages", "read", "--stores", "files,lmdb",
                  "--quiet", "--json", str(js)]) == 0
     lmdb = [m for m in json.loads(js.read_text())["measurements"] if m["name"].startswith("lmdb")]
     assert lmdb and all("fastload convert" in m["skipped"] for m in lmdb)
@@ -111,9 +103,9 @@ def test_missing_store_is_skipped_with_the_command_to_build_it(synth_yaml, tmp_p
 
 def test_bad_input_fails_clearly(tmp_path, capsys, synth_yaml):
     missing = tmp_path / "nope.yaml"
-    assert _cli(["bench", str(missing), "--seconds", "0.1"]) == 2
+    assert run_cli(["bench", str(missing), "--seconds", "0.1"]) == 1  # the data is wrong: exit 1
     assert str(missing) in capsys.readouterr().err
-    assert _cli(["bench", str(synth_yaml), "--stages", "read,telepathy"]) == 2
+    assert run_cli(["bench", str(synth_yaml), "--stages", "read,telepathy"]) == 2
     assert "telepathy" in capsys.readouterr().err
 
 
@@ -210,6 +202,11 @@ def test_analysis_names_each_bottleneck():
     assert decode["bottleneck"] == "decode"
     assert "decode-bound" in decode["sentence"] and "4.6 decodes per mosaic image" in decode["sentence"]
     assert decode["configs"]["files"]["limit_samples_per_s"] == pytest.approx(100 * 8 / 4.6)
+    # the decode-bound case names its remedy and what it would reach: one decode per output image
+    assert "does not fit the machine's decoded-image cache" in decode["sentence"]
+    assert 'partners="batch"' in decode["sentence"] and "ceiling ~800 samples/s" in decode["sentence"]
+    half = _analyse(_ms(5000, 50000, 100, 200, None), cache=5 * 10**8)  # half the decoded set fits the cache
+    assert "ceiling ~1600 samples/s" in half["sentence"]
     read = _analyse(_ms(50, 50000, 1000, 200, 10), big=True)  # bigger than RAM: cold reads count
     assert read["bottleneck"] == "read" and "fastload stage" in read["sentence"]
     aug = _analyse(_ms(5000, 50000, 1000, 20, 150), cache=10**10)  # whole set in the decode cache

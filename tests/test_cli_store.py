@@ -79,12 +79,33 @@ def test_stage_refuses_without_space(synth_yaml, tmp_path, monkeypatch, capsys):
     class Tiny:
         f_bavail, f_frsize = 10, 4096
 
-    import fastload.store.convert as conv
+    import fastload.store.space as space
 
-    monkeypatch.setattr(conv.os, "statvfs", lambda p: Tiny())
+    monkeypatch.setattr(space.os, "statvfs", lambda p: Tiny())
     assert run_cli(["stage", str(synth_yaml), "--to", str(tmp_path / "x"), "--no-progress"]) == 1
     err = capsys.readouterr().err
     assert "not enough space" in err and "needs" in err and "40.0 KB free" in err
+    assert not (tmp_path / "x").exists() and not list(tmp_path.glob(".x.staging*"))
+
+
+def test_stage_running_out_of_space_part_way_names_the_file_and_keeps_nothing(synth_yaml, tmp_path, monkeypatch, capsys):
+    import errno
+
+    from fastload.store import stage as stage_mod
+
+    real, calls = stage_mod._copy_file, []
+
+    def fill_up(src, dst):
+        calls.append(src)
+        if len(calls) == 3:  # the device fills up in the middle of the third file
+            dst.write_bytes(src.read_bytes()[:10])
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(src, dst)
+
+    monkeypatch.setattr(stage_mod, "_copy_file", fill_up)
+    assert run_cli(["stage", str(synth_yaml), "--to", str(tmp_path / "x"), "--no-progress"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"stopped at {calls[2]}: No space left on device" in err
     assert not (tmp_path / "x").exists() and not list(tmp_path.glob(".x.staging*"))
 
 
@@ -116,7 +137,7 @@ def test_unstage_lists_and_removes_stale_shm(synth_yaml, shm_root, capsys):
     listing = capsys.readouterr().out
     assert seg in listing and "stale" in listing
     assert run_cli(["unstage", "--stale"]) == 0
-    assert f"removed stale ram store {seg}" in capsys.readouterr().out
+    assert f"removed stale segment {seg}" in capsys.readouterr().out
     assert not Path(seg).exists()
 
 

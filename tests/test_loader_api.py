@@ -55,17 +55,43 @@ def test_len_epochs_and_drop_last(synth_yaml):
         assert all(len(b[2]) == 5 for b in batches(fl))
 
 
-def test_same_seed_same_batches_for_0_1_2_workers(synth_yaml):
+@pytest.mark.parametrize("partners", ["dataset", "batch"])
+def test_same_seed_same_batches_for_0_1_2_workers(synth_yaml, partners):
+    """With partners="batch" a record also depends on its batch's composition, which depends on the
+    seed, the epoch and the batch size only: the same for any worker count (there with the decode
+    cache off: every worker decodes what its batches read, at most once per output image)."""
     runs = []
+    options = {"decode_cache_mb": 0} if partners == "batch" else None
     for w in (0, 1, 2):
-        with loader(synth_yaml, imgsz=IMGSZ, batch_size=6, workers=w, seed=3, store="files") as fl:
+        with loader(synth_yaml, imgsz=IMGSZ, batch_size=6, workers=w, seed=3, store="files", partners=partners,
+                    engine_options=options) as fl:
             runs.append(batches(fl))
+            stats = fl.stats()
+            assert stats["partners"] == partners
+            if partners == "batch":
+                assert 0 < stats["decodes"] <= stats["images"] == fl.dataset.n
     for other in runs[1:]:
         assert len(other) == len(runs[0])
         for a, b in zip(runs[0], other):
             assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) and a[2] == b[2] and a[3] == b[3]
-    with loader(synth_yaml, imgsz=IMGSZ, batch_size=6, workers=0, seed=4, store="files") as fl:
+    with loader(synth_yaml, imgsz=IMGSZ, batch_size=6, workers=0, seed=4, store="files", partners=partners) as fl:
         assert not torch.equal(batches(fl, 1)[0][0], runs[0][0][0])
+
+
+def test_batch_partners_with_an_image_table(synth_yaml):
+    """--image-weights' table repeats images (sample ids): partners come from the images the batch
+    shows, each loaded once, the same for 0 and 2 workers."""
+    runs = []
+    for w in (0, 2):
+        with loader(synth_yaml, imgsz=IMGSZ, batch_size=6, workers=w, seed=3, store="files", partners="batch",
+                    engine_options={"decode_cache_mb": 0}) as fl:
+            table = np.random.default_rng(0).integers(0, fl.n, fl.n)  # with repeats
+            fl.set_image_table(table)
+            runs.append(batches(fl))
+            stats = fl.stats()
+            assert 0 < stats["decodes"] <= stats["images"]  # at most once per batch image, repeats included
+    for a, b in zip(*runs):
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) and a[2] == b[2]
 
 
 @pytest.mark.parametrize("shuffle", [True, False])
@@ -203,10 +229,23 @@ def test_bad_arguments(synth_yaml):
         loader(synth_yaml, hsv_on="gpu", store="files")
     with pytest.raises(ValueError, match="no images left"):
         loader(synth_yaml, store="files", min_items=10**6)
-    with pytest.raises(ValueError, match="axis_kernel"):
-        loader(synth_yaml, store="files", axis_kernel="cubic")
-    with pytest.raises(ValueError, match="CPU-engine option"):
-        loader(synth_yaml, store="files", engine="gpu", axis_kernel="warp")
+    with pytest.raises(ValueError, match="engine 'cpu': axis_kernel"):
+        loader(synth_yaml, store="files", engine_options={"axis_kernel": "cubic"})
+    with pytest.raises(TypeError, match="engine 'gpu' has no option 'axis_kernel' \\(an option of engine 'cpu'\\)"):
+        loader(synth_yaml, store="files", engine="gpu", engine_options={"axis_kernel": "warp"})
+
+
+@pytest.mark.parametrize("kw, says", [
+    (dict(imgsz=300), r"imgsz must be a positive multiple of the stride 32, got 300; use e.g. 288"),
+    (dict(imgsz=0), r"imgsz must be a positive multiple of the stride 32, got 0; use e.g. 32"),
+    (dict(imgsz=96, stride=64), r"multiple of the stride 64, got 96"),
+    (dict(workers=-1), r"workers must be >= 0 \(0 renders in the calling process\), got -1"),
+])
+def test_imgsz_and_workers_are_checked_first(synth_yaml, kw, says):
+    """A model cannot take 300x300 batches (its feature maps of stride 8..32 would not line up): refused,
+    as are sizes and worker counts that mean nothing."""
+    with pytest.raises(ValueError, match=says):
+        loader(synth_yaml, store="files", **kw)
 
 
 def test_axis_kernel_reaches_the_workers(synth_yaml):
@@ -215,7 +254,8 @@ def test_axis_kernel_reaches_the_workers(synth_yaml):
     runs = {}
     for kernel in ("warp", "resize"):
         for w in (0, 2):
-            with loader(synth_yaml, imgsz=IMGSZ, batch_size=6, workers=w, seed=3, store="files", axis_kernel=kernel) as fl:
+            with loader(synth_yaml, imgsz=IMGSZ, batch_size=6, workers=w, seed=3, store="files",
+                        engine_options={"axis_kernel": kernel}) as fl:
                 runs[kernel, w] = batches(fl, 2)
     for kernel in ("warp", "resize"):
         for a, b in zip(runs[kernel, 0], runs[kernel, 2]):
@@ -251,3 +291,43 @@ def test_hsv_consumer_and_defer_match_worker(synth_yaml):
 def batches_nohsv(synth_yaml, kw):
     with loader(synth_yaml, workers=0, hsv_on="defer", **kw) as fl:
         return batches(fl, 1)[0][0]
+
+
+def test_image_table_repeats_images_with_their_own_draws_for_any_worker_count(synth_yaml):
+    """dataset.indices (YOLOv9 --image-weights): position p shows image table[p]; a repeated image gets
+    its own augmentation; the batches are the same for 0 and 2 workers."""
+    kw = dict(imgsz=64, batch_size=4, seed=3, store="files")
+    runs = []
+    for workers in (0, 2):
+        with loader(synth_yaml, workers=workers, **kw) as fl:
+            assert fl.num_workers == workers
+            n = fl.dataset.n
+            assert list(fl.dataset.indices) == list(range(n))
+            table = [1] * (n // 2) + list(range(n - n // 2))  # image 1 at least n/2 + 1 times
+            fl.dataset.indices = table
+            assert fl.dataset.indices == table
+            got = batches(fl)
+            runs.append(got)
+    a, b = runs
+    for x, y in zip(a, b):
+        assert torch.equal(x[0], y[0]) and torch.equal(x[1], y[1]) and x[2] == y[2]
+    paths = [p for batch in a for p in batch[2]]
+    with loader(synth_yaml, workers=0, **kw) as fl:
+        files = fl.dataset.im_files
+    assert sorted(paths) == sorted(files[i] for i in table)  # the table's multiset, shuffled
+    ones = [k for k, p in enumerate(paths) if p == files[1]]
+    imgs = torch.cat([batch[0] for batch in a])
+    assert len(ones) > 1 and not torch.equal(imgs[ones[0]], imgs[ones[1]])  # repeats are augmented anew
+
+
+def test_image_table_errors(synth_yaml):
+    with loader(synth_yaml, imgsz=64, batch_size=4, workers=0, store="files") as fl:
+        with pytest.raises(ValueError, match="one image index per position"):
+            fl.dataset.indices = [0, 1]
+        with pytest.raises(ValueError, match="outside"):
+            fl.dataset.indices = [fl.dataset.n] * fl.dataset.n
+        fl.dataset.indices = range(fl.dataset.n)  # the plain order again
+        assert fl.image_table is None
+    with loader(synth_yaml, imgsz=64, batch_size=4, workers=0, store="files", rect=True, augment=False) as fl:
+        with pytest.raises(ValueError, match="rect"):
+            fl.dataset.indices = [0] * fl.dataset.n

@@ -11,11 +11,14 @@ import psutil
 import pytest
 import torch
 
-from fastload.engines.base import StoreView, collate_targets
-from fastload.engines.cpu import CPUEngine
+from fastload.engines import base as engine_base
+from fastload.engines import cpu_render
+from fastload.engines.base import EngineSettings, collate_targets
+from fastload.engines.cpu import CPUEngine, CPUOptions
 from fastload.engines.cpu_workers import WorkerError
 from fastload.engines.shm_cache import SharedDecodeCache
 from fastload.store.base import Store
+from fastload.store.view import StoreView
 
 IMGSZ = 32
 
@@ -40,7 +43,7 @@ class ArrayStore(Store):
     def read_image(self, i: int):
         return self._imgs[i]
 
-    def load(self, i: int, imgsz: int | None = None, *, reduced: bool = False) -> np.ndarray:
+    def load(self, i: int, imgsz: int | None = None, *, reduced: bool = False, shrink: str = "area") -> np.ndarray:
         self.loads += 1
         return self._imgs[i]
 
@@ -63,9 +66,13 @@ class FakeSampler:
     """Draws from SeedSequence([seed, epoch, index]) like the real one; one partner image per sample."""
 
     imgsz = IMGSZ
+    max_out_hw = (IMGSZ, IMGSZ)
+    partners = "dataset"
+    augment = True  # engines pick the loaded-image shrink filter from it
 
     def __init__(self, n: int, seed: int = 0, die_on: int | None = None, fail_on: int | None = None) -> None:
         self.n, self.seed, self.closed = n, seed, False
+        self.loaded_shapes = np.full((n, 2), IMGSZ)
         self.die_on, self.fail_on = die_on, fail_on
 
     def sample(self, epoch: int, index: int) -> FakeParams:
@@ -77,6 +84,9 @@ class FakeSampler:
         partner = int(rng.integers(self.n))
         shapes = None if not self.closed else ((IMGSZ, IMGSZ), ((1.0, 1.0), (0.0, 0.0)))
         return FakeParams(index * 1000 + partner, epoch, FakeImage((IMGSZ, IMGSZ)), (1.0, 1.0, float(rng.uniform(0.5, 1.5))), shapes)
+
+    def sample_batch(self, epoch: int, indices) -> list[FakeParams]:
+        return [self.sample(epoch, int(i)) for i in indices]
 
     def close_mosaic(self) -> None:
         self.closed = True
@@ -97,12 +107,17 @@ def fake_targets(records, labels):
     return collate_targets([labels[p.index // 1000] for p in records])
 
 
-def make_engine(n=20, workers=0, encoded=False, sampler=None, **kw) -> CPUEngine:
+@pytest.fixture(autouse=True)
+def stand_in_augmentation(monkeypatch):
+    """The renderer draws with fake_render / fake_targets (patched before any worker forks)."""
+    monkeypatch.setattr(cpu_render, "render_sample", fake_render)
+    monkeypatch.setattr(cpu_render, "batch_targets", fake_targets)
+
+
+def make_engine(n=20, workers=0, encoded=False, sampler=None, hsv_on="worker", layout="nhwc", **options) -> CPUEngine:
     store = StoreView(ArrayStore(n, encoded))
-    eng = CPUEngine(store, sampler or FakeSampler(n), batch_size=4, workers=workers,
-                    loaded_hw=np.full((n, 2), IMGSZ), **kw)
-    eng.renderer.render_fn, eng.renderer.targets_fn = fake_render, fake_targets
-    return eng
+    settings = EngineSettings(batch_size=4, workers=workers, hsv_on=hsv_on, layout=layout)
+    return CPUEngine(store, sampler or FakeSampler(n), settings, CPUOptions(**options))
 
 
 def collect(eng: CPUEngine, epoch: int, idx: np.ndarray):
@@ -218,7 +233,7 @@ def test_inline_render_failures_do_not_leak_slots():
 def test_close_stops_workers():
     eng = make_engine(workers=2)
     collect(eng, 0, np.arange(8))
-    pids = eng.worker_pids
+    pids = eng.stats()["worker_pids"]
     assert len(pids) == 2 and all(psutil.pid_exists(p) for p in pids)
     eng.close()
     time.sleep(0.1)
@@ -235,44 +250,48 @@ def test_closed_engine_refuses_to_iterate(workers):
         collect(eng, 0, np.arange(4))
 
 
+@pytest.mark.usefixtures("shm_root")
 def test_shared_decode_cache_decodes_each_image_once_across_workers_and_epochs():
     n = 16
     with make_engine(n=n, workers=2, encoded=True) as eng:
         first = collect(eng, 0, np.arange(n))
         collect(eng, 1, np.arange(n))
         second = collect(eng, 0, np.arange(n))
-        hits, misses = eng.cache_stats
+        stats = eng.stats()
+        hits, misses = stats["decode_cache_hits"], stats["decode_cache_misses"]
         assert len(eng.cache) == n  # every image cached once, in the shared mapping
         assert misses <= n + 2 * 2  # at most a few duplicate decodes when two workers race
         assert hits > misses
     assert_same(first, second)
 
 
+@pytest.mark.usefixtures("shm_root")
 def test_decode_cache_bound_and_off():
-    hw = np.full((10, 2), 4)
-    c = SharedDecodeCache(hw, 4 * 4 * 3 * 3 + 5)  # room for 3 images
-    assert c.n_cached == 3
-    img = np.ones((4, 4, 3), np.uint8)
-    assert c.get(2, lambda i: img).base is not None and c.get(2, lambda i: 1 / 0).sum() == 48
-    assert c.get(7, lambda i: img) is img  # beyond the bound: loaded, not cached
-    with make_engine(n=8, encoded=True, decode_cache_bytes=0) as eng:
+    store = StoreView(ArrayStore(10, encoded=True))
+    c = SharedDecodeCache.open(store, IMGSZ, "test", IMGSZ * IMGSZ * 3 * 3 + 5)  # room for 3 images
+    try:
+        assert c.slots == 3 and c.stats()["decode_cache_images"] == 10
+        img = np.ones((IMGSZ, IMGSZ, 3), np.uint8)
+        got = c.get(2, lambda i: img)
+        assert not got.flags.writeable and c.get(2, lambda i: 1 / 0).sum() == img.sum()  # the second read: a hit
+        assert c.get(7, lambda i: img) is img  # beyond the bound: loaded, not cached
+        assert len(c) == 1 and (c.hits, c.misses) == (1, 2)
+    finally:
+        c.close()
+    assert not c.segment.exists()  # its only holder left
+    with make_engine(n=8, encoded=True, decode_cache_mb=0) as eng:
         assert eng.cache is None
 
 
 def test_consumer_hsv_returns_gains(monkeypatch):
-    import types
-    import sys
-
     calls = []
 
     def apply_hsv_batch(imgs, gains):
         calls.append(gains.clone())
         return imgs
 
-    mod = types.ModuleType("fastload.augment.functional.torch_ops")
-    mod.apply_hsv_batch = apply_hsv_batch
-    monkeypatch.setitem(sys.modules, "fastload.augment.functional.torch_ops", mod)
-    with make_engine(workers=1, hsv="consumer") as eng, make_engine(workers=0, hsv="consumer") as eng0:
+    monkeypatch.setattr(engine_base, "apply_hsv_batch", apply_hsv_batch)
+    with make_engine(workers=1, hsv_on="consumer") as eng, make_engine(workers=0, hsv_on="consumer") as eng0:
         a, b = collect(eng, 0, np.arange(8)), collect(eng0, 0, np.arange(8))
     assert_same(a, b)
     assert len(calls) == 4 and calls[0].shape == (4, 3)

@@ -1,4 +1,4 @@
-"""``reduced_decode``: JPEGs at least twice ``imgsz`` decoded at a reduced DCT scale, then resized
+"""``CPUOptions(decode_scale="reduced")``: JPEGs at least twice ``imgsz`` decoded at a reduced DCT scale, then resized
 to the same loaded shape. Pixels stay close to the full decode, boxes and shapes do not change, and
 images below twice ``imgsz`` are untouched."""
 from __future__ import annotations
@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from fastload.engines.cpu import CPUOptions
 from fastload.fastloader import loader
 from fastload.store.factory import open_store
 
@@ -36,8 +37,9 @@ def test_images_below_twice_imgsz_are_untouched(coco128_yaml):
 
 
 def test_loader_batches_keep_boxes_and_shapes(coco128_yaml):
-    kw = dict(imgsz=320, batch_size=16, workers=0, store="files", decode_cache_mb=0, seed=3)
-    with loader(coco128_yaml, **kw) as a, loader(coco128_yaml, reduced_decode=True, **kw) as b:
+    kw = dict(imgsz=320, batch_size=16, workers=0, store="files", seed=3)
+    with loader(coco128_yaml, engine_options=CPUOptions(decode_cache_mb=0), **kw) as a, \
+            loader(coco128_yaml, engine_options=CPUOptions(decode_cache_mb=0, decode_scale="reduced"), **kw) as b:
         for k, (ba, bb) in enumerate(zip(a, b)):
             assert ba.paths == bb.paths and ba.shapes == bb.shapes
             assert np.array_equal(ba.targets.numpy(), bb.targets.numpy())  # boxes do not depend on pixels
@@ -48,5 +50,5 @@ def test_loader_batches_keep_boxes_and_shapes(coco128_yaml):
 
 
 def test_reduced_decode_is_a_cpu_engine_option(synth_yaml):
-    with pytest.raises(ValueError, match="CPU-engine option"):
-        loader(synth_yaml, imgsz=64, batch_size=4, engine="gpu", reduced_decode=True)
+    with pytest.raises(ValueError, match="engine 'gpu' takes TorchGPUOptions options"):
+        loader(synth_yaml, imgsz=64, batch_size=4, engine="gpu", engine_options=CPUOptions(decode_scale="reduced"))

@@ -12,6 +12,7 @@ from fastload.data.images import decode_image, loaded_shape, resize_long_side
 from fastload.data.index import build_index
 from fastload.store import IncompleteStoreError, StoreError, open_store
 from fastload.store import convert as convert_mod
+from fastload.store import space
 from fastload.store.convert import convert, output_lock
 from fastload.store.packed import PackedStore
 
@@ -98,17 +99,21 @@ def test_incomplete_packed_store_refused(stores, tmp_path):
         PackedStore(broken)
 
 
-def test_packed_store_with_other_loaded_sizes_refused(stores, tmp_path):
-    # A store resized with the rounding rule of earlier versions (YOLOv9 truncates) must not be read.
+def test_packed_store_records_its_shrink_filter_and_old_schema_is_refused(stores, tmp_path):
+    """Decoded stores say how their pixels were made; one written before loaded sizes followed YOLOv9's
+    truncation (schema 1) is refused with a rebuild message instead of being read with wrong sizes."""
+    import json
+    import shutil
+
     src = Path(stores.stores["val"]["disk"])
+    with PackedStore(src) as s:
+        assert s.meta["shrink"] == "area" and s.meta["schema"] == 2
     old = tmp_path / "old.disk"
-    old.mkdir()
-    for f in src.iterdir():
-        (old / f.name).write_bytes(f.read_bytes())
-    hw = np.load(old / "hw.npy")
-    hw[0, 0] += 1
-    np.save(old / "hw.npy", hw)
-    with pytest.raises(StoreError, match="convert the dataset again"):
+    shutil.copytree(src, old)
+    meta = json.loads((old / "meta.json").read_text())
+    meta["schema"] = 1
+    (old / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(StoreError, match="older fastload.*convert the dataset again"):
         PackedStore(old)
 
 
@@ -145,7 +150,7 @@ def test_second_converter_refused(synth_yaml, tmp_path):
 
 
 def test_disk_space_checked_first(synth_yaml, tmp_path, monkeypatch):
-    monkeypatch.setattr(convert_mod, "free_bytes", lambda p: 1000)
+    monkeypatch.setattr(space, "free_bytes", lambda p: 1000)
     with pytest.raises(StoreError, match=r"needs about .* free"):
         convert(synth_yaml, "disk", out=tmp_path / "full", **QUIET)
     assert not list((tmp_path / "full").glob("*.disk*"))

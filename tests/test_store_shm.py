@@ -79,7 +79,7 @@ def test_next_opener_adopts_segment_of_dead_holder(synth_yaml, monkeypatch, shm_
 def test_unfinished_build_of_dead_creator_is_rebuilt(synth_yaml, monkeypatch, shm_root):
     root = shm_root
     from fastload.data.config import load_data_config
-    from fastload.store.factory import ram_segment_path
+    from fastload.store.kinds import ram_segment_path
 
     seg = ram_segment_path(load_data_config(synth_yaml), "val", 96)
     (seg.parent / (seg.name + ".partial")).mkdir()

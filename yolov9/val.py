@@ -34,7 +34,8 @@ def make_val_loader(data: Any, imgsz: int, batch_size: int, *, workers: int = 4,
     import fastload
 
     return fastload.loader(data, split=split, imgsz=imgsz, batch_size=batch_size, augment=False, rect=True,
-                           pad=0.5, shuffle=False, stride=stride, workers=workers, single_cls=single_cls,
+                           pad=0.5, shuffle=False, stride=stride, single_cls=single_cls,
+                           workers=None if engine == "gpu" else workers,  # the gpu engine takes no workers
                            store=store, engine=engine, device=device if engine != "cpu" else None)
 
 

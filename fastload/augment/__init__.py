@@ -7,7 +7,7 @@ with :func:`~fastload.augment.boxes.batch_targets` / :func:`~fastload.augment.bo
 from fastload.augment.boxes import batch_targets, transform_labels
 from fastload.augment.hyp import HYP_SCRATCH_HIGH, load_hyp
 from fastload.augment.params import ImageParams, ParamSampler, SampleParams, TileParams, rect_batch_shapes
-from fastload.augment.pipeline import render_sample, sample_batch_records
+from fastload.augment.pipeline import render_sample
 
 __all__ = [
     "HYP_SCRATCH_HIGH",
@@ -20,5 +20,4 @@ __all__ = [
     "batch_targets",
     "transform_labels",
     "render_sample",
-    "sample_batch_records",
 ]

@@ -8,7 +8,9 @@ w-pixel image spans ``[0, w]``), while tile matrices use the warpAffine *centre*
 Boxes are therefore moved with ``E = T(+0.5) @ M @ T(-0.5)``, which keeps every box edge on the
 image edge it was drawn on (YOLOv9 applies ``M`` to box edges directly, a shift of at most
 ``0.5 * |1 - scale|`` px; its letterbox also shifts boxes by the float pad ``dw`` while the
-pixels move by ``round(dw - 0.1)``: up to 0.5 px more).
+pixels move by ``round(dw - 0.1)``: up to 0.5 px more). Validation is the exception: there a tile's
+``box_matrix`` reproduces YOLOv9's float pad, so that targets (and val.py's mapping back through
+``shapes``) are the official ones.
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ import numpy as np
 
 from fastload.augment.params import ImageParams, SampleParams, translation
 
-__all__ = ["batch_targets", "transform_labels", "image_boxes", "box_candidates", "xyxy_to_xywhn"]
+__all__ = ["batch_targets", "transform_labels", "box_candidates", "xyxy_to_xywhn"]
 
 Labels = Union[Sequence[np.ndarray], Callable[[int], np.ndarray]]
 
@@ -37,21 +39,17 @@ def box_candidates(
     return (w2 > wh_thr) & (h2 > wh_thr) & (w2 * h2 / (w1 * h1 + eps) > area_thr) & (ar < ar_thr)
 
 
-def image_boxes(image: ImageParams, get_labels: Callable[[int], np.ndarray]) -> np.ndarray:
-    """float64 [n, 5] (cls, x0, y0, x1, y1) in output pixels for every tile of ``image``."""
-    return _boxes((image,), (0,), get_labels)[0]
-
-
 def _boxes(
     images: Sequence[ImageParams], owners: Sequence[int], get_labels: Callable[[int], np.ndarray]
 ) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`image_boxes` of several images sharing one output size, in one vectorised pass;
-    also returns, per box, the ``owners`` entry of its image (the sample it belongs to).
+    """float64 [n, 5] ``(cls, x0, y0, x1, y1)`` boxes in output pixels of every tile of several
+    images sharing one output size, in one vectorised pass, and per box the ``owners`` entry of its
+    image (the sample it belongs to).
 
     The per-tile loop only collects label arrays and tile constants; every row then carries its
     tile's crop, matrix and candidate scale, so the arithmetic is a handful of array operations
     per call whatever the number of samples, tiles and boxes (a whole batch costs little more
-    than one sample: the per-call overhead of ~40 small numpy operations dominated).
+    than one sample: the per-call overhead of its small numpy operations dominated).
     """
     labs, counts, consts, mats, tile_owner = [], [], [], [], []
     persp = False
@@ -68,7 +66,7 @@ def _boxes(
             labs.append(np.asarray(lab).reshape(-1, 5))
             counts.append(len(labs[-1]))
             consts.append((x0, y0, x0, y0, x1, y1, x1, y1, w, h, cand))
-            mats.append(tile.matrix)
+            mats.append(tile.matrix if tile.box_matrix is None else tile.box_matrix)
             tile_owner.append(owner)
             persp = persp or not tile.is_affine
     if not labs:

@@ -6,7 +6,9 @@ image, the HSV gains and the flips.  :class:`ParamSampler` draws records with YO
 distributions (``LoadImagesAndLabels.__getitem__``, ``load_mosaic``, ``load_mosaic9``,
 ``random_perspective``, ``mixup``, ``augment_hsv``, ``letterbox``) from a generator seeded by
 ``SeedSequence([seed, epoch, index])`` only, so a record is a pure function of those three numbers
-and every engine (CPU workers, torch, DALI) draws the same sample for the same index.
+(with ``partners="batch"``: and of the batch the index belongs to, itself a pure function of the
+seed, the epoch, the rank, the world size and the batch size) and every engine (CPU workers, torch,
+DALI) draws the same sample for the same index.
 
 Coordinates: "loaded" pixels are those of the image resized to ``imgsz`` on its long side
 (:func:`fastload.data.images.loaded_shape`); matrices are float64 3x3 in the OpenCV warpAffine
@@ -16,13 +18,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Literal, Mapping, NamedTuple, Sequence, get_args
 
 import numpy as np
 
 from fastload.augment.hyp import load_hyp
 
 __all__ = [
+    "Partners",
+    "PARTNERS",
+    "Rect",
     "TileParams",
     "ImageParams",
     "SampleParams",
@@ -31,9 +36,28 @@ __all__ = [
     "rect_batch_shapes",
     "per_index_shapes",
     "translation",
+    "shapes_to_array",
+    "shapes_from_array",
+    "visit_ids",
+    "image_of",
 ]
 
-Crop = tuple[int, int, int, int]
+#: Where a mosaic's partners (and the mixup image with its partners) are drawn from:
+#: ``"dataset"``: uniformly from the whole dataset (YOLOv9's ``random.choices(self.indices, k=3)``);
+#: ``"batch"``: uniformly from the images of the sample's own batch, so that a batch reads only its
+#: own ``B`` source images (one decode each) instead of about ``4.6 B``.
+Partners = Literal["dataset", "batch"]
+PARTNERS: tuple[str, ...] = get_args(Partners)
+
+
+class Rect(NamedTuple):
+    """A half-open pixel rectangle ``[x0, x1) x [y0, y1)``: the one rectangle convention of the
+    augmentation code (crops, the output rectangle a tile owns, the box of drawn pixels)."""
+
+    x0: int
+    y0: int
+    x1: int
+    y1: int
 
 
 def make_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
@@ -55,23 +79,32 @@ class TileParams:
 
     Attributes:
         src: dataset index of the loaded image.
-        crop: ``(x0, y0, x1, y1)``, the visible part of the loaded image in its pixels (half-open).
+        crop: the visible part of the loaded image, in its pixels.
         matrix: float64 [3, 3], loaded-image pixel -> output pixel (warpAffine convention; the
             last row is ``(0, 0, 1)`` unless the sample uses perspective). Read-only.
         src_hw: ``(h, w)`` of the loaded image (boxes are normalised to it); set by the sampler.
+        box_matrix: the matrix boxes move with when it is not ``matrix`` (same convention), else None.
+            Validation letterboxes: YOLOv9 moves the pixels by the rounded pad ``round(dw - 0.1)`` but
+            the boxes by the float pad ``dw`` (and its ``shapes`` entry, which val.py maps predictions
+            back with, holds ``dw``), so validation targets follow the boxes' rule to stay the official ones.
     """
 
     src: int
-    crop: Crop
+    crop: Rect
     matrix: np.ndarray
     src_hw: tuple[int, int] | None = None
+    box_matrix: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         m = np.array(self.matrix, dtype=np.float64).reshape(3, 3)
         m.setflags(write=False)
         object.__setattr__(self, "matrix", m)
+        if self.box_matrix is not None:
+            b = np.array(self.box_matrix, dtype=np.float64).reshape(3, 3)
+            b.setflags(write=False)
+            object.__setattr__(self, "box_matrix", b)
         object.__setattr__(self, "src", int(self.src))
-        object.__setattr__(self, "crop", tuple(int(v) for v in self.crop))
+        object.__setattr__(self, "crop", Rect(*(int(v) for v in self.crop)))
         if self.src_hw is not None:
             object.__setattr__(self, "src_hw", (int(self.src_hw[0]), int(self.src_hw[1])))
 
@@ -83,6 +116,8 @@ class TileParams:
             and self.crop == other.crop
             and self.src_hw == other.src_hw
             and np.array_equal(self.matrix, other.matrix)
+            and (self.box_matrix is None) == (other.box_matrix is None)
+            and (self.box_matrix is None or np.array_equal(self.box_matrix, other.box_matrix))
         )
 
     def __hash__(self) -> int:
@@ -163,6 +198,23 @@ class SampleParams:
         return tuple(t.src for t in tiles)
 
 
+def shapes_to_array(shapes: Any) -> np.ndarray:
+    """A YOLOv9 ``shapes`` entry as ``float64 [6]`` ``(h0, w0, h / h0, w / w0, padw, padh)``, all NaN
+    for ``None`` (a mosaic sample): how the entry crosses a process boundary (CPU workers, DALI)."""
+    if shapes is None:
+        return np.full(6, np.nan)
+    (h0, w0), ((rh, rw), (pw, ph)) = shapes
+    return np.array([h0, w0, rh, rw, pw, ph], np.float64)
+
+
+def shapes_from_array(a: np.ndarray) -> Any:
+    """The YOLOv9 ``shapes`` entry back from :func:`shapes_to_array`'s six floats."""
+    a = np.asarray(a, np.float64).reshape(6)
+    if math.isnan(a[0]):
+        return None
+    return ((int(a[0]), int(a[1])), ((float(a[2]), float(a[3])), (float(a[4]), float(a[5]))))
+
+
 # ----------------------------------------------------------------------------------------- rect shapes
 def rect_batch_shapes(
     shapes: np.ndarray, batch_size: int, imgsz: int, stride: int = 32, pad: float = 0.5
@@ -204,6 +256,33 @@ def per_index_shapes(order: np.ndarray, batch_shapes: np.ndarray, batch_size: in
     return out
 
 
+# ----------------------------------------------------------------------------------------- sample ids
+def visit_ids(images: np.ndarray, n: int) -> np.ndarray:
+    """Sample ids for an ordered list of image indices that may repeat: ``k * n + i`` for the
+    ``(k + 1)``-th visit of image ``i`` (``int64``, same length and order).
+
+    YOLOv9's ``--image-weights`` draws an epoch's images with replacement. The first visit of an image
+    keeps its index as id (a list without repeats comes back unchanged); :meth:`ParamSampler.sample`
+    seeds its draws with the id, so every repeat gets its own augmentation, and the ids depend only on
+    the list, not on which process renders it.
+    """
+    images = np.asarray(images, np.int64).reshape(-1)
+    if len(images) and (images.min() < 0 or images.max() >= n):
+        raise ValueError(f"image indices must be in [0, {n}), got {int(images.min())}..{int(images.max())}")
+    by_image = np.argsort(images, kind="stable")
+    ranked = images[by_image]
+    starts = np.r_[0, np.flatnonzero(np.diff(ranked)) + 1] if len(images) else np.zeros(0, np.int64)
+    run_start = np.repeat(starts, np.diff(np.r_[starts, len(images)]))
+    visit = np.empty(len(images), np.int64)
+    visit[by_image] = np.arange(len(images)) - run_start
+    return visit * n + images
+
+
+def image_of(ids: np.ndarray, n: int) -> np.ndarray:
+    """The image index of each sample id from :func:`visit_ids` (an id below ``n`` is the image)."""
+    return np.asarray(ids, np.int64) % n
+
+
 # ----------------------------------------------------------------------------------------- sampler
 class ParamSampler:
     """Draws :class:`SampleParams` with YOLOv9's augmentation distributions.
@@ -217,8 +296,14 @@ class ParamSampler:
         rect_shapes: int [N, 2] per-index batch shape ``(h, w)`` (rect mode: letterbox into it;
             mosaic is off as in YOLOv9). See :func:`rect_batch_shapes` / :func:`per_index_shapes`.
         mosaic9: use YOLOv9's 9-tile mosaic instead of the 4-tile one.
-        pad, stride: rect planning parameters, kept for :meth:`plan_rect`.
         orig_shapes: int [N, 2] original ``(h0, w0)`` for the ``shapes`` entry (default: loaded).
+        partners: where mosaic partners and the mixup image come from (:data:`Partners`):
+            ``"dataset"`` (YOLOv9: uniform over all ``N`` images, with replacement, the sample's
+            own image included) or ``"batch"`` (uniform over the ``B`` images of the sample's batch,
+            with replacement, its own image included). Each image's expected number of uses per
+            epoch is the same either way (a batch is a uniform sample of the dataset); what changes
+            is which images share a batch: its tiles come from its ``B`` images only. Letterbox
+            samples (validation, rect, closed mosaic) draw no partners and are the same either way.
     """
 
     def __init__(
@@ -231,10 +316,12 @@ class ParamSampler:
         seed: int = 0,
         rect_shapes: np.ndarray | None = None,
         mosaic9: bool = False,
-        pad: float = 0.0,
-        stride: int = 32,
         orig_shapes: np.ndarray | None = None,
+        partners: Partners = "dataset",
     ) -> None:
+        if partners not in PARTNERS:
+            raise ValueError(f"partners must be one of {', '.join(PARTNERS)}, got {partners!r}")
+        self.partners: Partners = partners
         self.loaded_shapes = np.asarray(loaded_shapes, dtype=np.int64).reshape(-1, 2)
         if len(self.loaded_shapes) == 0:
             raise ValueError("ParamSampler needs at least one image")
@@ -246,8 +333,6 @@ class ParamSampler:
         self.augment = bool(augment)
         self.seed = int(seed)
         self.mosaic9 = bool(mosaic9)
-        self.pad = float(pad)
-        self.stride = int(stride)
         n = len(self.loaded_shapes)
         self.rect_shapes = None if rect_shapes is None else np.asarray(rect_shapes, np.int64).reshape(-1, 2)
         if self.rect_shapes is not None and len(self.rect_shapes) != n:
@@ -269,25 +354,68 @@ class ParamSampler:
         self.mosaic_prob = 0.0
         self.mixup_prob = 0.0
 
-    def plan_rect(self, shapes: np.ndarray, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
-        """:func:`rect_batch_shapes` with this sampler's ``imgsz``, ``stride`` and ``pad``."""
-        return rect_batch_shapes(shapes, batch_size, self.imgsz, self.stride, self.pad)
+    @property
+    def max_out_hw(self) -> tuple[int, int]:
+        """The largest output ``(h, w)`` a record of this sampler can have (engines size buffers by it):
+        the largest rect batch shape in rect mode, else ``imgsz`` square (a mosaic of odd ``imgsz`` is
+        one pixel larger: the canvas is ``2 * imgsz`` minus ``imgsz // 2`` on each side)."""
+        if self.rect_shapes is not None:
+            return int(self.rect_shapes[:, 0].max()), int(self.rect_shapes[:, 1].max())
+        side = self.imgsz
+        if self.mosaic_prob > 0:
+            side = max(side, 2 * self.imgsz - 2 * (self.imgsz // 2))
+        return side, side
+
+    @property
+    def draws_mosaics(self) -> bool:
+        """True while records can be mosaics (training without rect, mosaic probability > 0): the only
+        records that have partners."""
+        return self.mosaic_prob > 0
 
     # -- the record --------------------------------------------------------------------------------
-    def sample(self, epoch: int, index: int) -> SampleParams:
-        """The record of output sample ``index`` in ``epoch`` (pure function of seed, epoch, index)."""
-        index = int(index)
+    def sample_batch(self, epoch: int, indices: Sequence[int] | np.ndarray) -> list[SampleParams]:
+        """The records of one batch, in order: what every engine calls per batch.
+
+        ``indices`` are image indices or sample ids (:func:`visit_ids`). With ``partners="batch"``
+        the partners of each record are drawn from the batch's images (its composition, the same for
+        any number of workers); with ``"dataset"`` this is ``[sample(epoch, i) for i in indices]``.
+        """
+        batch = np.asarray(indices, np.int64).reshape(-1)
+        pool = batch if self.partners == "batch" else None
+        return [self.sample(epoch, i, batch=pool) for i in batch.tolist()]
+
+    def sample(self, epoch: int, index: int, batch: Sequence[int] | np.ndarray | None = None) -> SampleParams:
+        """The record of output sample ``index`` in ``epoch`` (pure function of seed, epoch, index and,
+        with ``partners="batch"``, of ``batch``).
+
+        ``index`` is an image index, or a sample id ``k * n + i`` from :func:`visit_ids`
+        (the ``(k + 1)``-th visit of image ``i`` in an epoch that repeats images): the draws are
+        seeded by the id, the record's ``index`` is the image. ``batch``: the indices (or ids) of the
+        batch the sample belongs to, whose images the partners are drawn from with
+        ``partners="batch"`` (required then; ignored with ``"dataset"``). Engines call
+        :meth:`sample_batch`.
+        """
+        sample_id = int(index)
         n = len(self.loaded_shapes)
-        if not 0 <= index < n:
-            raise IndexError(f"index {index} out of range for {n} images")
-        rng = make_rng(self.seed, epoch, index)
+        if sample_id < 0:
+            raise IndexError(f"index {sample_id} out of range for {n} images")
+        index = sample_id % n
+        pool: np.ndarray | None = None
+        if self.partners == "batch":
+            if batch is None:
+                raise ValueError("partners='batch' draws from the sample's batch: pass batch= (or use sample_batch)")
+            pool = np.asarray(batch, np.int64).reshape(-1)
+            if len(pool) == 0 or pool.min() < 0:
+                raise IndexError(f"batch indices must be image indices or sample ids (>= 0), got {pool.tolist()}")
+            pool = image_of(pool, n)
+        rng = make_rng(self.seed, epoch, sample_id)
         hyp = self.hyp
         mosaic = bool(self.augment and self.mosaic_prob > 0 and rng.random() < self.mosaic_prob)
         mixup, ratio, shapes = None, 1.0, None
         if mosaic:
-            image = self._mosaic(rng, index)
+            image = self._mosaic(rng, index, pool)
             if self.mixup_prob > 0 and rng.random() < self.mixup_prob:
-                mixup = self._mosaic(rng, int(rng.integers(n)))
+                mixup = self._mosaic(rng, self._draw(rng, n, pool, 1)[0], pool)
                 ratio = float(rng.beta(32.0, 32.0))
         else:
             image, shapes = self._letterbox(rng, index)
@@ -338,11 +466,18 @@ class ParamSampler:
         )
         return t @ sh @ r @ p @ c, float(scale)
 
-    def _mosaic(self, rng: np.random.Generator, index: int) -> ImageParams:
+    @staticmethod
+    def _draw(rng: np.random.Generator, n: int, pool: np.ndarray | None, k: int) -> list[int]:
+        """``k`` image indices, uniform with replacement: over the dataset (``pool`` None) or over ``pool``."""
+        if pool is None:
+            return rng.integers(0, n, k).tolist()
+        return pool[rng.integers(0, len(pool), k)].tolist()
+
+    def _mosaic(self, rng: np.random.Generator, index: int, pool: np.ndarray | None) -> ImageParams:
         n = len(self.loaded_shapes)
         s = self.imgsz
         k = 9 if self.mosaic9 else 4
-        srcs = np.concatenate(([index], rng.integers(0, n, k - 1)))
+        srcs = np.array([index] + self._draw(rng, n, pool, k - 1), np.int64)
         rng.shuffle(srcs)  # YOLOv9 shuffles the sample's own image among its partners
         hw = [self._loaded_hw[i] for i in srcs.tolist()]
         placements = _mosaic9_placements(rng, s, hw) if self.mosaic9 else _mosaic4_placements(rng, s, hw)
@@ -371,17 +506,19 @@ class ParamSampler:
         sx, sy = nw / w, nh / h
         # cv2.resize maps pixel centres x -> sx * (x + 0.5) - 0.5; then the border offset.
         lb = np.array([[sx, 0.0, 0.5 * (sx - 1) + left], [0.0, sy, 0.5 * (sy - 1) + top], [0.0, 0.0, 1.0]])
-        cand = None
+        cand = box = None
         if self.augment:
             m, scale = self._perspective(rng, (oh, ow), (oh, ow))
             lb = m @ lb
             cand = scale * r
+        else:  # YOLOv9 validation boxes: x * r + dw in edge coordinates (see TileParams.box_matrix)
+            box = np.array([[r, 0.0, 0.5 * (r - 1) + dw], [0.0, r, 0.5 * (r - 1) + dh], [0.0, 0.0, 1.0]])
         h0, w0 = (int(v) for v in self.orig_shapes[index])
         shapes = ((h0, w0), ((h / h0, w / w0), (dw, dh)))
-        return ImageParams((TileParams(index, (0, 0, w, h), lb, (h, w)),), (oh, ow), 114, cand), shapes
+        return ImageParams((TileParams(index, (0, 0, w, h), lb, (h, w), box),), (oh, ow), 114, cand), shapes
 
 
-Placement = tuple[Crop | None, tuple[int, int]]
+Placement = tuple[Rect | None, tuple[int, int]]
 
 
 def _mosaic4_placements(rng: np.random.Generator, s: int, hw: Sequence[tuple[int, int]]) -> list[Placement]:
@@ -406,7 +543,7 @@ def _mosaic4_placements(rng: np.random.Generator, s: int, hw: Sequence[tuple[int
         else:  # bottom right
             xa0, ya0, xa1, ya1 = xc, yc, min(xc + w, 2 * s), min(2 * s, yc + h)
             xb0, yb0 = 0, 0
-        crop = (xb0, yb0, xb0 + (xa1 - xa0), yb0 + (ya1 - ya0))
+        crop = Rect(xb0, yb0, xb0 + (xa1 - xa0), yb0 + (ya1 - ya0))
         out.append((crop if xa1 > xa0 and ya1 > ya0 else None, (xa0 - xb0, ya0 - yb0)))
     return out
 
@@ -444,6 +581,6 @@ def _mosaic9_placements(rng: np.random.Generator, s: int, hw: Sequence[tuple[int
         # visible = tile rect clipped to the 3s canvas (YOLOv9 clips at 0) and to the window
         vx0, vy0 = max(x0, 0, xc), max(y0, 0, yc)
         vx1, vy1 = min(x1, 3 * s, xc + 2 * s), min(y1, 3 * s, yc + 2 * s)
-        crop = (vx0 - x0, vy0 - y0, vx1 - x0, vy1 - y0)
+        crop = Rect(vx0 - x0, vy0 - y0, vx1 - x0, vy1 - y0)
         out.append((crop if vx1 > vx0 and vy1 > vy0 else None, (x0 - xc, y0 - yc)))
     return out

@@ -6,7 +6,7 @@ perspective, folded into the tile matrices), mixup, HSV, flip up-down, flip left
 """
 from __future__ import annotations
 
-from typing import Callable, Iterable
+from typing import Callable
 
 import cv2
 import numpy as np
@@ -15,9 +15,9 @@ from fastload.augment.functional.color import apply_hsv_in_box
 from fastload.augment.functional.flip import flip_inplace
 from fastload.augment.functional.scratch import scratch as scratch_buffer
 from fastload.augment.functional.tiles import render_image_bbox, union_rect
-from fastload.augment.params import ParamSampler, SampleParams
+from fastload.augment.params import SampleParams
 
-__all__ = ["render_sample", "mixup_blend", "sample_batch_records"]
+__all__ = ["render_sample", "mixup_blend"]
 
 # cv2.addWeighted rounds; YOLOv9 truncates ((a*r + b*(1-r)).astype(uint8)).  round(x - 0.5 + d)
 # equals floor(x) except within d of an integer, where float noise decides either way.
@@ -63,7 +63,3 @@ def render_sample(
     flip_inplace(out, params.flip_ud, params.flip_lr)
     return out
 
-
-def sample_batch_records(sampler: ParamSampler, epoch: int, indices: Iterable[int]) -> list[SampleParams]:
-    """The records of a batch (``sampler.sample(epoch, i)`` for each index)."""
-    return [sampler.sample(epoch, int(i)) for i in indices]

@@ -67,7 +67,7 @@ def memcpy_rate(seconds: float = 0.3, nbytes: int = 64 << 20) -> float:
             return n * nbytes / dt / _MB
 
 
-def raw_read_rate(paths: Sequence[str], seconds: float = 1.0, block: int = 4 << 20) -> tuple[float | None, bool, str]:
+def _raw_read_rate(paths: Sequence[str], seconds: float = 1.0, block: int = 4 << 20) -> tuple[float | None, bool, str]:
     """Sequential read of ``paths`` (largest first, 4 MB blocks) after dropping them from the cache.
 
     Returns ``(MB/s or None, cold, note)``. Largest files first: a store file (lmdb, packed) is the
@@ -114,7 +114,7 @@ def raw_read_rate(paths: Sequence[str], seconds: float = 1.0, block: int = 4 << 
 def measure_ceilings(paths: Sequence[str] = (), seconds: float = 1.0) -> Ceilings:
     """All ceilings; ``paths`` are the dataset's files (images and store files) for the raw read."""
     vm = psutil.virtual_memory()
-    raw, cold, note = raw_read_rate(paths, seconds) if paths else (None, False, "no on-disk files (the data is in memory)")
+    raw, cold, note = _raw_read_rate(paths, seconds) if paths else (None, False, "no on-disk files (the data is in memory)")
     return Ceilings(
         cores=usable_cores(),
         logical_cpus=psutil.cpu_count(logical=True) or os.cpu_count() or 1,

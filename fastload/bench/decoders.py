@@ -12,7 +12,13 @@ import warnings
 from dataclasses import dataclass
 from typing import Callable
 
+import cv2
 import numpy as np
+import torch
+from PIL import Image
+from torchvision.io import ImageReadMode, decode_image as tv_decode_image
+
+from fastload.data.images import decode_image, decode_loaded, resize_long_side
 
 DecodeFn = Callable[[bytes], np.ndarray]
 
@@ -38,8 +44,6 @@ class Decoder:
 
 
 def _cv2() -> DecodeFn:
-    import cv2
-
     flag = getattr(cv2, "IMREAD_COLOR_RGB", None)
 
     def decode(buf: bytes) -> np.ndarray:
@@ -57,8 +61,6 @@ def _cv2() -> DecodeFn:
 
 
 def _pil() -> DecodeFn:
-    from PIL import Image
-
     def decode(buf: bytes) -> np.ndarray:
         with Image.open(io.BytesIO(buf)) as im:
             return np.asarray(im.convert("RGB"))
@@ -67,13 +69,10 @@ def _pil() -> DecodeFn:
 
 
 def _torchvision() -> DecodeFn:
-    import torch
-    from torchvision.io import ImageReadMode, decode_image
-
     def decode(buf: bytes) -> np.ndarray:
         with warnings.catch_warnings():  # torchvision >= 0.29 warns on every call (TorchCodec migration)
             warnings.simplefilter("ignore", DeprecationWarning)
-            t = decode_image(torch.frombuffer(bytearray(buf), dtype=torch.uint8), mode=ImageReadMode.RGB)
+            t = tv_decode_image(torch.frombuffer(bytearray(buf), dtype=torch.uint8), mode=ImageReadMode.RGB)
         return t.permute(1, 2, 0).numpy()
 
     return decode
@@ -94,14 +93,10 @@ def _turbojpeg() -> DecodeFn:
 
 
 def _fastload(imgsz: int) -> DecodeFn:
-    from fastload.data.images import decode_image, resize_long_side
-
     return lambda buf: resize_long_side(decode_image(buf), imgsz)
 
 
 def _reduced(imgsz: int) -> DecodeFn:
-    from fastload.data.images import decode_loaded
-
     return lambda buf: decode_loaded(buf, imgsz, reduced=True)
 
 

@@ -65,10 +65,10 @@ def filesystem_type(path: str | Path) -> str:
 
 def in_memory(paths: Sequence[str]) -> bool:
     """True when every file lives on a memory filesystem (tmpfs), where "cold" has no meaning."""
-    return bool(paths) and not on_disk(paths)
+    return bool(paths) and not _on_disk(paths)
 
 
-def on_disk(paths: Sequence[str]) -> list[str]:
+def _on_disk(paths: Sequence[str]) -> list[str]:
     """The paths that are not on a memory filesystem (the type is looked up once per folder)."""
     by_dir: dict[str, bool] = {}
     out = []
@@ -168,7 +168,7 @@ def drop(paths: Sequence[str]) -> DropResult:
     paths = [str(p) for p in paths]
     if not paths:
         return DropResult(False, "none", 0, None, "no files to drop")
-    disk = on_disk(paths)
+    disk = _on_disk(paths)
     if not disk:
         return DropResult(False, "none", len(paths), None, f"{Path(paths[0]).parent} is on a memory filesystem (tmpfs)")
     paths = disk  # tmpfs pages cannot be dropped; judge the others only

@@ -11,9 +11,10 @@ COLOURS = {"read": "tab:blue", "decode": "tab:orange", "augment": "tab:green", "
 
 def plot_bench(result: BenchResult, out: str | Path) -> Path:
     """Write the chart (samples/s, log scale; MB/s printed on each bar) and return its path."""
+    # matplotlib is slow to import and only a --plot run needs it; the headless backend goes first
     import matplotlib
 
-    matplotlib.use("Agg")
+    matplotlib.use("Agg")  # headless: never needs a display
     import matplotlib.pyplot as plt
 
     out = Path(out)

@@ -15,7 +15,7 @@ def _num(x: float | None, fmt: str = "{:.0f}") -> str:
     return fmt.format(x)
 
 
-def format_machine(result: BenchResult) -> str:
+def _format_machine(result: BenchResult) -> str:
     m = result.machine
     raw = (
         f"raw read {m.raw_read_mb_s:.0f} MB/s sequential ({'cold' if m.raw_read_cold else 'cache not dropped'})"
@@ -46,7 +46,7 @@ def format_table(result: BenchResult) -> str:
     return "\n".join(lines)
 
 
-def format_model(analysis: dict[str, Any]) -> str:
+def _format_model(analysis: dict[str, Any]) -> str:
     head = (
         f"ceilings in augmented samples/s ({analysis['reads_per_sample']:.1f} image reads per sample, "
         f"{analysis['parallel_workers']} parallel worker(s)):"
@@ -73,8 +73,8 @@ def format_report(result: BenchResult) -> str:
         f"fastload bench: {result.data} [{result.split}], imgsz {cfg['imgsz']}, batch {cfg['batch']}, "
         f"{cfg['workers']} workers, {cfg['seconds']:g} s per measurement"
     )
-    parts = [head, format_machine(result), "", format_table(result), ""]
-    model = format_model(result.analysis)
+    parts = [head, _format_machine(result), "", format_table(result), ""]
+    model = _format_model(result.analysis)
     if model.count("\n"):
         parts += [model, ""]
     parts.append("bottleneck: " + result.sentence)

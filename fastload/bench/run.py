@@ -25,7 +25,9 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import numpy as np
+import torch
 
+from fastload.augment.hyp import load_hyp
 from fastload.bench import pagecache
 from fastload.bench.analysis import StoreInfo, analyse
 from fastload.bench.ceilings import Ceilings, measure_ceilings, usable_cores
@@ -40,9 +42,17 @@ from fastload.bench.stages import (
     measure_read,
     store_files,
 )
+from fastload.data.config import load_data_config
+from fastload.engines.cpu import auto_decode_cache_bytes
+from fastload.engines.factory import ENGINES
+from fastload.store.base import StoreError
+from fastload.store.convert import convert as do_convert
+from fastload.store.factory import open_store
+from fastload.store.files import FileStore
+from fastload.store.kinds import AUTO_ORDER, detect_kind
 
-STORE_KINDS = ("files", "lmdb", "disk", "ram")
-ENGINE_KINDS = ("cpu", "gpu", "dali")
+STORE_KINDS = tuple(reversed(AUTO_ORDER))  # the host stores, slowest first
+ENGINE_KINDS = tuple(ENGINES)
 
 Log = Callable[[str], None]
 
@@ -112,16 +122,10 @@ class _Source:
     store: Any = None  # the opened store while the bench runs
 
 
-def default_engines() -> list[str]:
+def _default_engines() -> list[str]:
     """``cpu``, plus the GPU engines when CUDA (and, for dali, nvidia-dali) are present."""
     engines = ["cpu"]
-    try:
-        import torch
-
-        cuda = torch.cuda.is_available()
-    except Exception:
-        cuda = False
-    if cuda:
+    if torch.cuda.is_available():
         engines.append("gpu")
         if importlib.util.find_spec("nvidia") is not None and importlib.util.find_spec("nvidia.dali") is not None:
             engines.append("dali")
@@ -143,8 +147,6 @@ def _resolve_sources(
     data: Any, split: str, kinds: list[str] | None, imgsz: int, convert: bool, tmp: Path | None, log: Log
 ) -> tuple[list[_Source], Any]:
     """Decide where each store kind comes from; returns the sources and the DataConfig (or None)."""
-    from fastload.store.factory import detect_kind
-
     if isinstance(data, (str, os.PathLike)) and Path(data).is_dir() and detect_kind(Path(data)):
         # a store directory: that store, plus the original files when they are still on disk
         found = detect_kind(Path(data))
@@ -159,8 +161,6 @@ def _resolve_sources(
                 out.append(_Source(k, skipped=f"{data} is a {found} store; pass a data.yaml to compare other stores"))
         return out, None
 
-    from fastload.data.config import load_data_config
-
     cfg = load_data_config(data)
     if split not in cfg.splits:
         raise ValueError(f"split {split!r} is not defined in {cfg.origin} (it defines {', '.join(cfg.splits)})")
@@ -173,8 +173,6 @@ def _resolve_sources(
         if "ram" in missing and "disk" not in recorded and "disk" not in disk_kinds:
             disk_kinds.append("disk")  # the ram store is then a copy of it (no second decode)
         if disk_kinds:
-            from fastload.store.convert import convert as do_convert
-
             assert tmp is not None
             t0 = time.perf_counter()
             log(f"converting {'/'.join(disk_kinds)} for split {split!r} into {tmp} (set-up, not timed) ...")
@@ -199,11 +197,7 @@ def _resolve_sources(
 
 
 def _open(src: _Source, split: str, imgsz: int, sources: list[_Source]) -> Any:
-    from fastload.store import open_store
-
     if src.kind == "files" and src.data is None:
-        from fastload.store.files import FileStore
-
         base = next((s.store for s in sources if s.store is not None), None)
         if base is None:
             raise FileNotFoundError("no store to take the file list from")
@@ -234,8 +228,6 @@ def _store_info(store: Any, imgsz: int) -> StoreInfo:
 
 
 def _decode_cache_bytes() -> int:
-    from fastload.engines.cpu import auto_decode_cache_bytes
-
     return int(auto_decode_cache_bytes())
 
 
@@ -278,12 +270,10 @@ def run_bench(
         raise ValueError(f"seconds must be positive, got {seconds}")
     stage_list = _parse_list(stages, STAGES, "stage(s)") or list(STAGES)
     kinds = _parse_list(stores, STORE_KINDS, "store kind(s)")
-    engine_list = _parse_list(engines, ENGINE_KINDS, "engine(s)") or default_engines()
+    engine_list = _parse_list(engines, ENGINE_KINDS, "engine(s)") or _default_engines()
     decoder_list = _parse_list(decoders, DECODERS, "decoder(s)") or list(DECODERS)
     cores = usable_cores()
     n_workers = int(workers) if workers is not None else min(8, cores)
-    from fastload.augment.hyp import load_hyp
-
     hyp_d = load_hyp(hyp)
     t_all = time.perf_counter()
     tmp = Path(tempfile.mkdtemp(prefix="fastload-bench-")) if convert else None
@@ -300,13 +290,19 @@ def run_bench(
             try:
                 src.store = _open(src, split, imgsz, sources)
             except Exception as e:
-                src.skipped = f"cannot open: {type(e).__name__}: {e}"
-                say(f"store {src.kind}: {src.skipped}")
+                known = isinstance(e, (StoreError, OSError, ValueError))  # the message says it all
+                src.skipped = f"cannot open: {'' if known else type(e).__name__ + ': '}{e}"
                 continue
             infos[src.kind] = _store_info(src.store, imgsz)
             say(f"store {src.kind}: {len(src.store)} samples, {infos[src.kind].bytes / 1e6:.1f} MB "
                 f"(opened in {time.perf_counter() - t0:.1f} s)")
         live = [s for s in sources if s.store is not None]
+        if not live:  # nothing to measure: one error, not a report of skipped rows
+            reason = next((s.skipped for s in sources if s.skipped), "no store")
+            raise StoreError(f"cannot bench {data} [{split}]: {reason.removeprefix('cannot open: ')}")
+        for src in sources:
+            if src.skipped:
+                say(f"store {src.kind}: {src.skipped}")
         n_timed = (
             ("read" in stage_list) * 2 * len(live)
             + ("decode" in stage_list) * len(decoder_list)
@@ -345,7 +341,7 @@ def run_bench(
             rows = measure_decode(samples, seconds, imgsz, decoder_list)
             if enc is None:
                 for m in rows:
-                    m.skipped = m.skipped or "no encoded store (files/lmdb) to take bytes from"
+                    m.skipped = "no encoded store (files/lmdb) to take bytes from"
             add(rows)
         if "augment" in stage_list:
             say("stage augment: sampled records drawn from pre-decoded images, one core")

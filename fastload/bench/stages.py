@@ -18,8 +18,15 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 import psutil
+import torch
 
+from fastload.augment.boxes import transform_labels
+from fastload.augment.hyp import load_hyp
+from fastload.augment.params import ParamSampler
+from fastload.augment.pipeline import render_sample
 from fastload.bench import pagecache
+from fastload.bench.decoders import available_decoders
+from fastload.fastloader import loader as make_loader
 
 STAGES: tuple[str, ...] = ("read", "decode", "augment", "loader")
 MAX_DROP_FILES = 20000  # evicting more files than a budget can read back only wastes set-up time
@@ -57,7 +64,7 @@ class Measurement:
         return d
 
 
-def run_for(seconds: float, step: Callable[[int], int], max_steps: int | None = None) -> tuple[int, int, float]:
+def _run_for(seconds: float, step: Callable[[int], int], max_steps: int | None = None) -> tuple[int, int, float]:
     """Call ``step(k)`` (returning bytes) until ``seconds`` pass or ``max_steps`` ran; at least once."""
     k = 0
     nbytes = 0
@@ -70,7 +77,7 @@ def run_for(seconds: float, step: Callable[[int], int], max_steps: int | None = 
             return k, nbytes, dt
 
 
-def read_order(n: int, seed: int = 0) -> np.ndarray:
+def _read_order(n: int, seed: int = 0) -> np.ndarray:
     """The shuffled order training reads in (one fixed permutation, so runs are comparable)."""
     return np.random.default_rng(seed).permutation(n)
 
@@ -114,7 +121,7 @@ def measure_read(store: Any, seconds: float) -> list[Measurement]:
     n = len(store)
     if n == 0:
         return [Measurement("read", f"{kind} {t}", skipped="store is empty") for t in ("cold", "warm")]
-    order = read_order(n)
+    order = _read_order(n)
     read = _reader(store)
     rows: list[Measurement] = []
     cold_count = 0
@@ -129,16 +136,16 @@ def measure_read(store: Any, seconds: float) -> list[Measurement]:
             rows.append(Measurement("read", f"{kind} cold", skipped=dropped.reason))
         else:
             limit = min(n, MAX_DROP_FILES) if kind == "files" else n  # a second visit would be warm
-            k, nbytes, dt = run_for(seconds, lambda j: read(order[j]), max_steps=limit)
+            k, nbytes, dt = _run_for(seconds, lambda j: read(order[j]), max_steps=limit)
             cold_count = k
             rows.append(
                 Measurement("read", f"{kind} cold", k, nbytes, dt, note=dropped.describe(),
                             extra={"drop_s": setup, "resident_after": dropped.resident_after})
             )
     if cold_count == 0:  # warm the pages the warm pass will cycle over (untimed, bounded)
-        cold_count, _, _ = run_for(seconds, lambda j: read(order[j]), max_steps=n)
+        cold_count, _, _ = _run_for(seconds, lambda j: read(order[j]), max_steps=n)
     subset = order[:cold_count]
-    k, nbytes, dt = run_for(seconds, lambda j: read(subset[j % len(subset)]))
+    k, nbytes, dt = _run_for(seconds, lambda j: read(subset[j % len(subset)]))
     rows.append(Measurement("read", f"{kind} warm", k, nbytes, dt, note=f"cycling over {len(subset)} cached samples"))
     return rows
 
@@ -147,7 +154,7 @@ def encoded_samples(store: Any, seconds: float, max_items: int = 256, max_bytes:
     """Up to ``max_items`` encoded samples (read order) held in memory, so decode timing excludes I/O."""
     if store.decoded:
         return []
-    order = read_order(len(store))
+    order = _read_order(len(store))
     out: list[bytes] = []
     total = 0
     t0 = time.perf_counter()
@@ -165,8 +172,6 @@ def measure_decode(
     samples: list[bytes], seconds: float, imgsz: int, names: Sequence[str] | None = None
 ) -> list[Measurement]:
     """Single-thread decode throughput of every available decoder over the same in-memory bytes."""
-    from fastload.bench.decoders import available_decoders
-
     rows = []
     for dec in available_decoders(imgsz, tuple(names) if names else None):
         if dec.fn is None:
@@ -188,7 +193,7 @@ def measure_decode(
             pixels[0] += fn(buf).nbytes
             return len(buf)
 
-        k, nbytes, dt = run_for(seconds, step)
+        k, nbytes, dt = _run_for(seconds, step)
         rows.append(
             Measurement("decode", dec.name, k, nbytes, dt, note=dec.description + " (1 core)",
                         extra={"out_mb_per_s": pixels[0] / dt / 1e6, "threads": 1})
@@ -204,11 +209,6 @@ def measure_augment(
     Also counts how many source images each output sample reads (``reads_per_sample``: 4 per
     mosaic, +4 when mixup fires), the multiplier that turns a decode rate into a loader ceiling.
     """
-    from fastload.augment.boxes import transform_labels
-    from fastload.augment.hyp import load_hyp
-    from fastload.augment.params import ParamSampler
-    from fastload.augment.pipeline import render_sample
-
     n = len(store)
     if n == 0:
         return Measurement("augment", "cpu", skipped="store is empty")
@@ -241,7 +241,7 @@ def measure_augment(
         transform_labels(p, labels)
         return int(img.nbytes)
 
-    k, nbytes, dt = run_for(seconds, step)
+    k, nbytes, dt = _run_for(seconds, step)
     return Measurement(
         "augment", "cpu", k, nbytes, dt,
         note=f"mosaic {hyp_d.get('mosaic')}, mixup {hyp_d.get('mixup')}; {k_imgs} pre-decoded images (1 core)",
@@ -249,7 +249,7 @@ def measure_augment(
     )
 
 
-class CpuClock:
+class _CpuClock:
     """CPU time of this process tree (the loader and its workers) and of the whole machine since creation.
 
     :meth:`cores_since` turns the differences into average busy cores: ``cpu_loader_cores`` (ours)
@@ -306,13 +306,9 @@ def measure_loader(
     batch (worker start-up, first decodes) is timed separately as ``first_batch_s``.
     """
     name = f"{engine}/{store_kind}"
-    import torch
-
-    from fastload.fastloader import loader as make_loader
-
     kwargs: dict[str, Any] = dict(split=split, imgsz=imgsz, batch_size=batch, engine=engine, store=store_kind,
                                   augment=True, shuffle=True)
-    if workers is not None:
+    if workers is not None and engine != "gpu":  # the gpu engine's host side is one thread: it takes no workers
         kwargs["workers"] = workers
     if hyp is not None:
         kwargs["hyp"] = hyp
@@ -326,7 +322,7 @@ def measure_loader(
     samples = nbytes = 0
     first_batch_s = None
     t0 = None
-    cpu0: CpuClock | None = None
+    cpu0: _CpuClock | None = None
     epoch = 0
     try:
         while True:
@@ -341,7 +337,7 @@ def measure_loader(
                 if t0 is None:
                     first_batch_s = now - t_start
                     t0 = now
-                    cpu0 = CpuClock()
+                    cpu0 = _CpuClock()
                 else:
                     samples += int(imgs.shape[0])
                     nbytes += int(imgs.numel() * imgs.element_size())

@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import argparse
-import sys
 import time
+
+from fastload.cli.errors import UsageError
 
 
 def register(sub: "argparse._SubParsersAction", help_text: str) -> argparse.ArgumentParser:
@@ -26,6 +27,7 @@ def register(sub: "argparse._SubParsersAction", help_text: str) -> argparse.Argu
 
 def run(args: argparse.Namespace) -> int:
     """Write the dataset and print where its data.yaml is."""
+    # imported when the command runs: `fastload --help` stays light
     from fastload.data.synthetic import make_synthetic_dataset, plant_faults
 
     t0 = time.perf_counter()
@@ -41,9 +43,8 @@ def run(args: argparse.Namespace) -> int:
             max_objects=args.max_objects,
         )
         planted = plant_faults(args.out) if args.plant_faults else {}
-    except (ValueError, OSError) as exc:
-        print(f"fastload synth: {exc}", file=sys.stderr)
-        return 2
+    except ValueError as exc:  # the options' ranges
+        raise UsageError(str(exc)) from exc
     dt = time.perf_counter() - t0
     print(f"wrote {args.n_train} train + {args.n_val} val images in {dt:.2f} s: {yaml_path}")
     for fault, path in planted.items():

@@ -15,6 +15,7 @@ def register(sub: argparse._SubParsersAction, help_text: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # imported when the command runs: `fastload --help` stays light
     from fastload.store.verify import verify_target
 
     results = verify_target(args.target, progress=not args.no_progress and not args.json)

@@ -9,21 +9,21 @@ The real format is found from the magic bytes, never from the file name, so a PN
 decoder involved), so the common no-EXIF case costs a few microseconds; other formats fall
 back to PIL's lazy header reader only when they may carry EXIF.
 
-JPEG decoder choice: on coco128 (640-px photos, one thread, best of 5 passes) ``cv2.imdecode``
-with ``IMREAD_COLOR_RGB`` took 2.09 ms/image, ``torchvision.io.decode_jpeg`` + HWC copy 2.06 ms
-and PIL 2.44 ms: cv2 and torchvision are equal within noise here (the issue's ~35% torchvision
-lead did not reproduce with OpenCV 5.0). cv2 is the default: it returns HWC directly, needs no
-torch in every worker, and torchvision 0.29 deprecates its image decoders.
-``FASTLOAD_JPEG_DECODER=torchvision|pil|cv2`` or :func:`set_jpeg_decoder` override it.
+JPEG decoder choice: ``cv2.imdecode`` is the default: it returns HWC directly, needs no torch in
+every worker, and torchvision 0.29 deprecates its image decoders (``fastload bench --stages decode``
+compares the decoders on your own data). :func:`set_jpeg_decoder` or
+``FASTLOAD_JPEG_DECODER=torchvision|pil|cv2`` (read when a JPEG is decoded) choose another.
 """
 from __future__ import annotations
 
 import io
 import os
 from pathlib import Path
+from typing import Literal
 
 import cv2
 import numpy as np
+from PIL import Image
 
 __all__ = [
     "CorruptImageError",
@@ -33,7 +33,6 @@ __all__ = [
     "probe_header",
     "jpeg_is_complete",
     "jpeg_first_scan",
-    "exif_orientation",
     "apply_orientation",
     "decode_image",
     "set_jpeg_decoder",
@@ -44,6 +43,9 @@ __all__ = [
     "loaded_shape",
     "resize_long_side",
     "resize_to",
+    "shrink_filter",
+    "ShrinkFilter",
+    "SHRINK_FILTERS",
 ]
 
 # File suffixes that count as images when a folder is scanned (YOLOv5/v9 list).
@@ -158,8 +160,6 @@ def _png_chunk_exif(buf: bytes) -> bool:
 
 def _pil_header(buf: bytes, path: str | None) -> tuple[int, int, int]:
     """(h, w, orientation) via PIL's lazy header reader (no pixel decode)."""
-    from PIL import Image
-
     try:
         with Image.open(io.BytesIO(buf)) as im:
             w, h = im.size
@@ -205,11 +205,6 @@ def probe_header(buf: bytes, path: str | None = None) -> tuple[str, int, int, in
     if h <= 0 or w <= 0:
         raise CorruptImageError(path, f"image header says size {w}x{h}")
     return fmt, h, w, orientation
-
-
-def exif_orientation(buf: bytes, path: str | None = None) -> int:
-    """The EXIF orientation (1..8) of an encoded image; 1 when absent."""
-    return probe_header(buf, path)[3]
 
 
 def probe_shape(buf: bytes, path: str | None = None) -> tuple[int, int]:
@@ -282,6 +277,7 @@ def _decode_jpeg_default(buf: bytes, flags: int) -> np.ndarray | None:
 def _decode_jpeg_torchvision(buf: bytes, flags: int) -> np.ndarray | None:
     if flags:  # reduced decodes are a cv2 (libjpeg scale_denom) feature
         return _decode_jpeg_default(buf, flags)
+    # torch: only this opt-in decoder needs it; the store tools (convert, stage, info) stay torch-free
     import torch
     from torchvision.io import ImageReadMode, decode_jpeg
 
@@ -292,34 +288,36 @@ def _decode_jpeg_torchvision(buf: bytes, flags: int) -> np.ndarray | None:
 def _decode_jpeg_pil(buf: bytes, flags: int) -> np.ndarray | None:
     if flags:
         return _decode_jpeg_default(buf, flags)
-    from PIL import Image
-
     with Image.open(io.BytesIO(buf)) as im:
         return np.asarray(im.convert("RGB"))
 
 
 _JPEG_DECODERS = {"cv2": _decode_jpeg_default, "torchvision": _decode_jpeg_torchvision, "pil": _decode_jpeg_pil}
-_jpeg_decoder_name = os.environ.get("FASTLOAD_JPEG_DECODER", "cv2").lower()
-_decode_jpeg = _JPEG_DECODERS.get(_jpeg_decoder_name, _decode_jpeg_default)
+_chosen_decoder: str | None = None  # set_jpeg_decoder()'s choice; None: the environment's, else cv2
 
 
-def set_jpeg_decoder(name: str) -> None:
-    """Choose the JPEG decoder of this process: ``cv2`` (default), ``torchvision`` or ``pil``."""
-    global _decode_jpeg, _jpeg_decoder_name
-    if name not in _JPEG_DECODERS:
+def set_jpeg_decoder(name: str | None) -> None:
+    """Choose the JPEG decoder of this process: ``cv2`` (default), ``torchvision`` or ``pil``; it
+    takes precedence over ``$FASTLOAD_JPEG_DECODER``. ``None`` goes back to the environment's choice."""
+    global _chosen_decoder
+    if name is not None and name not in _JPEG_DECODERS:
         raise ValueError(f"unknown JPEG decoder {name!r}; choose from {sorted(_JPEG_DECODERS)}")
-    _decode_jpeg, _jpeg_decoder_name = _JPEG_DECODERS[name], name
+    _chosen_decoder = name
 
 
 def jpeg_decoder() -> str:
-    """Name of the JPEG decoder in use."""
-    return _jpeg_decoder_name if _jpeg_decoder_name in _JPEG_DECODERS else "cv2"
+    """Name of the JPEG decoder in use: :func:`set_jpeg_decoder`'s choice, else
+    ``$FASTLOAD_JPEG_DECODER`` (read on every call), else ``cv2``."""
+    if _chosen_decoder is not None:
+        return _chosen_decoder
+    name = os.environ.get("FASTLOAD_JPEG_DECODER", "cv2").lower()
+    if name not in _JPEG_DECODERS:
+        raise ValueError(f"FASTLOAD_JPEG_DECODER={name!r} is not a JPEG decoder; choose from {sorted(_JPEG_DECODERS)}")
+    return name
 
 
 def _decode_other_pil(buf: bytes) -> np.ndarray | None:
     """Fallback for formats the cv2 build cannot read (e.g. GIF): first frame, RGB."""
-    from PIL import Image
-
     try:
         with Image.open(io.BytesIO(buf)) as im:
             im.seek(0)
@@ -344,7 +342,7 @@ def _decode(buf: bytes, path: str | None, reduce: int = 1) -> tuple[np.ndarray, 
             reduce
         ]
         try:
-            img = _decode_jpeg(buf, flags)
+            img = _JPEG_DECODERS[jpeg_decoder()](buf, flags)
         except Exception as exc:
             raise CorruptImageError(path, f"JPEG decode failed ({type(exc).__name__}: {exc})") from None
         if img is None:
@@ -388,7 +386,8 @@ def decode_image_reduced(buf: bytes, imgsz: int, path: str | None = None) -> np.
     """Decode a JPEG at 1/2, 1/4 or 1/8 scale when its long side is at least 2x ``imgsz``.
 
     The result's long side stays >= ``imgsz`` (so a following resize still shrinks) and is
-    about 1.5x cheaper to decode than the full image. Other formats decode at full size.
+    cheaper to decode than the full image (``benchmarks/reduced_decode.py`` measures by how much).
+    Other formats decode at full size.
     """
     buf = _as_bytes(buf)
     if sniff_format(buf) != "jpeg":
@@ -397,18 +396,20 @@ def decode_image_reduced(buf: bytes, imgsz: int, path: str | None = None) -> np.
     return _decode(buf, path, _reduce_factor(h0, w0, imgsz))[0]
 
 
-def decode_loaded(buf: bytes, imgsz: int, path: str | None = None, *, reduced: bool = True) -> np.ndarray:
+def decode_loaded(buf: bytes, imgsz: int, path: str | None = None, *, reduced: bool = True,
+                  shrink: ShrinkFilter = "area") -> np.ndarray:
     """Decode and resize to the *loaded* shape ``loaded_shape(h0, w0, imgsz)`` in one call.
 
     With ``reduced=True`` large JPEGs use a reduced-scale DCT decode first; the output shape is
-    identical either way (pixel values differ slightly from a full decode + INTER_AREA).
+    identical either way (pixel values differ slightly from a full decode + the same resize).
+    ``shrink``: the filter when the image shrinks (see :func:`resize_to`).
     """
     buf = _as_bytes(buf)
     _, h0, w0, orientation = probe_header(buf, path)
     factor = _reduce_factor(h0, w0, imgsz) if reduced and sniff_format(buf) == "jpeg" else 1
     img = _decode(buf, path, factor)[0]
     oh, ow = (w0, h0) if orientation >= 5 else (h0, w0)
-    return resize_to(img, loaded_shape(oh, ow, imgsz), enlarge=max(oh, ow) < imgsz)
+    return resize_to(img, loaded_shape(oh, ow, imgsz), enlarge=max(oh, ow) < imgsz, shrink=shrink)
 
 
 def read_image_file(path: str | os.PathLike) -> np.ndarray:
@@ -422,33 +423,53 @@ def read_image_file(path: str | os.PathLike) -> np.ndarray:
 
 
 # ----------------------------------------------------------------------------- YOLOv9 load_image resize
+# The filter YOLOv9's ``load_image`` shrinks with: INTER_AREA for validation, INTER_LINEAR in training
+# (``augment=True``); enlarging is always INTER_LINEAR.
+ShrinkFilter = Literal["area", "linear"]
+SHRINK_FILTERS: dict[str, int] = {"area": cv2.INTER_AREA, "linear": cv2.INTER_LINEAR}
+
+
+def shrink_filter(augment: bool) -> ShrinkFilter:
+    """The name (``"linear"`` / ``"area"``) of the filter YOLOv9 shrinks loaded images with."""
+    return "linear" if augment else "area"
+
+
 def loaded_shape(h0: int, w0: int, imgsz: int) -> tuple[int, int]:
     """``(h, w)`` of the YOLOv9 *loaded* image: long side ``imgsz``, aspect kept.
 
-    ``r = imgsz / max(h0, w0)``; ``(int(h0*r), int(w0*r))`` (truncated, as YOLOv9's ``load_image``)
-    clamped to ``[1, imgsz]``; unchanged when ``r == 1``.
+    Exactly YOLOv9's ``load_image`` sizes: ``r = imgsz / max(h0, w0)``, then ``int(h0 * r)`` and
+    ``int(w0 * r)`` (truncated float64 products, as the official code computes them; at least 1);
+    unchanged when ``r == 1``.
     """
     h0, w0 = int(h0), int(w0)
     if max(h0, w0) == imgsz:
         return h0, w0
     r = imgsz / max(h0, w0)
-    return (max(1, min(imgsz, int(h0 * r))), max(1, min(imgsz, int(w0 * r))))
+    return max(1, int(h0 * r)), max(1, int(w0 * r))
 
 
-def resize_to(img: np.ndarray, hw: tuple[int, int], *, enlarge: bool | None = None) -> np.ndarray:
-    """Resize to exactly ``hw`` with INTER_AREA when shrinking and INTER_LINEAR when enlarging."""
+def resize_to(img: np.ndarray, hw: tuple[int, int], *, enlarge: bool | None = None,
+              shrink: ShrinkFilter = "area") -> np.ndarray:
+    """Resize to exactly ``hw``: INTER_LINEAR when enlarging, the ``shrink`` filter otherwise.
+
+    ``shrink``: ``"area"`` (INTER_AREA, YOLOv9 validation) or ``"linear"`` (INTER_LINEAR, YOLOv9
+    training); see :func:`shrink_filter`.
+    """
     h, w = hw
     if img.shape[0] == h and img.shape[1] == w:
         return img
     if enlarge is None:
         enlarge = h * w > img.shape[0] * img.shape[1]
-    interp = cv2.INTER_LINEAR if enlarge else cv2.INTER_AREA
+    try:
+        interp = cv2.INTER_LINEAR if enlarge else SHRINK_FILTERS[shrink]
+    except KeyError:
+        raise ValueError(f"shrink must be one of {', '.join(SHRINK_FILTERS)}, got {shrink!r}") from None
     return cv2.resize(img, (w, h), interpolation=interp)
 
 
-def resize_long_side(img: np.ndarray, imgsz: int) -> np.ndarray:
+def resize_long_side(img: np.ndarray, imgsz: int, *, shrink: ShrinkFilter = "area") -> np.ndarray:
     """Resize an original image to its loaded shape (see :func:`loaded_shape`); no-op when r == 1."""
     h0, w0 = img.shape[:2]
     if max(h0, w0) == imgsz:
         return img
-    return resize_to(img, loaded_shape(h0, w0, imgsz), enlarge=max(h0, w0) < imgsz)
+    return resize_to(img, loaded_shape(h0, w0, imgsz), enlarge=max(h0, w0) < imgsz, shrink=shrink)

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Iterable, Literal
 
 import numpy as np
+from tqdm import tqdm
 
 from fastload.data.config import DataConfig, DataConfigError, load_data_config
 from fastload.data.images import (
@@ -380,8 +381,6 @@ def _arrays_to_samples(z: dict) -> list[_Sample]:
 def _progress(iterable, total: int, desc: str, enabled: bool):
     if not enabled or not sys.stderr.isatty():
         return iterable
-    from tqdm import tqdm
-
     return tqdm(iterable, total=total, desc=desc, unit="img", leave=False)
 
 

@@ -1,30 +1,103 @@
-"""What every augmentation engine implements, and the small pieces they share.
+"""The contract every augmentation engine implements, and the small pieces engines share.
 
 An engine turns a list of dataset indices into YOLOv9 batches. It never decides *what* to draw:
-the :class:`fastload.augment.params.ParamSampler` does (one record per output sample, a pure
+the :class:`~fastload.augment.params.ParamSampler` does (one record per output sample, a pure
 function of ``(seed, epoch, index)``); engines only apply records, so the CPU, PyTorch and DALI
 engines produce the same boxes for the same seed. The loader owns the order
-(:func:`fastload.order.epoch_indices`) and hands each engine a :class:`StoreView` (the store as the
-loader sees it: after ``min_items`` filtering and ``single_cls``).
+(:func:`fastload.order.epoch_indices`) and hands each engine a :class:`~fastload.store.view.StoreView`
+(the store as the loader sees it: after ``min_items`` filtering and ``single_cls``).
+
+What an engine is told comes in two parts:
+
+* :class:`EngineSettings`: the settings every engine honours in the same way (or refuses with an
+  :class:`EngineOptionError` naming the engine and the setting);
+* the engine's own options, a frozen dataclass declared beside it (``CPUOptions``,
+  ``TorchGPUOptions``, ``DALIOptions``) whose fields document themselves.
+
+Derived data (loaded shapes, the largest output size, the filter loaded images shrink with:
+:attr:`Engine.shrink`) is read from the sampler, the same way by every engine; the world size comes
+with the settings.
+
+The last steps of every batch are shared (:meth:`Engine.iter_batches`): HSV gains an engine left
+unapplied are applied to the whole batch (``hsv_on="consumer"``, by
+:func:`~fastload.augment.functional.torch_ops.apply_hsv_batch`) or handed to the caller
+(``hsv_on="defer"``: :attr:`Engine.hsv_gains`), and ``imgs`` gets the memory order ``layout`` asks for.
 """
 from __future__ import annotations
 
 import abc
-from typing import Any, Iterator, NamedTuple, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Generator, Iterator, Literal, NamedTuple, Sequence, get_args
 
 import numpy as np
 import torch
 
-from fastload.store.base import Sample, Store
+from fastload.augment.functional.torch_ops import apply_hsv_batch
+from fastload.augment.params import ParamSampler, Partners
+from fastload.data.images import ShrinkFilter, shrink_filter
+from fastload.store.base import Store
+
+HSVMode = Literal["worker", "consumer", "defer"]
+HSV_MODES: tuple[str, ...] = get_args(HSVMode)
+Layout = Literal["nhwc", "nchw"]
+LAYOUTS: tuple[str, ...] = get_args(Layout)
+_MEMORY_FORMAT = {"nhwc": torch.channels_last, "nchw": torch.contiguous_format}
 
 
-HSV_MODES = ("worker", "consumer", "defer")
+class EngineOptionError(TypeError, ValueError):
+    """An option an engine does not take, or a value it cannot honour; the message names both.
+
+    A ``TypeError`` (like an unexpected keyword) and a ``ValueError`` (like a bad value) at once.
+    """
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """The settings every engine honours the same way (``loader()``'s common keywords).
+
+    Attributes:
+        batch_size: samples per batch; ``iter_batches`` cuts its indices into chunks of this size
+            (the last one may be smaller).
+        workers: the engine's host-side worker processes (``cpu``: processes that render, 0 renders
+            in the calling process; ``dali``: external-source processes, at least 1; ``gpu``: none,
+            only 0 is accepted: its host side is one background thread).
+        device: where ``imgs`` and ``targets`` are delivered (``None``: the engine's default: the
+            CPU for ``cpu``, the current CUDA device, else the CPU, for ``gpu`` and ``dali``).
+        hsv_on: ``"worker"``: HSV is applied by the engine while it renders (CPU workers, the GPU
+            engine's background thread, the DALI engine's output step); ``"consumer"``: applied to
+            the whole batch on ``device`` when it is delivered, in the consumer's thread;
+            ``"defer"``: not applied; :attr:`Engine.hsv_gains` holds the latest batch's gains.
+        layout: memory order of ``imgs`` (always shaped ``[B, 3, H, W]``): ``"nhwc"``: channels-last
+            (``imgs.is_contiguous(memory_format=torch.channels_last)``); ``"nchw"``: contiguous.
+        prefetch: batches prepared ahead of the one being consumed (``cpu``: per worker; ``gpu``:
+            by the background thread, 0 renders in the caller's thread; ``dali``: the pipeline's
+            prefetch queue, at least 1).
+    """
+
+    batch_size: int
+    workers: int = 0
+    device: str | torch.device | None = None
+    hsv_on: HSVMode = "worker"
+    layout: Layout = "nhwc"
+    prefetch: int = 2
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        if self.workers < 0:
+            raise ValueError(f"workers must be >= 0, got {self.workers}")
+        if self.hsv_on not in HSV_MODES:
+            raise ValueError(f"hsv_on must be one of {', '.join(HSV_MODES)}, got {self.hsv_on!r}")
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, got {self.layout!r}")
+        if self.prefetch < 0:
+            raise ValueError(f"prefetch must be >= 0, got {self.prefetch}")
 
 
 class Batch(NamedTuple):
     """One YOLOv9 batch; unpacks as ``imgs, targets, paths, shapes``.
 
-    imgs: ``uint8 [B, 3, H, W]`` RGB (may be a channels-last view, see the engine's ``layout``).
+    imgs: ``uint8 [B, 3, H, W]`` RGB in the memory order of the engine's ``layout``.
     targets: ``float32 [N, 6]`` rows ``(index in batch, cls, xc, yc, w, h)`` normalised to ``W, H``.
     paths: the source image path of every sample.
     shapes: per sample ``None`` (mosaic) or ``((h0, w0), ((h / h0, w / w0), (padw, padh)))``.
@@ -36,56 +109,98 @@ class Batch(NamedTuple):
     shapes: tuple[Any, ...]
 
 
+class Rendered(NamedTuple):
+    """What an engine's :meth:`Engine._render_batches` yields: a batch and the HSV gains it left
+    unapplied (``float32 [B, 3]`` on the host; None when applied already)."""
+
+    batch: Batch
+    hsv_gains: torch.Tensor | None
+
+
 class Engine(abc.ABC):
     """Applies sampled augmentation records to images and collates YOLOv9 batches.
 
+    Subclasses set :attr:`name`, :attr:`Options` (their frozen options dataclass),
+    :attr:`default_workers` and :attr:`default_partners` (with the reason for it in their docstring),
+    refuse in ``__init__`` the settings they cannot honour (with :meth:`_refuse`) and implement
+    :meth:`_render_batches`, drawing each batch's records with
+    :meth:`~fastload.augment.params.ParamSampler.sample_batch` and adding the images they decode to
+    :attr:`decodes`; they may extend :meth:`stats`, :meth:`close_mosaic`, :meth:`expect_next` and
+    :meth:`_release`.
+
+    ``shrink`` is the filter images from encoded stores are shrunk to their loaded size with, as
+    YOLOv9's ``load_image`` picks it: ``"linear"`` when the sampler augments (training), ``"area"``
+    otherwise (validation). Decoded stores hold pixels shrunk once, at conversion.
+
     Args:
-        store: the loader's :class:`StoreView` (indices are loader indices).
-        sampler: the :class:`~fastload.augment.params.ParamSampler` (built for the same indices).
-        batch_size: samples per batch; ``iter_batches`` cuts its indices into chunks of this size
-            (the last one may be smaller).
-        workers: CPU worker processes (engine-specific meaning for GPU engines).
-        device: where ``imgs`` should live (``None``: CPU).
-        hsv: ``"worker"`` (applied while rendering), ``"consumer"`` (applied to the whole batch
-            where it is consumed, on ``device``, by :func:`fastload.augment.functional.torch_ops.apply_hsv_batch`)
-            or ``"defer"`` (not applied; :attr:`last_gains` holds the ``float32 [B, 3]`` gains of the
-            latest batch for the caller to apply on its own device).
+        store: the loader's store view (indices are loader indices).
+        sampler: the parameter sampler, built for the same indices.
+        settings: the common settings.
+        options: the engine's own options (None: the defaults).
     """
 
-    name: str = ""
+    name: ClassVar[str] = ""
+    Options: ClassVar[type]
+    default_workers: ClassVar[int] = 0  # loader(workers=None) means this
+    default_partners: ClassVar[Partners] = "dataset"  # loader(partners=None) means this
+    # True when iter_batches also takes sample ids (fastload.augment.params.visit_ids): an epoch that
+    # shows an image more than once, each visit with its own draws (YOLOv9's --image-weights)
+    takes_sample_ids: ClassVar[bool] = False
 
-    def __init__(
-        self,
-        store: Store,
-        sampler: Any,
-        *,
-        batch_size: int,
-        workers: int = 0,
-        device: str | torch.device | None = None,
-        hsv: str = "worker",
-        **options: Any,
-    ) -> None:
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        if hsv not in HSV_MODES:
-            raise ValueError(f"hsv must be one of {', '.join(HSV_MODES)}, got {hsv!r}")
+    def __init__(self, store: Store, sampler: ParamSampler, settings: EngineSettings, options: Any = None) -> None:
+        if options is None:
+            options = self.Options()
+        if not isinstance(options, self.Options):
+            raise EngineOptionError(f"engine {self.name!r} takes {self.Options.__name__} options, got {type(options).__name__}")
         self.store = store
         self.sampler = sampler
-        self.batch_size = int(batch_size)
-        self.workers = int(workers)
-        self.device = torch.device(device) if device is not None else None
-        self.hsv = hsv
+        self.shrink: ShrinkFilter = shrink_filter(sampler.augment)
+        self.settings = settings
         self.options = options
-        self.last_gains: torch.Tensor | None = None
+        self.batch_size = int(settings.batch_size)
+        self.workers = int(settings.workers)
+        self.device = torch.device(settings.device) if settings.device is not None else None
+        self.hsv_gains: torch.Tensor | None = None
         self.mosaic_closed = False
+        self.decodes = 0  # encoded images decoded (JPEG/PNG -> pixels) for the batches rendered so far
+        self._delivered = [0, 0]  # batches, images
         self._closed = False
 
-    @abc.abstractmethod
-    def iter_batches(self, epoch: int, indices: np.ndarray) -> Iterator[Batch]:
-        """Yield the batches of ``indices`` (loader indices, already ordered and sharded) for ``epoch``.
+    def _refuse(self, setting: str, value: Any, why: str) -> None:
+        """Raise the error of a setting this engine cannot honour."""
+        raise EngineOptionError(f"engine {self.name!r} cannot take {setting}={value!r}: {why}")
 
-        Implementations call :meth:`_check_open` first.
-        """
+    # -- the interface ---------------------------------------------------------------------------
+    def iter_batches(self, epoch: int, indices: np.ndarray) -> Iterator[Batch]:
+        """Yield the batches of ``indices`` (loader indices, already ordered and sharded) for ``epoch``;
+        an engine whose :attr:`takes_sample_ids` is True also takes sample ids there."""
+        self._check_open()
+        return self._finished(self._render_batches(int(epoch), np.asarray(indices, np.int64)))
+
+    @abc.abstractmethod
+    def _render_batches(self, epoch: int, indices: np.ndarray) -> Generator[Rendered, None, None]:
+        """The engine's work: render the batches of ``indices`` in order (called eagerly by
+        :meth:`iter_batches`, so set-up such as stopping an abandoned epoch happens at once)."""
+
+    def _finished(self, rendered: Generator[Rendered, None, None]) -> Iterator[Batch]:
+        try:
+            for batch, gains in rendered:
+                yield self._finish(batch, gains)
+        finally:  # an abandoned iteration stops the engine's work at once
+            rendered.close()
+
+    def _finish(self, batch: Batch, gains: torch.Tensor | None) -> Batch:
+        """The steps every engine shares: HSV as ``hsv_on`` says, ``imgs`` in ``layout``'s memory order."""
+        imgs = batch.imgs
+        if gains is not None:
+            if self.settings.hsv_on == "defer":
+                self.hsv_gains = gains
+            elif bool((gains != 1).any()):
+                imgs = apply_hsv_batch(imgs, gains)
+        imgs = imgs.contiguous(memory_format=_MEMORY_FORMAT[self.settings.layout])
+        self._delivered[0] += 1
+        self._delivered[1] += len(batch.paths)
+        return batch._replace(imgs=imgs)
 
     def expect_next(self, epoch: int, indices: np.ndarray) -> None:
         """A hint, given before an iteration: the one after it will most likely be
@@ -102,6 +217,19 @@ class Engine(abc.ABC):
         """
         self.sampler.close_mosaic()
         self.mosaic_closed = True
+
+    def stats(self) -> dict[str, Any]:
+        """Counters. Every engine: ``engine`` (its name), ``batches`` and ``images`` delivered since it
+        was built, ``worker_pids`` (its worker processes; ``[]`` where it has none it can name),
+        ``partners`` (the sampler's), ``decodes`` (encoded images decoded to render the batches so
+        far: 0 for decoded stores, and for images a decoded-image cache served) and
+        ``decodes_per_image`` (``decodes / images``; about 4.6 with scratch-high and
+        ``partners="dataset"`` without a cache, at most 1 with ``partners="batch"``).
+        Engines add their own keys (see each engine's docstring)."""
+        images = self._delivered[1]
+        return {"engine": self.name, "batches": self._delivered[0], "images": images, "worker_pids": [],
+                "partners": self.sampler.partners, "decodes": self.decodes,
+                "decodes_per_image": self.decodes / images if images else 0.0}
 
     def _check_open(self) -> None:
         """Raise if :meth:`close` ran (its workers, buffers or pipeline are gone)."""
@@ -143,65 +271,3 @@ def collate_targets(labels: Sequence[np.ndarray]) -> np.ndarray:
     ]
     return np.concatenate(rows, 0) if rows else np.zeros((0, 6), np.float32)
 
-
-def shapes_to_tuple(shapes: Any) -> Any:
-    """Normalise a YOLOv9 ``shapes`` entry (lists after a trip through msgpack) back to tuples."""
-    if shapes is None:
-        return None
-    (h0, w0), ((rh, rw), (pw, ph)) = shapes
-    return ((int(h0), int(w0)), ((float(rh), float(rw)), (float(pw), float(ph))))
-
-
-class StoreView(Store):
-    """The store as the loader sees it: a subset of its samples, with (possibly remapped) labels.
-
-    Engines index it with loader indices ``0..len(view)-1``; :attr:`base_indices` maps them to the
-    underlying store. Reads go to the base store (its own fast paths included); any attribute the
-    view does not define (backend-specific arrays, device tensors) is looked up on the base store.
-    """
-
-    def __init__(
-        self,
-        base: Store,
-        indices: np.ndarray | None = None,
-        labels: Sequence[np.ndarray] | None = None,
-    ) -> None:
-        super().__init__()
-        self.base = base
-        n = len(base)
-        self.base_indices = np.arange(n, dtype=np.int64) if indices is None else np.asarray(indices, np.int64)
-        if len(self.base_indices) and (self.base_indices.min() < 0 or self.base_indices.max() >= n):
-            raise IndexError(f"store view indices out of range for {base!r}")
-        idx = self.base_indices.tolist()
-        self.im_files = [base.im_files[i] for i in idx]
-        self.labels = list(labels) if labels is not None else [base.labels[i] for i in idx]
-        if len(self.labels) != len(idx):
-            raise ValueError(f"{len(self.labels)} label arrays for a view of {len(idx)} samples")
-        self.shapes = np.asarray(base.shapes, np.int32).reshape(-1, 2)[self.base_indices]
-        self.names = list(base.names)
-        self.meta = dict(base.meta)
-
-    # the base store's identity, so engines can pick their fast path by kind
-    kind = property(lambda self: self.base.kind)  # type: ignore[assignment]
-    decoded = property(lambda self: self.base.decoded)  # type: ignore[assignment]
-    imgsz = property(lambda self: self.base.imgsz)  # type: ignore[assignment]
-    path = property(lambda self: self.base.path)  # type: ignore[assignment]
-
-    def read_image(self, i: int) -> Sample:
-        return self.base.read_image(int(self.base_indices[self.check_index(i)]))
-
-    def load(self, i: int, imgsz: int | None = None, *, reduced: bool = False) -> np.ndarray:
-        return self.base.load(int(self.base_indices[self.check_index(i)]), imgsz, reduced=reduced)
-
-    def close(self) -> None:
-        self.base.close()
-
-    def __getattr__(self, name: str) -> Any:
-        # only called for attributes not found normally; never forward private/dunder lookups
-        # (pickling and copy probe those before __init__ ran)
-        if name.startswith("_") or name == "base":
-            raise AttributeError(name)
-        return getattr(self.base, name)
-
-    def __repr__(self) -> str:
-        return f"StoreView({self.base!r}, n={len(self)})"

@@ -3,24 +3,27 @@
 Per batch the consumer sends a worker ``(epoch, batch number, slot, indices)``; the worker samples
 each record, draws every sample straight into the slot and answers with the targets only. The
 consumer wraps the slot in a tensor view (no collate copy), optionally moves it to ``device`` and
-applies the HSV gains there (``hsv="consumer"``). With ``workers=0`` the same renderer runs in the
+hands the HSV gains (``hsv_on="consumer"`` or ``"defer"``) to the shared finishing step. With ``workers=0`` the same renderer runs in the
 calling process. Results are identical for any worker count: records depend only on
 ``(seed, epoch, index)``.
 
 Slot lifetime: a yielded batch's ``imgs`` stays valid until ``keep`` further batches have been
-requested (default 2: the current and the previous batch); clone it to keep it longer.
+requested (``CPUOptions.keep``, default 2: the current and the previous batch); clone it to keep it longer.
 """
 from __future__ import annotations
 
 import collections
 import warnings
-from typing import Any, Iterator, NamedTuple
+from dataclasses import dataclass
+from typing import Any, Generator, Literal, NamedTuple
 
 import numpy as np
 import psutil
 import torch
 
-from fastload.engines.base import Batch, Engine, chunks, shapes_to_tuple
+from fastload.augment.functional.tiles import AXIS_KERNELS, AxisKernel
+from fastload.augment.params import ParamSampler, image_of, shapes_from_array
+from fastload.engines.base import Batch, Engine, EngineOptionError, EngineSettings, Rendered, chunks
 from fastload.engines.cpu_render import BatchRenderer
 from fastload.engines.cpu_workers import WorkerPool, default_start_method_ok
 from fastload.engines.shm_batch import SlotRing
@@ -28,9 +31,59 @@ from fastload.engines.shm_cache import SharedDecodeCache
 from fastload.store.base import Store
 
 
-def auto_decode_cache_bytes(world_size: int = 1) -> int:
-    """Default decoded-cache bound: 1/8 of physical memory, split between the ranks of one machine."""
-    return int(psutil.virtual_memory().total // 8 // max(1, world_size))
+def auto_decode_cache_bytes() -> int:
+    """Default bound of the machine's decoded-image cache: 1/8 of physical memory (one cache per
+    machine, shared by every rank and worker)."""
+    return int(psutil.virtual_memory().total // 8)
+
+
+@dataclass(frozen=True)
+class CPUOptions:
+    """Options of ``engine="cpu"`` (``loader(..., engine_options=CPUOptions(...))`` or a dict of them).
+
+    Attributes:
+        keep: how many of the latest yielded batches stay valid (>= 1). ``imgs`` is a view of a
+            shared slot that is reused after that; clone ``imgs`` to keep a batch longer.
+        timeout: seconds to wait for one batch before raising (0: as long as the worker lives; a
+            dead worker always raises at once).
+        decode_cache_mb: encoded stores (files, lmdb): bound of the machine's decoded-image cache, one
+            shared-memory segment per store and imgsz that every worker of every rank fills and reads
+            (:mod:`~fastload.engines.shm_cache`), so mosaic partners and later epochs skip decoding.
+            ``None``: 1/8 of physical memory; ``0``: off. Set by the process that creates the segment;
+            later processes join it as it is. When the dataset does not fit, the first images of the
+            store that fit are cached and the others decoded on every read (``stats()`` says how many).
+        decode_scale: encoded stores: ``"full"`` (every JPEG decoded at its stored size, as YOLOv9
+            does) or ``"reduced"`` (a JPEG whose long side is at least twice ``imgsz`` is decoded at
+            1/2, 1/4 or 1/8 scale by the DCT, then resized as usual: cheaper; loaded pixels differ
+            by a few grey levels, boxes and shapes not at all; ``benchmarks/reduced_decode.py``
+            measures both).
+        axis_kernel: how tiles with a scale + translation matrix (every scratch-high mosaic tile)
+            are drawn: ``"warp"`` (``cv2.warpAffine`` with the exact matrix, YOLOv9's own sampling)
+            or ``"resize"`` (one ``cv2.resize`` per tile, sampling positions within 0.05 px).
+            ``None``: the faster for the installed OpenCV
+            (:func:`~fastload.augment.functional.tiles.default_axis_kernel`;
+            ``benchmarks/augment_kernels.py`` measures both). Letterboxes are bit-identical to
+            YOLOv9 either way.
+    """
+
+    keep: int = 2
+    timeout: float = 0.0
+    decode_cache_mb: int | None = None
+    decode_scale: Literal["full", "reduced"] = "full"
+    axis_kernel: AxisKernel | None = None
+
+    def __post_init__(self) -> None:
+        if self.keep < 1:
+            raise EngineOptionError(f"engine 'cpu': keep must be >= 1, got {self.keep}")
+        if self.timeout < 0:
+            raise EngineOptionError(f"engine 'cpu': timeout must be >= 0, got {self.timeout}")
+        if self.decode_cache_mb is not None and self.decode_cache_mb < 0:
+            raise EngineOptionError(f"engine 'cpu': decode_cache_mb must be None or >= 0, got {self.decode_cache_mb}")
+        if self.decode_scale not in ("full", "reduced"):
+            raise EngineOptionError(f"engine 'cpu': decode_scale must be 'full' or 'reduced', got {self.decode_scale!r}")
+        if self.axis_kernel is not None and self.axis_kernel not in AXIS_KERNELS:
+            raise EngineOptionError(f"engine 'cpu': axis_kernel must be None or one of {', '.join(AXIS_KERNELS)}, "
+                                    f"got {self.axis_kernel!r}")
 
 
 class _EarlyTasks(NamedTuple):
@@ -44,83 +97,74 @@ class _EarlyTasks(NamedTuple):
 
 
 class CPUEngine(Engine):
-    """Batches rendered by CPU worker processes.
+    """Batches rendered by CPU worker processes (options: :class:`CPUOptions`).
 
-    Options (beyond :class:`~fastload.engines.base.Engine`'s):
-        max_hw: the largest output ``(h, w)`` any batch can have (sizes the slots).
-        layout: ``"nhwc"`` (default: workers render HWC, ``imgs`` is a channels-last ``[B,3,H,W]``
-            view, which ``.to(device)`` copies as one block and convolutions accept as is) or
-            ``"nchw"`` (workers transpose each sample into a contiguous CHW slot; costs ~0.3 ms per
-            640x640 image in the workers).
-        prefetch: batches each worker may have in flight (ring = workers * prefetch + keep slots).
-        keep: how many of the latest yielded batches stay valid (>= 1).
-        decode_cache_bytes: bound of the shared decoded-image cache for encoded stores (files,
-            lmdb); ``None`` = :func:`auto_decode_cache_bytes`, ``0`` = decode on every read.
-        loaded_hw: ``int [N, 2]`` loaded shape of every sample (needed for the cache).
-        timeout: seconds to wait for one batch before raising (0 = wait while the worker lives).
-        world_size: ranks on this machine (splits the automatic cache bound).
-        reduced_decode: decode JPEGs at least twice ``imgsz`` at a reduced DCT scale (encoded stores).
-        axis_kernel: how axis-aligned tiles are drawn, ``"warp"`` or ``"resize"`` (None: the faster for
-            the installed OpenCV).
+    Settings: ``workers`` render processes (0: in the calling process); ``prefetch`` batches each
+    worker may have in flight (the ring holds ``workers * prefetch + keep`` slots); ``device``:
+    each finished batch is copied there; ``hsv_on="worker"`` applies HSV in the workers;
+    ``layout="nhwc"`` (workers render HWC, ``imgs`` is a channels-last view of the slot, which
+    ``.to(device)`` copies as one block) or ``"nchw"`` (workers transpose every sample into a
+    contiguous CHW slot).
+
+    :meth:`stats` adds ``decode_cache_hits`` and ``decode_cache_misses`` (this loader's reads, summed
+    over the workers' latest reports), the machine-wide state of the decoded cache when there is one
+    (``decode_cache_segment``, ``decode_cache_slots``, ``decode_cache_filled``, ``decode_cache_images``,
+    ``decode_cache_bytes``, ``decode_cache_policy``) and ``early_batches_used`` /
+    ``early_batches_dropped`` (batches of the next epoch rendered before it was asked for: used, or
+    dropped after a wrong guess).
+
+    Default ``partners="dataset"`` (YOLOv9's own draw): this engine's decoded-image cache is one per
+    machine, so once the dataset fits in it every image is decoded once per machine in the first
+    epoch and mosaic partners cost no decode after that. Choose ``partners="batch"`` when the
+    decoded dataset does not fit the cache (``decode_cache_slots < decode_cache_images`` in
+    :meth:`stats`, ``fastload bench`` says so): each batch then decodes its own images once.
     """
 
     name = "cpu"
+    Options = CPUOptions
+    default_workers = 8
+    default_partners = "dataset"
+    takes_sample_ids = True
 
-    def __init__(
-        self,
-        store: Store,
-        sampler: Any,
-        *,
-        batch_size: int,
-        workers: int = 0,
-        device: str | torch.device | None = None,
-        hsv: str = "worker",
-        max_hw: tuple[int, int] | None = None,
-        layout: str = "nhwc",
-        prefetch: int = 2,
-        keep: int = 2,
-        decode_cache_bytes: int | None = None,
-        loaded_hw: np.ndarray | None = None,
-        timeout: float = 0.0,
-        world_size: int = 1,
-        reduced_decode: bool = False,
-        axis_kernel: str | None = None,
-    ) -> None:
-        super().__init__(store, sampler, batch_size=batch_size, workers=workers, device=device, hsv=hsv)
-        if workers > 0 and not default_start_method_ok():
+    def __init__(self, store: Store, sampler: ParamSampler, settings: EngineSettings, options: CPUOptions | None = None) -> None:
+        super().__init__(store, sampler, settings, options)
+        if store.kind == "gpu":
+            raise ValueError("engine='cpu' renders in worker processes and cannot use store='gpu' (its images live in "
+                             "device memory); use engine='gpu' with store='gpu', or store='ram'/'disk' with engine='cpu'")
+        opts: CPUOptions = self.options
+        if self.workers > 0 and not default_start_method_ok():
             warnings.warn("fastload: no 'fork' start method on this platform; rendering in the main process")
             self.workers = 0
-        if keep < 1 or prefetch < 1:
-            raise ValueError(f"keep and prefetch must be >= 1, got keep={keep}, prefetch={prefetch}")
-        imgsz = int(getattr(sampler, "imgsz", 0) or (max(max_hw) if max_hw else 640))
-        self.max_hw = tuple(max_hw) if max_hw else (imgsz, imgsz)
-        self.layout = layout
-        self.keep = int(keep)
-        self.prefetch = int(prefetch)
+        self.max_hw = sampler.max_out_hw
+        self.layout = settings.layout
+        self.keep = int(opts.keep)
+        self.prefetch = int(settings.prefetch)
         cache = None
-        if not store.decoded and loaded_hw is not None:
-            cap = auto_decode_cache_bytes(world_size) if decode_cache_bytes is None else int(decode_cache_bytes)
+        if not store.decoded:
+            cap = auto_decode_cache_bytes() if opts.decode_cache_mb is None else int(opts.decode_cache_mb) << 20
             if cap > 0:
-                cache = SharedDecodeCache(loaded_hw, cap)
+                # what decides the loaded pixels besides the store and imgsz (see Store.load)
+                recipe = f"decode={opts.decode_scale};shrink={self.shrink};enlarge=linear"
+                cache = SharedDecodeCache.open(store, sampler.imgsz, recipe, cap)
         self.cache = cache
         self.renderer = BatchRenderer(
-            store, sampler, imgsz=imgsz, cache=cache, hsv_in_worker=(hsv == "worker"), layout=layout,
-            reduced_decode=reduced_decode, axis_kernel=axis_kernel,
+            store, sampler, cache=cache, hsv_in_worker=(settings.hsv_on == "worker"), layout=self.layout,
+            reduced_decode=opts.decode_scale == "reduced", axis_kernel=opts.axis_kernel, shrink=self.shrink,
         )
         n_slots = self.workers * self.prefetch + self.keep if self.workers else self.keep
         self.ring = SlotRing(n_slots, self.batch_size * self.max_hw[0] * self.max_hw[1] * 3)
         self.pool: WorkerPool | None = None
-        self.cache_stats = [0, 0]  # [hits, misses] summed over the workers' last reports
+        self._cache_stats = [0, 0, 0]  # [hits, misses, decodes] summed over the workers' last reports
         self._worker_stats: dict[int, list[int]] = {}
-        self.timeout = float(timeout)
+        self.timeout = float(opts.timeout)
         self._held: collections.deque[int] = collections.deque()  # slots of the latest yielded batches
-        self._active: Iterator[Batch] | None = None
+        self._active: Generator[Rendered, None, None] | None = None
         # task ids run on across epochs: a worker answers in the order it was sent tasks, so batches
         # of the next epoch sent early are received after this epoch's
         self._task = 0
         self._hint: tuple[int, np.ndarray] | None = None  # expect_next(): the epoch after the current one
         self._ahead: _EarlyTasks | None = None  # that epoch's first batches, sent before it began
-        self.early_stats = [0, 0]  # batches sent before their epoch began: [used, dropped (wrong guess)]
+        self._early_stats = [0, 0]  # batches sent before their epoch began: [used, dropped (wrong guess)]
 
     # -- consumer-side state ------------------------------------------------------------------------------
     def close_mosaic(self) -> None:
@@ -140,13 +184,17 @@ class CPUEngine(Engine):
             self.pool = WorkerPool(self.workers, self.renderer, self.ring, timeout=self.timeout)
         return self.pool
 
-    @property
-    def worker_pids(self) -> list[int]:
-        return self.pool.pids if self.pool is not None else []
+    def stats(self) -> dict[str, Any]:
+        out = super().stats()
+        out["worker_pids"] = self.pool.pids if self.pool is not None else []
+        out["decode_cache_hits"], out["decode_cache_misses"] = self._cache_stats[:2]
+        if self.cache is not None:
+            out.update(self.cache.stats())
+        out["early_batches_used"], out["early_batches_dropped"] = self._early_stats
+        return out
 
     # -- batches --------------------------------------------------------------------------------------------
-    def iter_batches(self, epoch: int, indices: np.ndarray) -> Iterator[Batch]:
-        self._check_open()
+    def _render_batches(self, epoch: int, indices: np.ndarray) -> Generator[Rendered, None, None]:
         if self._active is not None:  # an abandoned iteration still holds slots and in-flight tasks
             self._active.close()
             self._active = None
@@ -154,28 +202,22 @@ class CPUEngine(Engine):
         self._active = gen
         return gen
 
-    def _make_batch(self, slot: int, idx: np.ndarray, hw, targets: np.ndarray, shapes, gains) -> Batch:
+    def _rendered(self, slot: int, idx: np.ndarray, hw: tuple[int, int], targets: np.ndarray, shapes: list[Any],
+                  gains: np.ndarray | None) -> Rendered:
         h, w = hw
         imgs = self.ring.tensor(slot, len(idx), h, w, self.layout)
         if self.device is not None and self.device.type != "cpu":
             imgs = imgs.to(self.device, non_blocking=False)
-        if gains is not None:
-            g = torch.from_numpy(gains).to(imgs.device)
-            if self.hsv == "consumer":
-                from fastload.augment.functional.torch_ops import apply_hsv_batch
-
-                imgs = apply_hsv_batch(imgs, g)
-            else:  # "defer": the caller applies them
-                self.last_gains = g
-        paths = tuple(self.store.im_files[int(i)] for i in idx)
-        return Batch(imgs, torch.from_numpy(targets), paths, tuple(shapes_to_tuple(s) for s in shapes))
+        paths = tuple(self.store.im_files[i] for i in image_of(idx, len(self.store)).tolist())
+        batch = Batch(imgs, torch.from_numpy(targets), paths, tuple(shapes))
+        return Rendered(batch, None if gains is None else torch.from_numpy(gains))
 
     def _release_old(self) -> None:
         """Free the slots of batches older than the ``keep`` latest (the consumer moved on)."""
         while len(self._held) >= self.keep:
             self.ring.release(self._held.popleft())
 
-    def _iter_inline(self, epoch: int, indices: np.ndarray) -> Iterator[Batch]:
+    def _iter_inline(self, epoch: int, indices: np.ndarray) -> Generator[Rendered, None, None]:
         held = self._held
         for idx in chunks(indices, self.batch_size):
             self._release_old()
@@ -188,11 +230,13 @@ class CPUEngine(Engine):
                 self.ring.release(slot)
                 raise
             held.append(slot)
-            yield self._make_batch(slot, idx, out.hw, out.targets, out.shapes, out.gains)
-        if self.cache is not None:
-            self.cache_stats = [self.cache.hits, self.cache.misses]
+            cache = self.renderer.cache
+            self._cache_stats = [cache.hits if cache is not None else 0, cache.misses if cache is not None else 0,
+                                 self.renderer.decodes]
+            self.decodes = self.renderer.decodes
+            yield self._rendered(slot, idx, out.hw, out.targets, out.shapes, out.gains)
 
-    def _iter_workers(self, epoch: int, indices: np.ndarray) -> Iterator[Batch]:
+    def _iter_workers(self, epoch: int, indices: np.ndarray) -> Generator[Rendered, None, None]:
         pool = self._start()
         batches = chunks(indices, self.batch_size)
         sent = self._adopt_early(pool, epoch, indices)  # (task, slot) per batch sent, in batch order
@@ -226,10 +270,12 @@ class CPUEngine(Engine):
                 received += 1
                 held.append(slot)
                 self._worker_stats[task % pool.n] = msg["c"]
-                self.cache_stats = [sum(v[0] for v in self._worker_stats.values()), sum(v[1] for v in self._worker_stats.values())]
+                self._cache_stats = [sum(v[k] for v in self._worker_stats.values()) for k in range(3)]
+                self.decodes = self._cache_stats[2]
                 targets = np.frombuffer(bytearray(msg["t"]), np.float32).reshape(-1, 6)
+                shapes = [shapes_from_array(a) for a in np.frombuffer(msg["sh"], np.float64).reshape(-1, 6)]
                 gains = None if msg["g"] is None else np.frombuffer(bytearray(msg["g"]), np.float32).reshape(-1, 3)
-                yield self._make_batch(slot, idx, msg["hw"], targets, msg["sh"], gains)
+                yield self._rendered(slot, idx, tuple(msg["hw"]), targets, shapes, gains)
             finished = True
         finally:
             if finished and early and hint is not None:
@@ -247,9 +293,9 @@ class CPUEngine(Engine):
             return []
         if ahead.pool is pool and ahead.epoch == epoch and ahead.mosaic_closed == self.mosaic_closed \
                 and np.array_equal(ahead.indices, indices):
-            self.early_stats[0] += len(ahead.tasks)
+            self._early_stats[0] += len(ahead.tasks)
             return list(ahead.tasks)
-        self.early_stats[1] += len(ahead.tasks)
+        self._early_stats[1] += len(ahead.tasks)
         if ahead.pool is pool:
             self._drain_pool()
         for _, slot in ahead.tasks:

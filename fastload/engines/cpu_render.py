@@ -1,9 +1,12 @@
 """Rendering one whole batch on the CPU: the work a CPU worker (or the main process) does per task.
 
-For every index of the batch it samples the augmentation record (a pure function of
-``(seed, epoch, index)``, so the result does not depend on which process renders it), draws the
-sample straight into the batch buffer with :func:`fastload.augment.pipeline.render_sample` and
-moves the boxes of the whole batch with :func:`fastload.augment.boxes.batch_targets`.
+:meth:`BatchRenderer.render` is the per-batch entry point: it samples the batch's records with
+:meth:`~fastload.augment.params.ParamSampler.sample_batch` (a pure function of ``(seed, epoch,
+index)`` and, with ``partners="batch"``, of the batch's indices, so the result does not depend on
+which process renders it), draws every sample straight into the batch buffer with
+:func:`fastload.augment.pipeline.render_sample` and moves the boxes of the whole batch with
+:func:`fastload.augment.boxes.batch_targets`. With ``partners="batch"`` every image the batch reads
+is one of its own, so each is loaded (decoded) once per batch, before drawing.
 """
 from __future__ import annotations
 
@@ -13,20 +16,23 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from fastload.augment.boxes import batch_targets
-from fastload.augment.functional.tiles import check_axis_kernel
+from fastload.augment.functional.tiles import AxisKernel, check_axis_kernel
+from fastload.augment.params import ParamSampler, image_of
 from fastload.augment.pipeline import render_sample
+from fastload.data.images import ShrinkFilter
+from fastload.engines.base import Layout
 from fastload.engines.shm_cache import SharedDecodeCache
 from fastload.store.base import Store
 
 
 @dataclass
-class RenderedBatch:
-    """What a rendered batch sends back besides its pixels (which are already in the slot)."""
+class SlotResult:
+    """What rendering a batch into a slot returns besides the pixels (which are in the slot)."""
 
     hw: tuple[int, int]
     targets: np.ndarray  # float32 [N, 6]
     shapes: list[Any]
-    gains: np.ndarray | None  # float32 [B, 3] HSV gains still to apply (consumer HSV), else None
+    gains: np.ndarray | None  # float32 [B, 3] HSV gains still to apply (hsv_on consumer/defer), else None
 
 
 class BatchRenderer:
@@ -34,8 +40,7 @@ class BatchRenderer:
 
     Args:
         store: the loader's store view.
-        sampler: the parameter sampler.
-        imgsz: long side of loaded images.
+        sampler: the parameter sampler (its ``imgsz`` is the long side of loaded images).
         cache: the shared decoded-image cache for encoded stores (None: decode on every read).
         hsv_in_worker: apply the HSV gains while rendering (False: return them for the consumer).
         layout: ``"nhwc"`` (render straight into the slot) or ``"nchw"`` (render into a scratch
@@ -43,39 +48,40 @@ class BatchRenderer:
         reduced_decode: decode large JPEGs at a reduced DCT scale (see :meth:`Store.load`).
         axis_kernel: ``"warp"``, ``"resize"`` or None (the faster for the installed OpenCV), see
             :func:`fastload.augment.functional.tiles.default_axis_kernel`.
+        shrink: the filter encoded stores are shrunk to the loaded size with, ``"area"`` or ``"linear"``
+            (see :meth:`Store.load`).
     """
 
     def __init__(
         self,
         store: Store,
-        sampler: Any,
+        sampler: ParamSampler,
         *,
-        imgsz: int,
         cache: SharedDecodeCache | None = None,
         hsv_in_worker: bool = True,
-        layout: str = "nhwc",
+        layout: Layout = "nhwc",
         reduced_decode: bool = False,
-        axis_kernel: str | None = None,
+        axis_kernel: AxisKernel | None = None,
+        shrink: ShrinkFilter = "area",
     ) -> None:
-        if layout not in ("nhwc", "nchw"):
-            raise ValueError(f"layout must be 'nhwc' or 'nchw', got {layout!r}")
         self.store = store
         self.sampler = sampler
-        self.imgsz = int(imgsz)
+        self.imgsz = int(sampler.imgsz)
         self.cache = cache
         self.hsv_in_worker = hsv_in_worker
         self.layout = layout
         self.reduced_decode = bool(reduced_decode)
         self.axis_kernel = check_axis_kernel(axis_kernel)
+        self.shrink = shrink
         self.labels: Sequence[np.ndarray] = store.labels
         self._scratch: np.ndarray | None = None
-        # the pixel and box functions; replaceable (before workers fork) to test the machinery alone
-        self.render_fn: Callable[..., np.ndarray] = render_sample
-        self.targets_fn: Callable[[Sequence[Any], Sequence[np.ndarray]], np.ndarray] = batch_targets
+        self.decodes = 0  # encoded images this process decoded (cache misses included, hits not)
 
     # -- images ---------------------------------------------------------------------------------------
     def _load(self, i: int) -> np.ndarray:
-        return self.store.load(int(i), self.imgsz, reduced=self.reduced_decode)
+        if not self.store.decoded:
+            self.decodes += 1
+        return self.store.load(int(i), self.imgsz, reduced=self.reduced_decode, shrink=self.shrink)
 
     def get_image(self, i: int) -> np.ndarray:
         """Loaded RGB HWC uint8 image of loader index ``i`` (decoded stores: a zero-copy view)."""
@@ -90,29 +96,33 @@ class BatchRenderer:
             self.sampler.close_mosaic()
 
     # -- the work ------------------------------------------------------------------------------------------
-    def render(self, epoch: int, indices: np.ndarray, slot_array) -> RenderedBatch:
+    def render(self, epoch: int, indices: np.ndarray, slot_array: Callable[[int, int, int], np.ndarray]) -> SlotResult:
         """Render ``indices`` into the batch buffer given by ``slot_array(b, h, w)`` (a numpy view).
 
         All samples of a batch must share one output size (square ``imgsz`` in training, the rect
         batch shape in validation).
         """
-        render = self.render_fn
-        params = [self.sampler.sample(epoch, int(i)) for i in indices]
+        params = self.sampler.sample_batch(epoch, indices)
         hws = {tuple(int(v) for v in p.image.out_hw) for p in params}
         if len(hws) != 1:
             raise ValueError(f"samples of one batch have different output sizes {sorted(hws)} (indices {list(indices)})")
         h, w = hws.pop()
+        get_image: Callable[[int], np.ndarray] = self.get_image
+        if self.sampler.partners == "batch":  # every source is one of the batch's own images: load each once
+            images = image_of(np.asarray(indices, np.int64), len(self.sampler.loaded_shapes))  # indices may be sample ids
+            loaded = {i: self.get_image(i) for i in dict.fromkeys(images.tolist())}
+            get_image = loaded.__getitem__
         out = slot_array(len(params), h, w)
         for k, p in enumerate(params):
             if self.layout == "nhwc":
-                render(p, self.get_image, out=out[k], hsv=self.hsv_in_worker, axis_kernel=self.axis_kernel)
+                render_sample(p, get_image, out=out[k], hsv=self.hsv_in_worker, axis_kernel=self.axis_kernel)
             else:
                 if self._scratch is None or self._scratch.shape != (h, w, 3):
                     self._scratch = np.empty((h, w, 3), np.uint8)
-                img = render(p, self.get_image, out=self._scratch, hsv=self.hsv_in_worker, axis_kernel=self.axis_kernel)
+                img = render_sample(p, get_image, out=self._scratch, hsv=self.hsv_in_worker, axis_kernel=self.axis_kernel)
                 np.copyto(out[k], img.transpose(2, 0, 1))
         gains = None
         if not self.hsv_in_worker:
             gains = np.array([p.hsv_gain for p in params], np.float32).reshape(-1, 3)
-        return RenderedBatch((h, w), self.targets_fn(params, self.labels), [p.shapes for p in params], gains)
+        return SlotResult((h, w), batch_targets(params, self.labels), [p.shapes for p in params], gains)
 

@@ -2,8 +2,8 @@
 
 Protocol (msgpack over one pipe pair per worker, no pickle):
   task   ``{"s": seq, "e": epoch, "slot": k, "idx": int64 bytes, "mc": mosaic_closed}``, or ``{"stop": 1}``
-  result ``{"s": seq, "slot": k, "hw": [h, w], "t": float32 [N, 6] bytes, "sh": shapes,
-           "g": float32 [B, 3] bytes | None, "c": [cache hits, misses]}``, or ``{"s": seq, "err": traceback}``
+  result ``{"s": seq, "slot": k, "hw": [h, w], "t": float32 [N, 6] bytes, "sh": float64 [B, 6] bytes,
+           "g": float32 [B, 3] bytes | None, "c": [cache hits, cache misses, decodes]}`` (the worker's totals), or ``{"s": seq, "err": traceback}``
 
 Batch ``seq`` always goes to worker ``seq % n``, and each worker answers in task order, so the
 consumer reads results in batch order from one pipe at a time. A worker that dies is noticed by
@@ -21,9 +21,12 @@ import traceback
 from multiprocessing.connection import Connection
 from typing import Any
 
+import cv2
 import msgpack
 import numpy as np
+import torch
 
+from fastload.augment.params import shapes_to_array
 from fastload.engines.cpu_render import BatchRenderer
 from fastload.engines.shm_batch import SlotRing
 
@@ -46,14 +49,8 @@ def _worker_main(
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     for c in foreign:  # pipe ends inherited from the parent: holding them would hide the parent's death
         c.close()
-    try:  # one thread each: the parallelism is the worker count; oversubscription only thrashes
-        import cv2
-
-        cv2.setNumThreads(0)
-    except Exception:  # pragma: no cover - cv2 is a dependency
-        pass
-    import torch
-
+    # one thread each: the parallelism is the worker count; oversubscription only thrashes
+    cv2.setNumThreads(0)
     torch.set_num_threads(1)
     layout = renderer.layout
     while True:
@@ -69,15 +66,15 @@ def _worker_main(
             renderer.sync(bool(task.get("mc")))
             idx = np.frombuffer(task["idx"], np.int64)
             out = renderer.render(task["e"], idx, lambda b, h, w: ring.array(slot, b, h, w, layout))
-            cache = renderer.cache
+            hits, misses = (renderer.cache.hits, renderer.cache.misses) if renderer.cache is not None else (0, 0)
             msg = {
                 "s": seq,
                 "slot": slot,
                 "hw": list(out.hw),
                 "t": np.ascontiguousarray(out.targets, np.float32).tobytes(),
-                "sh": [_plain_shapes(s) for s in out.shapes],
+                "sh": np.stack([shapes_to_array(s) for s in out.shapes]).tobytes(),
                 "g": None if out.gains is None else out.gains.tobytes(),
-                "c": [cache.hits, cache.misses] if cache is not None else [0, 0],
+                "c": [hits, misses, renderer.decodes],
             }
         except Exception:
             msg = {"s": seq, "slot": slot, "err": traceback.format_exc()}
@@ -87,13 +84,6 @@ def _worker_main(
             break
     tasks.close()
     results.close()
-
-
-def _plain_shapes(s: Any) -> Any:
-    if s is None:
-        return None
-    (h0, w0), ((rh, rw), (pw, ph)) = s
-    return [[int(h0), int(w0)], [[float(rh), float(rw)], [float(pw), float(ph)]]]
 
 
 def _describe_exit(code: int | None) -> str:

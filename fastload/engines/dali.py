@@ -6,10 +6,11 @@ loaded arrays (disk, ram) of every image a sample draws from, draw the sample's 
 same :class:`~fastload.augment.params.ParamSampler` as the other engines (same seed, epoch and
 index -> same record) and compute its boxes with :func:`fastload.augment.boxes.transform_labels`.
 The graph (:mod:`fastload.engines.dali_graph`) decodes with ``fn.decoders.image(device="mixed")``,
-resizes, paints the tiles with ``fn.warp_affine``, blends mixup, flips and transposes to CHW; the
-engine applies the HSV gains on the output batch with
-:func:`~fastload.augment.functional.torch_ops.apply_hsv_batch` and collates the boxes into targets
-(pinned, copied without blocking).
+resizes, paints the tiles with ``fn.warp_affine``, blends mixup and flips (and, for
+``layout="nchw"``, transposes to CHW); the engine collates the boxes into targets (pinned, copied
+without blocking) and hands the HSV gains to the shared finishing step, which applies them to the
+output batch with :func:`~fastload.augment.functional.torch_ops.apply_hsv_batch` (YOLOv9's
+multiplicative hue has no DALI operator) unless ``hsv_on="defer"``.
 
 CPU-only mode (``device="cpu"``): the same graph with ``device_id=None`` and every operator on the
 CPU. It is slow and meant for tests and machines without a GPU.
@@ -22,29 +23,35 @@ pipeline.
 Tolerance against the CPU reference (see ``tests/test_engine_dali.py``): boxes identical; pixels
 from decoded stores within a few levels at tile seams (DALI's float bilinear vs OpenCV's fixed
 point, renormalised edge taps); from encoded stores DALI's antialiased linear resize replaces
-INTER_AREA (mean difference about 1-2 levels on noisy images, less on photos).
+validation's INTER_AREA (a small mean difference, larger on noisy images than on photos; the test states
+the bounds); training shrinks with plain linear interpolation, as YOLOv9's INTER_LINEAR.
 """
 from __future__ import annotations
 
 import shutil
 import tempfile
 import warnings
-from typing import Any, Iterator
+from dataclasses import dataclass
+from typing import Any, Generator
 
 import numpy as np
 import torch
 
-from fastload.engines.base import Batch, Engine, chunks, collate_targets
+from fastload.augment.params import ParamSampler, shapes_from_array
+from fastload.engines.base import Batch, Engine, EngineOptionError, EngineSettings, Rendered, chunks, collate_targets
+from fastload.engines.dali_graph import build_pipeline
+from fastload.engines.dali_source import SampleSource, TileSlots, write_plan
+from fastload.engines.main_guard import unguarded_main_line
 from fastload.store.base import Store
 
-__all__ = ["DALIEngine", "require_dali"]
+__all__ = ["DALIEngine", "DALIOptions", "require_dali"]
 
 INSTALL_HINT = "pip install fastload[dali]  (or: pip install nvidia-dali-cuda120; see https://docs.nvidia.com/deeplearning/dali)"
 
 
 def require_dali() -> Any:
     """Import ``nvidia.dali`` or raise ImportError saying how to install it."""
-    try:
+    try:  # an optional dependency (pip install fastload[dali])
         import nvidia.dali as dali  # noqa: F401
     except ImportError as exc:
         raise ImportError(f"engine='dali' needs NVIDIA DALI, which is not installed ({exc}). Install it with: {INSTALL_HINT}") from None
@@ -66,70 +73,100 @@ def _device_id(device: str | torch.device | None) -> tuple[int | None, torch.dev
     return index, torch.device("cuda", index)
 
 
-def _max_tiles(sampler: Any) -> int:
+def _refuse_unguarded_script() -> None:
+    """Fail at once, saying what to do, where DALI's spawned workers would re-run the script and hang."""
+    unguarded = unguarded_main_line()
+    if unguarded:
+        script, line = unguarded
+        raise RuntimeError(
+            f"engine='dali' starts its reader processes with 'spawn', which runs {script} again from the top, and "
+            f"line {line} builds the loader outside `if __name__ == \"__main__\":`; move the script's work under that "
+            f"guard (docs/gpu.md, \"DALI needs a main guard\")"
+        )
+
+
+def _max_tiles(sampler: ParamSampler) -> int:
     return 9 if sampler.mosaic9 else 4
 
 
+@dataclass(frozen=True)
+class DALIOptions:
+    """Options of ``engine="dali"`` (``loader(..., engine_options=DALIOptions(...))`` or a dict of them).
+
+    Attributes:
+        threads: DALI's CPU operator threads (``None``: ``max(2, workers)``).
+    """
+
+    threads: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.threads is not None and self.threads < 1:
+            raise EngineOptionError(f"engine 'dali': threads must be None or >= 1, got {self.threads}")
+
+
 class DALIEngine(Engine):
-    """Batches decoded and augmented by an NVIDIA DALI pipeline.
+    """Batches decoded and augmented by an NVIDIA DALI pipeline (options: :class:`DALIOptions`).
 
-    Options (beyond :class:`~fastload.engines.base.Engine`'s):
-        threads: DALI CPU threads (default: ``max(2, workers)``).
-        prefetch: DALI's prefetch queue depth (batches in flight).
-        layout: only ``"nchw"`` (DALI emits contiguous CHW).
-
-    ``workers`` is the number of ``external_source`` worker processes (at least 1).
+    Settings: ``workers`` external-source worker processes (at least 1); ``prefetch``: DALI's
+    prefetch queue depth (at least 1); ``hsv_on="worker"`` and ``"consumer"`` both apply HSV to the
+    output batch on ``device`` (the engine has no earlier place for it); ``layout="nhwc"`` skips the
+    graph's transpose (``imgs`` is a channels-last view), ``"nchw"`` transposes in the graph.
     :meth:`close_mosaic` takes effect from the next epoch: the workers hold their own sampler copies
-    and learn it from the next plan.
+    and learn it from the next plan. Batches are fresh tensors: they stay valid.
+
+    Default ``partners="batch"``: a per-sample external source cannot share a decoded image between
+    samples, so with ``"dataset"`` the graph decodes and resizes the image of every tile slot of
+    every sample (about 4.6 decodes per output image with scratch-high, on every epoch: this engine
+    has no decoded-image cache, and device memory is the model's). With ``"batch"`` each sample's
+    own image is decoded once and the tiles are gathered from the batch with ``fn.permute_batch``,
+    the way DALI's own YOLO mosaic example builds mosaics. What changes for the user: a mosaic's
+    three partners and the mixup image with its partners are drawn uniformly from the ``B`` images
+    of the same batch instead of all ``N`` of the dataset; every image is still used as often per
+    epoch on average, with the same spread (``tests/test_augment_params.py``), but the tiles of one
+    batch come from its own ``B`` images. Pass ``partners="dataset"`` for YOLOv9's own draw.
     """
 
     name = "dali"
+    Options = DALIOptions
+    default_workers = 8
+    default_partners = "batch"
 
-    def __init__(
-        self,
-        store: Store,
-        sampler: Any,
-        *,
-        batch_size: int,
-        workers: int = 2,
-        device: str | torch.device | None = None,
-        hsv: str = "worker",
-        threads: int | None = None,
-        prefetch: int = 2,
-        **options: Any,
-    ) -> None:
+    def __init__(self, store: Store, sampler: ParamSampler, settings: EngineSettings, options: DALIOptions | None = None) -> None:
         require_dali()
-        super().__init__(store, sampler, batch_size=batch_size, workers=workers, device=device, hsv=hsv, **options)
-        self.device_id, self.device = _device_id(device)
+        _refuse_unguarded_script()
+        super().__init__(store, sampler, settings, options)
+        if self.workers < 1:
+            self._refuse("workers", self.workers, "samples are read in external-source worker processes (at least 1)")
+        if settings.prefetch < 1:
+            self._refuse("prefetch", settings.prefetch, "DALI's prefetch queue holds at least one batch")
+        self.device_id, self.device = _device_id(settings.device)
         if store.kind == "gpu":
             raise ValueError("engine='dali' reads images in worker processes and cannot use store='gpu'; "
                              "use engine='gpu' with store='gpu', or store='ram'/'lmdb' with engine='dali'")
-        from fastload.engines.dali_source import SampleSource, SlotLayout
-
         self.imgsz = int(sampler.imgsz)
         k = _max_tiles(sampler)
         # slots are sized once, for the largest record the sampler can draw before close_mosaic
         mixup = k if float(sampler.mixup_prob) > 0 and float(sampler.mosaic_prob) > 0 else 0
-        self.layout = SlotLayout(k if sampler.mosaic_prob > 0 else 1, mixup)
-        self.threads = int(threads or max(2, self.workers))
-        self.prefetch = max(1, int(prefetch))
+        self.slots = TileSlots(k if sampler.mosaic_prob > 0 else 1, mixup)
+        self.threads = int(self.options.threads or max(2, self.workers))
+        self.prefetch = int(settings.prefetch)
         self._dir = tempfile.mkdtemp(prefix="fastload-dali-")
-        self._source = SampleSource(store, sampler, self._dir, self.layout, self.imgsz, encoded=not store.decoded)
+        self._source = SampleSource(store, sampler, self._dir, self.slots, self.imgsz, encoded=not store.decoded,
+                                    batch_size=self.batch_size)
         self._pipe: Any = None
         self._epochs = 0  # DALI epochs run by the current pipeline
         self._clean = True  # the current pipeline finished its last epoch
 
     # -- pipeline ----------------------------------------------------------------------------------------
     def _build(self) -> Any:
-        from fastload.engines.dali_graph import build_pipeline
-
         self._drop_pipe()
         pipe = build_pipeline(self._source, batch_size=self.batch_size, device_id=self.device_id,
-                              workers=max(1, self.workers), threads=self.threads, prefetch=self.prefetch)
+                              workers=self.workers, threads=self.threads, prefetch=self.prefetch,
+                              layout=self.settings.layout, antialias=self.shrink == "area")
         try:
             with warnings.catch_warnings():
-                # decoded stores do not use the slots' loaded-size outputs (encoded ones do)
-                warnings.filterwarnings("ignore", message=".*outputs at the indices .* are not used.*")
+                # decoded stores do not use the loaded-size outputs (encoded ones do)
+                warnings.filterwarnings("ignore", message=".*outputs? at the ind(ex|ices) .* (is|are) not used.*")
                 pipe.build()
         except RuntimeError as exc:
             msg = str(exc)
@@ -155,13 +192,10 @@ class DALIEngine(Engine):
             del pipe
 
     # -- batches -----------------------------------------------------------------------------------------
-    def iter_batches(self, epoch: int, indices: np.ndarray) -> Iterator[Batch]:
-        self._check_open()
-        return self._iter(epoch, np.asarray(indices, np.int64))
+    def _render_batches(self, epoch: int, indices: np.ndarray) -> Generator[Rendered, None, None]:
+        return self._iter(epoch, indices)
 
-    def _iter(self, epoch: int, indices: np.ndarray) -> Iterator[Batch]:
-        from fastload.engines.dali_source import write_plan
-
+    def _iter(self, epoch: int, indices: np.ndarray) -> Generator[Rendered, None, None]:
         n = len(indices)
         if n == 0:
             return
@@ -170,12 +204,12 @@ class DALIEngine(Engine):
         # pad to whole batches (DALI batches are fixed-size); padded samples are dropped below
         # (repeating the last index keeps a rect batch's output size)
         padded = np.concatenate([indices, np.full(-n % self.batch_size, indices[-1], np.int64)])
-        write_plan(self._dir, self._epochs, epoch, padded, self.mosaic_closed)
+        write_plan(self._dir, self._epochs, epoch, padded, n, self.mosaic_closed)
         self._clean = False
         pipe = self._pipe
         for b, idx in enumerate(chunks(indices, self.batch_size)):
             outs = pipe.run()
-            yield self._to_batch(outs, len(idx))
+            yield self._rendered(outs, len(idx))
         try:  # the source raises StopIteration after the last padded sample: end DALI's epoch
             pipe.run()
             raise RuntimeError("DALI pipeline produced more batches than planned")
@@ -184,35 +218,34 @@ class DALIEngine(Engine):
         self._epochs += 1
         self._clean = True
 
-    def _to_batch(self, outs: tuple, n: int) -> Batch:
-        from fastload.augment.functional.torch_ops import apply_hsv_batch
-        from fastload.engines.dali_source import shapes_from_array
-
-        index_tl, boxes_tl, shapes_tl, gain_tl, img_tl = outs
+    def _rendered(self, outs: tuple, n: int) -> Rendered:
+        index_tl, boxes_tl, shapes_tl, gain_tl, decodes_tl, img_tl = outs
+        self.decodes += sum(int(np.asarray(decodes_tl[k])[0]) for k in range(len(decodes_tl)))  # padding included
         index = [int(np.asarray(index_tl[k])[0]) for k in range(n)]
         boxes = [np.asarray(boxes_tl[k]).reshape(-1, 5) for k in range(n)]
         shapes = tuple(shapes_from_array(np.asarray(shapes_tl[k])) for k in range(n))
         gains = torch.from_numpy(np.stack([np.asarray(gain_tl[k]) for k in range(n)]).astype(np.float32))
         imgs = self._images(img_tl, n)
-        if bool((gains != 1).any()):
-            imgs = apply_hsv_batch(imgs, gains.to(imgs.device, non_blocking=True))
         targets = torch.from_numpy(collate_targets(boxes))
         if self.device.type == "cuda":
             targets = targets.pin_memory().to(self.device, non_blocking=True)
         paths = tuple(self.store.im_files[i] for i in index)
-        return Batch(imgs, targets, paths, shapes)
+        return Rendered(Batch(imgs, targets, paths, shapes), gains)
 
     def _images(self, tl: Any, n: int) -> torch.Tensor:
-        """The DALI image batch as a uint8 [n, 3, H, W] tensor on the engine's device."""
+        """The DALI image batch as a uint8 [n, 3, H, W] tensor on the engine's device (a channels-last
+        view of the graph's HWC output for ``layout="nhwc"``)."""
         if self.device_id is None:
-            return torch.from_numpy(np.ascontiguousarray(tl.as_array()[:n]))
-        from nvidia.dali.plugin.pytorch import feed_ndarray
+            out = torch.from_numpy(np.ascontiguousarray(tl.as_array()[:n]))
+        else:
+            from nvidia.dali.plugin.pytorch import feed_ndarray  # optional dependency, present once DALI runs
 
-        dense = tl.as_tensor()
-        out = torch.empty(tuple(dense.shape()), dtype=torch.uint8, device=self.device)
-        # copies on torch's current stream: ordered before the training step, no host sync
-        feed_ndarray(dense, out, cuda_stream=torch.cuda.current_stream(self.device))
-        return out[:n]
+            dense = tl.as_tensor()
+            out = torch.empty(tuple(dense.shape()), dtype=torch.uint8, device=self.device)
+            # copies on torch's current stream: ordered before the training step, no host sync
+            feed_ndarray(dense, out, cuda_stream=torch.cuda.current_stream(self.device))
+            out = out[:n]
+        return out.permute(0, 3, 1, 2) if self.settings.layout == "nhwc" else out
 
     def _release(self) -> None:
         self._drop_pipe()

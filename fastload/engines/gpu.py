@@ -5,13 +5,14 @@ Per batch the CPU does only what cannot be batched on the device: sample the rec
 image the batch draws from, move the boxes (:func:`fastload.augment.boxes.batch_targets`) and
 plan the tiles (a few numbers per tile). The device then
 
-1. decodes the batch's unique source images at once (``torchvision.io.decode_jpeg`` on a list:
+1. decodes the batch's unique source images at once (with ``partners="batch"``: exactly the
+   batch's own images; ``torchvision.io.decode_jpeg`` on a list:
    nvJPEG on CUDA, libjpeg on CPU; non-JPEG files are decoded on the CPU and uploaded) and resizes
-   them to their loaded shape (:func:`fastload.store.gpu.decode_on_device`) - or uploads loaded
+   them to their loaded shape (:func:`fastload.data.torch_images.decode_on_device`) - or uploads loaded
    arrays from a ram/disk store through pinned memory - or, with ``store="gpu"``, reads the
    resident images in place;
 2. draws mosaics / letterboxes, mixup and flips with :func:`~fastload.augment.functional.torch_tiles.render_batch`
-   (a constant number of kernels per batch) and the HSV gains with
+   (a constant number of kernels per batch) and, with ``hsv_on="worker"``, the HSV gains with
    :func:`~fastload.augment.functional.torch_ops.apply_hsv_batch`.
 
 Overlap: a background thread prepares batch ``k + 1 .. k + prefetch`` while the training step runs
@@ -30,25 +31,54 @@ import queue
 import threading
 import warnings
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Generator, Literal
 
 import numpy as np
 import torch
 
-from fastload.engines.base import Batch, Engine, chunks, shapes_to_tuple
+from fastload.augment.boxes import batch_targets
+from fastload.augment.functional.torch_ops import apply_hsv_batch
+from fastload.augment.functional.torch_tiles import ImageBank, chw_to_rows, render_batch
+from fastload.augment.params import ParamSampler
+from fastload.data.torch_images import decode_on_device
+from fastload.engines.base import Batch, Engine, EngineOptionError, EngineSettings, Rendered, chunks
 from fastload.store.base import Store
 
-__all__ = ["GPUEngine"]
+__all__ = ["GPUEngine", "TorchGPUOptions"]
 
 _STOP = object()
 
 
+@dataclass(frozen=True)
+class TorchGPUOptions:
+    """Options of ``engine="gpu"`` (``loader(..., engine_options=TorchGPUOptions(...))`` or a dict of them).
+
+    Attributes:
+        decode_on: ``"device"`` (JPEGs of encoded stores decoded by ``torchvision.io.decode_jpeg`` on
+            the engine's device, other formats on the CPU) or ``"cpu"`` (every image decoded by the CPU
+            decoder in the background thread, then uploaded).
+        max_elements: output pixels enumerated per drawing step (bounds temporary memory, about
+            200 bytes per pixel). ``None``: 4M on CUDA, 1M on the CPU.
+    """
+
+    decode_on: Literal["device", "cpu"] = "device"
+    max_elements: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.decode_on not in ("device", "cpu"):
+            raise EngineOptionError(f"engine 'gpu': decode_on must be 'device' or 'cpu', got {self.decode_on!r}")
+        if self.max_elements is not None and self.max_elements < 1:
+            raise EngineOptionError(f"engine 'gpu': max_elements must be None or >= 1, got {self.max_elements}")
+
+
 @dataclass
 class _Ready:
-    """A finished batch and the event its device work recorded (None on CPU)."""
+    """A finished batch, its unapplied HSV gains, the event its device work recorded (None on CPU) and
+    the images decoded for it (counted in :attr:`Engine.decodes` when it is delivered)."""
 
-    batch: Batch
+    rendered: Rendered
     event: torch.cuda.Event | None
+    decodes: int
 
 
 def _resolve_device(device: str | torch.device | None) -> torch.device:
@@ -65,88 +95,66 @@ def _resolve_device(device: str | torch.device | None) -> torch.device:
 
 
 class GPUEngine(Engine):
-    """Batches decoded and augmented on ``device`` with PyTorch.
+    """Batches decoded and augmented on ``device`` with PyTorch (options: :class:`TorchGPUOptions`).
 
-    Options (beyond :class:`~fastload.engines.base.Engine`'s):
-        prefetch: batches prepared ahead by the background thread (0: everything in the caller's
-            thread, no overlap; handy for debugging).
-        layout: ``"nchw"`` (default, contiguous ``imgs``) or ``"nhwc"`` (a channels-last view, one
-            copy less).
-        max_elements: output pixels enumerated per drawing step (bounds temporary memory, about
-            200 bytes per pixel; default 4M on CUDA, 1M on CPU).
-        decode: ``"device"`` (JPEGs decoded by ``decode_jpeg`` on ``device``) or ``"cpu"`` (every image
-            decoded by the CPU decoder in the background thread, then uploaded).
+    Settings: ``workers`` must be 0 (the host side is one background thread); ``prefetch``
+    batches are prepared ahead by that thread (0: everything in the caller's thread, no overlap;
+    handy for debugging); ``hsv_on="worker"`` applies HSV in the background thread, on the side
+    stream; ``layout="nhwc"`` delivers the drawn HWC pixels as a channels-last view (no copy),
+    ``"nchw"`` makes them contiguous. Batches are fresh tensors: they stay valid.
 
-    ``workers`` is accepted for signature compatibility and unused: the CPU side is one thread.
+    Default ``partners="dataset"`` (YOLOv9's own draw): this engine is built to draw from decoded
+    images (``store="gpu"`` resident in device memory, or ram/disk stores), where partners cost no
+    decode, and the records it draws stay the stock ones. From an encoded store (files, lmdb) every
+    batch decodes its distinct sources (about 4.3 per output image with scratch-high) on every epoch;
+    there ``partners="batch"`` makes it one batched decode of the batch's own images (at most one per
+    output image).
     """
 
     name = "gpu"
+    Options = TorchGPUOptions
+    default_workers = 0
+    default_partners = "dataset"
 
-    def __init__(
-        self,
-        store: Store,
-        sampler: Any,
-        *,
-        batch_size: int,
-        workers: int = 0,
-        device: str | torch.device | None = None,
-        hsv: str = "worker",
-        prefetch: int = 2,
-        layout: str = "nchw",
-        max_elements: int | None = None,
-        decode: str = "device",
-        **options: Any,
-    ) -> None:
-        super().__init__(store, sampler, batch_size=batch_size, workers=workers, device=device, hsv=hsv, **options)
-        self.device = _resolve_device(device)
-        if layout not in ("nchw", "nhwc"):
-            raise ValueError(f"layout must be 'nchw' or 'nhwc', got {layout!r}")
-        if decode not in ("device", "cpu"):
-            raise ValueError(f"decode must be 'device' or 'cpu', got {decode!r}")
-        if prefetch < 0:
-            raise ValueError(f"prefetch must be >= 0, got {prefetch}")
-        self.layout = layout
-        self.decode = decode
-        self.prefetch = int(prefetch)
+    def __init__(self, store: Store, sampler: ParamSampler, settings: EngineSettings,
+                 options: TorchGPUOptions | None = None) -> None:
+        super().__init__(store, sampler, settings, options)
+        if self.workers:
+            self._refuse("workers", self.workers, "its host side is one background thread; leave workers unset (or 0)")
+        opts: TorchGPUOptions = self.options
+        self.device = _resolve_device(settings.device)
+        self.decode_on = opts.decode_on
+        self.prefetch = int(settings.prefetch)
         self.cuda = self.device.type == "cuda"
-        self.max_elements = int(max_elements or ((1 << 22) if self.cuda else (1 << 20)))
+        self.max_elements = int(opts.max_elements or ((1 << 22) if self.cuda else (1 << 20)))
         self.imgsz = int(sampler.imgsz)
         self.loaded_hw = np.asarray(sampler.loaded_shapes, np.int64).reshape(-1, 2)
-        self.resident = self._resident_store(store)
+        self.resident = self._resident_images(store)
         self._stream = torch.cuda.Stream(self.device) if self.cuda else None
         self._worker: threading.Thread | None = None
         self._stop = threading.Event()
 
     # -- sources ------------------------------------------------------------------------------------
-    def _resident_store(self, store: Store) -> Any:
-        """The GpuStore behind ``store`` (a view or the store itself) when images live on a device."""
-        if store.kind != "gpu":
+    def _resident_images(self, store: Store) -> ImageBank | None:
+        """The store's device-resident images (``store="gpu"``) as a bank indexed by loader index."""
+        res = store.resident_images()
+        if res is None:
             return None
-        base = getattr(store, "base", store)
-        if not hasattr(base, "pixels"):
-            return None
-        if torch.device(base.device) != self.device:
-            raise ValueError(f"store='gpu' holds its images on {base.device}, the engine renders on {self.device}; "
+        if torch.device(res.device) != self.device:
+            raise ValueError(f"store='gpu' holds its images on {res.device}, the engine renders on {self.device}; "
                              f"open the store with device={str(self.device)!r}")
-        if base.imgsz != self.imgsz:
-            raise ValueError(f"store='gpu' holds images at imgsz={base.imgsz}, the loader asks for {self.imgsz}")
-        return base
+        if store.imgsz != self.imgsz:
+            raise ValueError(f"store='gpu' holds images at imgsz={store.imgsz}, the loader asks for {self.imgsz}")
+        return ImageBank(res.pixels, res.offsets, res.hw)
 
-    def _bank(self, srcs: list[int]) -> tuple[Any, dict[int, int]]:
+    def _bank(self, srcs: list[int]) -> tuple[ImageBank, dict[int, int]]:
         """An ImageBank holding the loaded images ``srcs`` (loader indices) and the index -> slot map."""
-        from fastload.augment.functional.torch_tiles import ImageBank, chw_to_rows
-
         if self.resident is not None:
-            base = self.resident
-            view_idx = getattr(self.store, "base_indices", None)
-            bank = ImageBank(base.pixels, base.px_offsets, base.hw)
-            if view_idx is None:
-                return bank, {i: i for i in srcs}
-            return bank, {i: int(view_idx[i]) for i in srcs}
+            return self.resident, {i: i for i in srcs}
         slot = {s: k for k, s in enumerate(srcs)}
         hw = self.loaded_hw[srcs]
-        if self.store.decoded or self.decode == "cpu":
-            arrays = [np.asarray(self.store.load(i, self.imgsz)) for i in srcs]
+        if self.store.decoded or self.decode_on == "cpu":
+            arrays = [np.asarray(self.store.load(i, self.imgsz, shrink=self.shrink)) for i in srcs]
             for i, a in zip(srcs, arrays):
                 if a.shape[:2] != tuple(self.loaded_hw[i]):
                     raise ValueError(f"{self.store.im_files[i]}: loaded image is {a.shape[:2]}, expected {tuple(self.loaded_hw[i])}")
@@ -160,39 +168,40 @@ class GPUEngine(Engine):
             pixels = stage.to(self.device, non_blocking=True).view(-1, 3)
             offsets = np.concatenate(([0], np.cumsum(sizes // 3)[:-1])).astype(np.int64)
             return ImageBank(pixels, offsets, hw), slot
-        from fastload.store.gpu import decode_on_device
-
         bufs = [bytes(self.store.read_image(i)) for i in srcs]
-        imgs = decode_on_device(bufs, [self.store.im_files[i] for i in srcs], [tuple(v) for v in hw], self.device)
+        imgs = decode_on_device(bufs, [self.store.im_files[i] for i in srcs], [tuple(v) for v in hw], self.device,
+                                shrink=self.shrink)
         pixels = torch.cat([chw_to_rows(im) for im in imgs], 0)
         sizes = hw[:, 0] * hw[:, 1]
         offsets = np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64)
         return ImageBank(pixels, offsets, hw), slot
 
     # -- one batch ------------------------------------------------------------------------------------
-    def _render(self, epoch: int, idx: np.ndarray) -> Batch:
-        """Everything for one batch; device work goes to the current stream."""
-        from fastload.augment.boxes import batch_targets
-        from fastload.augment.functional.torch_ops import apply_hsv_batch
-        from fastload.augment.functional.torch_tiles import render_batch
-
-        records = [self.sampler.sample(epoch, int(i)) for i in idx]
-        srcs = sorted({s for r in records for s in r.sources})
+    def _render(self, epoch: int, idx: np.ndarray) -> tuple[Rendered, int]:
+        """Everything for one batch (device work goes to the current stream), and the images it decoded."""
+        records = self.sampler.sample_batch(epoch, idx)
+        if self.sampler.partners == "batch":  # every source is one of the batch's images: one decode each
+            srcs = sorted({int(i) for i in idx})
+        else:
+            srcs = sorted({s for r in records for s in r.sources})
         bank, slot = self._bank(srcs)
+        decodes = len(srcs) if self.resident is None and not self.store.decoded else 0
         hwc = render_batch(records, bank, slot.__getitem__, max_elements=self.max_elements)
         imgs = hwc.permute(0, 3, 1, 2)
-        gains = torch.tensor([r.hsv_gain for r in records], dtype=torch.float32)
-        if bool((gains != 1).any()):
-            imgs = apply_hsv_batch(imgs, gains.to(self.device, non_blocking=True))
-        if self.layout == "nchw":
+        gains: torch.Tensor | None = torch.tensor([r.hsv_gain for r in records], dtype=torch.float32)
+        if self.settings.hsv_on == "worker":
+            if bool((gains != 1).any()):
+                imgs = apply_hsv_batch(imgs, gains)
+            gains = None
+        if self.settings.layout == "nchw":
             imgs = imgs.contiguous()
         targets_np = batch_targets(records, self.store.labels)
         targets = torch.from_numpy(targets_np)
         if self.cuda:
             targets = targets.pin_memory().to(self.device, non_blocking=True)
         paths = tuple(self.store.im_files[int(i)] for i in idx)
-        shapes = tuple(shapes_to_tuple(r.shapes) for r in records)
-        return Batch(imgs, targets, paths, shapes)
+        shapes = tuple(r.shapes for r in records)
+        return Rendered(Batch(imgs, targets, paths, shapes), gains), decodes
 
     def _produce(self, epoch: int, batches: list[np.ndarray], out: "queue.Queue[Any]", stop: threading.Event) -> None:
         """Background thread: render batches in order onto the side stream, hand them over with events."""
@@ -215,37 +224,43 @@ class GPUEngine(Engine):
                 for idx in batches:
                     if stop.is_set():
                         return
-                    batch = self._render(epoch, idx)
+                    rendered, decodes = self._render(epoch, idx)
                     event = None
                     if self.cuda:
                         event = torch.cuda.Event()
                         event.record(self._stream)
-                    if not put(_Ready(batch, event)):
+                    if not put(_Ready(rendered, event, decodes)):
                         return
         except BaseException as exc:  # handed to the consumer, which re-raises it
             put(exc)
         finally:
             put(_STOP)
 
-    def _deliver(self, ready: _Ready) -> Batch:
+    def _deliver(self, ready: _Ready) -> Rendered:
         """Make the consumer's stream wait for the batch (no host sync) and keep its memory alive."""
+        self.decodes += ready.decodes
         if ready.event is not None:
             consumer = torch.cuda.current_stream(self.device)
             consumer.wait_event(ready.event)
-            ready.batch.imgs.record_stream(consumer)
-            ready.batch.targets.record_stream(consumer)
-        return ready.batch
+            ready.rendered.batch.imgs.record_stream(consumer)
+            ready.rendered.batch.targets.record_stream(consumer)
+        return ready.rendered
 
     # -- Engine interface -------------------------------------------------------------------------------
-    def iter_batches(self, epoch: int, indices: np.ndarray) -> Iterator[Batch]:
-        self._check_open()
+    def _render_batches(self, epoch: int, indices: np.ndarray) -> Generator[Rendered, None, None]:
         self._halt()
         batches = chunks(indices, self.batch_size)
         if self.prefetch == 0:
-            return (self._render(epoch, idx) for idx in batches)
+            return self._iter_inline(epoch, batches)
         return self._iter_thread(epoch, batches)
 
-    def _iter_thread(self, epoch: int, batches: list[np.ndarray]) -> Iterator[Batch]:
+    def _iter_inline(self, epoch: int, batches: list[np.ndarray]) -> Generator[Rendered, None, None]:
+        for idx in batches:
+            rendered, decodes = self._render(epoch, idx)
+            self.decodes += decodes
+            yield rendered
+
+    def _iter_thread(self, epoch: int, batches: list[np.ndarray]) -> Generator[Rendered, None, None]:
         q: queue.Queue[Any] = queue.Queue(maxsize=self.prefetch)
         self._threads = torch.get_num_threads()
         self._stop = stop = threading.Event()
@@ -274,3 +289,4 @@ class GPUEngine(Engine):
 
     def _release(self) -> None:
         self._halt()
+        self.resident = None  # the resident pixels are the store's: keep no reference to them

@@ -3,7 +3,7 @@
 Workers render every sample of a batch straight into a slot; only the slot number and the small
 targets travel back through a pipe. The consumer gets a tensor *view* of the slot, so a batch costs
 no collate copy and, because slots are reused, no page faults on fresh memory (the stock loader's
-``torch.stack`` of 64 fresh 640x640 images costs ~20 ms per batch).
+``torch.stack`` pays for both on every batch; ``benchmarks/loader_throughput.py`` compares the two).
 
 The buffers are anonymous ``MAP_SHARED`` mappings created before the workers are forked, so parent
 and children see the same pages with no file names to leak and nothing to clean up after a crash.
@@ -44,10 +44,6 @@ class SlotRing:
         if slot in self._free:
             raise RuntimeError(f"slot {slot} released twice")
         self._free.append(slot)
-
-    def reset(self) -> None:
-        """Mark every slot free (after the workers were drained)."""
-        self._free = collections.deque(range(self.n_slots))
 
     @property
     def n_free(self) -> int:

@@ -21,6 +21,7 @@ def plot_monitor(
     title: str = "",
 ) -> Path:
     """Write the PNG of the CSV rows ``table`` (dicts keyed by the CSV header) and return its path."""
+    # matplotlib is slow to import and only a --plot run needs it; the headless backend goes first
     import matplotlib
 
     matplotlib.use("Agg")  # headless: never needs a display

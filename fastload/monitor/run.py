@@ -15,6 +15,7 @@ from __future__ import annotations
 import csv
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -26,6 +27,7 @@ from typing import Any, Sequence, TextIO
 import numpy as np
 import psutil
 
+from fastload.monitor.plot import plot_monitor
 from fastload.monitor.sampler import GPU_FIELDS, HOST_FIELDS, GpuReading, HostReading, HostSampler, NvmlSampler
 
 BUSY_PCT = 50.0  # a sample under this GPU utilisation counts as "GPU waiting"
@@ -45,7 +47,7 @@ class MonitorResult:
     plot_path: Path | None = None
 
 
-def csv_header(gpu_indices: Sequence[int]) -> list[str]:
+def _csv_header(gpu_indices: Sequence[int]) -> list[str]:
     """CSV columns: wall time, elapsed seconds, host fields, then the fields of each GPU."""
     cols = ["time", "elapsed_s", *HOST_FIELDS]
     for i in gpu_indices:
@@ -93,6 +95,8 @@ def monitor(
         raise ValueError(f"interval must be positive, got {interval}")
     if command and pid is not None:
         raise ValueError("give either a command or --pid, not both")
+    if command and shutil.which(command[0]) is None:  # say so before any notice about the GPU
+        raise FileNotFoundError(f"cannot start {command[0]!r}: not an executable file and not found on PATH")
     nvml = NvmlSampler(gpus)
     if echo is not None and not nvml.available:
         print(f"fastload monitor: no GPU found ({nvml.reason}); recording CPU and memory only", file=echo)
@@ -124,7 +128,7 @@ def monitor(
     fh = None
     writer = None
     rows: list[list[str]] = []
-    header = csv_header(nvml.indices)
+    header = _csv_header(nvml.indices)
     start = time.monotonic()
     try:
         if csv_path is not None:
@@ -183,8 +187,6 @@ def monitor(
         csv_path=csv_path,
     )
     if plot:
-        from fastload.monitor.plot import plot_monitor
-
         result.plot_path = plot_monitor(table, plot, gpu_indices=gpu_indices, cores=host.cores, title=_title(command, pid))
     if echo is not None:
         print(format_summary(summary), file=echo, flush=True)
@@ -304,7 +306,8 @@ def summarise(
     summary: dict[str, Any] = {
         "samples": len(table),
         "interval_s": float(interval),
-        "span_s": float(elapsed[-1] - elapsed[0]) if elapsed.size > 1 else 0.0,
+        # from the start of monitoring to the last sample: a job shorter than one interval still spans its run
+        "span_s": float(elapsed[-1]) if elapsed.size else 0.0,
         "gpu_found": bool(gpu_indices),
         "gpu_reason": gpu_reason,
         "gpus": devices,

@@ -90,7 +90,7 @@ class NvmlSampler:
         self.names: list[str] = []
         self._nvml: Any = None
         self._handles: list[Any] = []
-        try:
+        try:  # GPU sampling is optional: off (with the reason) where pynvml cannot be imported
             import pynvml  # nvidia-ml-py
         except ImportError as e:
             self.reason = f"nvidia-ml-py (pynvml) is not importable: {e}"

@@ -12,22 +12,61 @@ from __future__ import annotations
 
 import abc
 import os
-from typing import Any, Union
+from typing import TYPE_CHECKING, Any, NamedTuple, Union
 
 import numpy as np
 
+from fastload.data.images import ShrinkFilter, decode_image, decode_image_reduced, loaded_shape, resize_to
+
+if TYPE_CHECKING:  # torch is needed only by stores whose images live on a device
+    import torch
+
 Sample = Union[bytes, np.ndarray]
 
-# Bumped whenever an on-disk layout changes incompatibly; open refuses other versions.
+# Bumped whenever the LMDB layout changes incompatibly; open refuses other versions.
 SCHEMA_VERSION = 1
+# The same for packed (disk/ram) stores, whose version also says what their pixels mean. 2: loaded
+# sizes are YOLOv9's truncated ``int(w0 * r)`` (1 rounded them: some images were one pixel larger than
+# the official loader's) and ``meta["shrink"]`` names the filter images were shrunk with.
+PACKED_SCHEMA = 2
 
 
 class StoreError(RuntimeError):
     """A store cannot be opened or read (missing, wrong kind, damaged); the message names the path."""
 
 
+def check_schema(path: object, meta: dict[str, Any], layout: str, version: int = SCHEMA_VERSION, *,
+                 older: str | None = None) -> None:
+    """Refuse metadata of another layout or schema ``version``, saying whether fastload or the store is
+    the older; ``older``: why this version cannot read a store of an older schema (said when it is)."""
+    schema = meta.get("schema")
+    if meta.get("layout") == layout and schema == version:
+        return
+    if meta.get("layout") == layout and isinstance(schema, int) and schema > version:
+        raise StoreError(
+            f"{path}: written by a newer fastload (store schema {schema}, this version reads {version}); "
+            f"upgrade fastload, or convert the dataset again with this version"
+        )
+    if meta.get("layout") == layout and isinstance(schema, int) and older is not None:
+        raise StoreError(f"{path} was written by an older fastload ({older}); convert the dataset again "
+                         f"(`fastload convert ... --to {meta.get('kind', layout)}`)")
+    raise StoreError(f"{path}: {layout} store schema {schema!r} is not the supported {version}; convert the dataset again")
+
+
 class IncompleteStoreError(StoreError):
     """The store was never finished (interrupted conversion): no commit marker."""
+
+
+class ResidentImages(NamedTuple):
+    """Loaded images held in device memory (``store="gpu"``), as HWC pixel rows in one tensor.
+
+    Image ``i`` (a store index) is ``pixels[offsets[i] : offsets[i] + h * w]`` with ``(h, w) = hw[i]``.
+    """
+
+    pixels: "torch.Tensor"  # uint8 [P, 3] on device
+    offsets: np.ndarray  # int64 [N] first pixel row of every image
+    hw: np.ndarray  # int64 [N, 2] loaded (h, w) of every image
+    device: "torch.device"
 
 
 class Store(abc.ABC):
@@ -70,18 +109,24 @@ class Store(abc.ABC):
     def close(self) -> None:
         """Release handles. Idempotent; the store may be re-opened lazily by a later read."""
 
+    def resident_images(self) -> ResidentImages | None:
+        """The loaded images already in device memory (``store="gpu"``), else None (the default)."""
+        return None
+
     # -- helpers shared by all backends ----------------------------------------------------------
-    def load(self, i: int, imgsz: int | None = None, *, reduced: bool = False) -> np.ndarray:
+    def load(self, i: int, imgsz: int | None = None, *, reduced: bool = False,
+             shrink: ShrinkFilter = "area") -> np.ndarray:
         """The loaded RGB HWC uint8 image ``i`` whose long side is ``imgsz`` (default: the store's).
 
         The result always has exactly ``fastload.data.images.loaded_shape(h0, w0, imgsz)``, the shape
         the augmentation sampler planned with, also when the stored bytes were re-encoded smaller.
         ``reduced``: a JPEG whose stored long side is at least twice ``imgsz`` is decoded at 1/2, 1/4
-        or 1/8 scale by the DCT (still >= ``imgsz``) before the same final resize: faster, pixels
-        within a few grey levels of the full decode (README, "Reduced JPEG decode").
+        or 1/8 scale by the DCT (still >= ``imgsz``) before the same final resize: cheaper, pixels
+        within a few grey levels of the full decode (``benchmarks/reduced_decode.py`` measures both).
+        ``shrink``: the filter when the image shrinks, ``"area"`` (YOLOv9 validation) or ``"linear"``
+        (YOLOv9 training). A decoded store returns its stored pixels at its own ``imgsz`` whatever
+        ``shrink`` says: they were shrunk once, with the filter its ``meta["shrink"]`` records.
         """
-        from fastload.data.images import decode_image, decode_image_reduced, loaded_shape, resize_to
-
         target = imgsz or self.imgsz
         sample = self.read_image(i)
         if isinstance(sample, np.ndarray):
@@ -93,8 +138,8 @@ class Store(abc.ABC):
         if target is None:
             return img
         h0, w0 = (int(v) for v in self.shapes[i])
-        # YOLOv9 picks the interpolation from the original size (area when shrinking).
-        return resize_to(img, loaded_shape(h0, w0, target), enlarge=max(h0, w0) < target)
+        # YOLOv9 decides between enlarging and shrinking from the original size
+        return resize_to(img, loaded_shape(h0, w0, target), enlarge=max(h0, w0) < target, shrink=shrink)
 
     def nbytes(self, i: int) -> int:
         """Bytes of sample ``i`` as stored (for throughput figures)."""

@@ -14,14 +14,11 @@ Everything is written into a ``.partial`` sibling and renamed at the end, so an 
 original keys (so the official YOLOv9 code still reads it) and adds ``fastload: {split: {kind: path}}``.
 
 Decoding/encoding runs in a ``multiprocessing`` pool (``workers``), writing in the main process.
-``FASTLOAD_CONVERT_DELAY`` (seconds per record) slows writing down for interruption tests.
 """
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import fcntl
-import hashlib
 import json
 import multiprocessing
 import os
@@ -31,11 +28,29 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
+import cv2
+import lmdb
 import numpy as np
+import yaml
+from tqdm import tqdm
 
+from fastload._version import __version__
+from fastload.data.config import DataConfig, DataConfigError, load_data_config
+from fastload.data.images import ShrinkFilter, decode_image, probe_shape, resize_long_side
+from fastload.data.index import DatasetIndex, build_index
+from fastload.store import shm
 from fastload.store.base import StoreError
+from fastload.store.kinds import CONVERT_KINDS, detect_kind, in_shm, ram_segment_path
+from fastload.store.lmdb_store import LmdbWriter
+from fastload.store.origin import source_fingerprint, store_source
+from fastload.store.packed import META, PackedWriter, packed_nbytes, read_meta, replace_dir
+from fastload.store.space import check_memory, check_space, fmt_bytes, tree_bytes
 
-KINDS = ("lmdb", "disk", "ram")
+# Decoded (disk/ram) stores hold images shrunk once, with YOLOv9 validation's INTER_AREA: validation
+# batches from them are the official ones bit for bit. YOLOv9 training shrinks with INTER_LINEAR, so
+# training batches read from a decoded store differ slightly from the stock loader's (encoded stores
+# are shrunk per mode, exactly as the official loader does). Recorded as meta["shrink"].
+DECODED_SHRINK: ShrinkFilter = "area"
 COMMIT_EVERY = 64  # records per LMDB transaction: the most a kill can lose
 
 
@@ -44,90 +59,30 @@ def default_workers() -> int:
     return max(1, min(8, (os.cpu_count() or 1)))
 
 
-def fmt_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1024 or unit == "TB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1024
-    return f"{n:.1f} TB"
-
-
-def free_bytes(path: Path) -> int:
-    """Free bytes for an unprivileged writer on the filesystem holding ``path`` (or its nearest parent)."""
-    p = Path(path)
-    while not p.exists():
-        p = p.parent
-    st = os.statvfs(p)
-    return st.f_bavail * st.f_frsize
-
-
-def check_space(path: Path, needed: int, what: str) -> None:
-    """Raise StoreError naming needed vs free bytes when ``path``'s filesystem is too small."""
-    free = free_bytes(path)
-    if needed > free:
-        raise StoreError(
-            f"not enough space for {what} at {path}: needs about {fmt_bytes(needed)}, {fmt_bytes(free)} free"
-        )
-
-
-def check_memory(needed: int, what: str) -> None:
-    """Raise StoreError when shared memory or available RAM cannot hold ``needed`` bytes."""
-    import psutil
-
-    from fastload.store import shm
-
-    shm_free = free_bytes(shm.shm_root())
-    avail = psutil.virtual_memory().available
-    margin = 256 << 20  # leave room for the training process itself
-    if needed + margin > min(shm_free, avail):
-        raise StoreError(
-            f"not enough memory for {what}: needs {fmt_bytes(needed)}, but {shm.shm_root()} has "
-            f"{fmt_bytes(shm_free)} free and {fmt_bytes(avail)} RAM is available; use --to disk instead "
-            f"(served from the page cache) or free memory"
-        )
-
-
 @contextlib.contextmanager
 def output_lock(out: Path) -> Iterator[None]:
-    """Exclusive lock on ``out`` for one converter; a second one refuses at once."""
+    """Exclusive lock on ``out`` for one converter; a second one refuses at once. The lock file is removed
+    when the holder finishes (while it still holds the lock)."""
     lock_path = out / ".convert.lock"
     try:
         out.mkdir(parents=True, exist_ok=True)
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o666)
+        fd = shm.flock_current(lock_path, wait=False)
+    except BlockingIOError as e:
+        raise StoreError(
+            f"another `fastload convert` (pid {e.args[0] or '?'}) is writing into {out}; wait for it to finish"
+        ) from None
     except OSError as e:
         raise StoreError(f"cannot write into {out} ({e.strerror or e}); choose another folder with --out") from None
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            other = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
-            raise StoreError(
-                f"another `fastload convert` (pid {other}) is writing into {out}; wait for it to finish"
-            ) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)
         yield
     finally:
+        with contextlib.suppress(OSError):
+            os.unlink(lock_path)
         os.close(fd)
 
 
-def source_fingerprint(im_files: Sequence[str]) -> str:
-    """Hash of the source image list with sizes and mtimes (changes when the dataset changes)."""
-    h = hashlib.sha1()
-    for f in im_files:
-        try:
-            st = os.stat(f)
-            h.update(f"{f}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
-        except OSError:
-            h.update(f"{f}\0missing\n".encode())
-    return h.hexdigest()
-
-
-def _delay() -> float:
-    try:
-        return float(os.environ.get("FASTLOAD_CONVERT_DELAY", "0") or 0)
-    except ValueError:
-        return 0.0
 
 
 # ----------------------------------------------------------------------------- worker tasks
@@ -140,18 +95,14 @@ def _encoded_task(task: tuple[int, str, int | None, int]) -> tuple[int, bytes | 
         return i, None, f"cannot read: {e}", 0
     if max_side:
         try:
-            buf = reencode(buf, max_side, quality, path)
+            buf = _reencode(buf, max_side, quality, path)
         except Exception as e:  # a corrupt image is reported, never fatal
             return i, None, str(e), len(buf)
     return i, buf, None, len(buf)
 
 
-def reencode(buf: bytes, max_side: int, quality: int, path: str | None = None) -> bytes:
+def _reencode(buf: bytes, max_side: int, quality: int, path: str | None = None) -> bytes:
     """Shrink an encoded image to ``max_side`` on its long side as JPEG ``quality``; small ones stay as they are."""
-    import cv2
-
-    from fastload.data.images import decode_image, probe_shape, resize_long_side
-
     h, w = probe_shape(buf, path)
     if max(h, w) <= max_side:
         return buf
@@ -164,12 +115,10 @@ def reencode(buf: bytes, max_side: int, quality: int, path: str | None = None) -
 
 def _decoded_task(task: tuple[int, str, int]) -> tuple[int, np.ndarray | None, str | None, int]:
     """Decode one file and resize it to its loaded shape (as YOLOv9's load_image)."""
-    from fastload.data.images import decode_image, resize_long_side
-
     i, path, imgsz = task
     try:
         buf = Path(path).read_bytes()
-        img = np.ascontiguousarray(resize_long_side(decode_image(buf, path), imgsz))
+        img = np.ascontiguousarray(resize_long_side(decode_image(buf, path), imgsz, shrink=DECODED_SHRINK))
     except Exception as e:
         return i, None, str(e), 0
     return i, img, None, len(buf)
@@ -193,12 +142,10 @@ def _plain_worker_signals() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-class Progress:
+class _Progress:
     """A tqdm bar in images/s with MB/s of source data in its postfix."""
 
     def __init__(self, total: int, desc: str, enabled: bool, initial: int = 0) -> None:
-        from tqdm import tqdm
-
         self.bar = tqdm(total=total, initial=initial, desc=desc, unit="img", disable=not enabled, dynamic_ncols=True)
         self.t0 = time.perf_counter()
         self.bytes = 0
@@ -221,8 +168,8 @@ class Progress:
 
 
 # ----------------------------------------------------------------------------- per-kind writers
-def write_lmdb(
-    index: Any,
+def _write_lmdb(
+    index: DatasetIndex,
     final: Path,
     *,
     names: Sequence[str],
@@ -234,10 +181,6 @@ def write_lmdb(
     log: Callable[[str], None] = print,
 ) -> tuple[Path, list[tuple[str, str]]]:
     """Write one LMDB store from a scan index; returns its path and the images it had to skip."""
-    import lmdb
-
-    from fastload.store.lmdb_store import LmdbWriter
-
     files = list(index.im_files)
     src_bytes = sum(os.path.getsize(f) for f in files if os.path.exists(f))
     job = {"sources": source_fingerprint(files), "n": len(files), "max_side": max_side, "quality": quality if max_side else None}
@@ -249,15 +192,12 @@ def write_lmdb(
             log(f"resuming {final.name}: {len(writer.done)} of {len(files)} records already written")
         todo = [i for i in range(len(files)) if i not in writer.done]
         tasks = [(i, files[i], max_side, quality) for i in todo]
-        bar = Progress(len(files), f"lmdb {final.name}", progress, initial=len(writer.done))
-        delay = _delay()
+        bar = _Progress(len(files), f"lmdb {final.name}", progress, initial=len(writer.done))
         batch: list[Any] = []
         try:
             for i, buf, err, nbytes in parallel_map(_encoded_task, tasks, workers):
                 batch.append((i, buf, index.labels[i], index.shapes[i], files[i], err))
-                if delay:
-                    time.sleep(delay)
-                if len(batch) >= (8 if delay else COMMIT_EVERY):
+                if len(batch) >= COMMIT_EVERY:
                     writer.add_many(batch)
                     batch.clear()
                 bar.update(1, nbytes)
@@ -272,7 +212,7 @@ def write_lmdb(
             "source_files": len(files),
             "options": {"max_side": max_side, "quality": job["quality"]},
             "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
-            "fastload_version": _version(),
+            "fastload_version": __version__,
         }
         return writer.commit(len(files), meta)
     except lmdb.Error as e:  # disk full, map errors: keep what is written and say how to go on
@@ -283,8 +223,8 @@ def write_lmdb(
         raise
 
 
-def write_packed(
-    index: Any,
+def _write_packed(
+    index: DatasetIndex,
     final: Path,
     *,
     imgsz: int,
@@ -295,8 +235,6 @@ def write_packed(
     check: Callable[[int], None] | None = None,
 ) -> tuple[Path, list[tuple[str, str]]]:
     """Decode, resize and pack one split into a packed store at ``final``; returns it and skipped images."""
-    from fastload.store.packed import PackedWriter, packed_nbytes
-
     files = list(index.im_files)
     needed = packed_nbytes(index.shapes, imgsz)
     if check is not None:
@@ -308,21 +246,19 @@ def write_packed(
         "source_hash": source_fingerprint(files),
         "source_files": len(files),
         "options": {"imgsz": imgsz},
+        "shrink": DECODED_SHRINK,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        "fastload_version": _version(),
+        "fastload_version": __version__,
     }
     writer = PackedWriter(final, imgsz=imgsz, names=names, meta=meta)
     skipped: list[tuple[str, str]] = []
-    bar = Progress(len(files), f"{kind} {final.name}", progress)
-    delay = _delay()
+    bar = _Progress(len(files), f"{kind} {final.name}", progress)
     try:
         for i, img, err, nbytes in parallel_map(_decoded_task, [(i, f, imgsz) for i, f in enumerate(files)], workers):
             if img is None:
                 skipped.append((files[i], err or "undecodable"))
             else:
                 writer.add(img, index.labels[i], index.shapes[i], files[i])
-            if delay:
-                time.sleep(delay)
             bar.update(1, nbytes)
         return writer.commit(), skipped
     except BaseException:
@@ -334,21 +270,19 @@ def write_packed(
 
 def copy_packed(src: Path, dst: Path) -> Path:
     """Copy a finished packed store (e.g. disk -> /dev/shm) through a temporary sibling."""
-    from fastload.store.packed import META, read_meta, replace_dir
-
     src, dst = Path(src), Path(dst)
     meta = read_meta(src)
-    if str(dst).startswith(str(_shm_root())):
+    if in_shm(dst):
         check_memory(int(meta.get("pixel_bytes", 0)), f"ram store {dst.name}")
     else:
-        check_space(dst.parent, _tree_size(src), f"copy of {src}")
+        check_space(dst.parent, tree_bytes(src), f"copy of {src}")
     tmp = dst.with_name(dst.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     for f in sorted(src.iterdir()):
         if f.name != META and f.is_file():
             shutil.copyfile(f, tmp / f.name)
-    meta["kind"] = "ram" if str(dst).startswith(str(_shm_root())) else meta.get("kind", "disk")
+    meta["kind"] = "ram" if in_shm(dst) else meta.get("kind", "disk")
     meta["copied_from"] = str(src)
     (tmp / (META + ".tmp")).write_text(json.dumps(meta, indent=1))
     os.replace(tmp / (META + ".tmp"), tmp / META)
@@ -356,27 +290,11 @@ def copy_packed(src: Path, dst: Path) -> Path:
     return dst
 
 
-def _shm_root() -> Path:
-    from fastload.store import shm
-
-    return shm.shm_root()
-
-
-def _tree_size(path: Path) -> int:
-    return sum(p.stat().st_size for p in Path(path).rglob("*") if p.is_file())
-
-
-def _version() -> str:
-    from fastload import __version__
-
-    return __version__
-
-
 # ----------------------------------------------------------------------------- ram stores
-def build_ram(
+def _build_ram(
     segment: Path,
     *,
-    index: Any = None,
+    index: DatasetIndex | None = None,
     disk: Path | None = None,
     imgsz: int,
     names: Sequence[str],
@@ -387,7 +305,7 @@ def build_ram(
     if disk is not None:
         copy_packed(disk, segment)
         return []
-    _, skipped = write_packed(
+    _, skipped = _write_packed(
         index,
         segment,
         imgsz=imgsz,
@@ -400,20 +318,18 @@ def build_ram(
     return skipped
 
 
-def build_packed_from_source(cfg: Any, split: str, segment: Path, *, imgsz: int, kind: str = "ram") -> None:
+def build_packed_from_source(cfg: DataConfig, split: str, segment: Path, *, imgsz: int, kind: str = "ram") -> None:
     """Rebuild a packed store for ``split`` straight from the source images (used by open_store)."""
     index = scan(cfg, split, workers=default_workers(), progress=False)
-    build_ram(segment, index=index, imgsz=imgsz, names=cfg.names, workers=default_workers(), progress=False)
+    _build_ram(segment, index=index, imgsz=imgsz, names=cfg.names, workers=default_workers(), progress=False)
 
 
-def count_images(cfg: Any, split: str) -> int:
+def count_images(cfg: DataConfig, split: str) -> int:
     """Number of images in a split (from a scan, which is cached by the data package)."""
     return len(scan(cfg, split, workers=default_workers(), progress=False).im_files)
 
 
-def scan(cfg: Any, split: str, *, workers: int, progress: bool) -> Any:
-    from fastload.data.index import build_index
-
+def scan(cfg: DataConfig, split: str, *, workers: int, progress: bool) -> DatasetIndex:
     return build_index(cfg, split, workers=workers, progress=progress)
 
 
@@ -440,6 +356,7 @@ def convert(
     max_side: int | None = None,
     quality: int = 90,
     progress: bool = True,
+    force: bool = False,
     log: Callable[[str], None] = print,
 ) -> ConvertResult:
     """Convert a dataset into stores and write ``<out>/data.yaml`` pointing at them.
@@ -453,14 +370,14 @@ def convert(
       workers: decode/encode processes (default: CPU count, at most 8).
       resume: continue an interrupted LMDB conversion instead of starting over.
       max_side, quality: re-encode LMDB images whose long side exceeds ``max_side`` as JPEG ``quality``.
+      force: ``out`` holds the stores of another dataset, or stores built before the images changed that
+        this run does not rewrite: remove them instead of refusing (a folder holds one dataset's stores).
     """
-    from fastload.data.config import load_data_config
-
     cfg = load_data_config(data)
     kinds = _split_list(to)
-    bad = [k for k in kinds if k not in KINDS]
+    bad = [k for k in kinds if k not in CONVERT_KINDS]
     if bad or not kinds:
-        raise StoreError(f"unknown store kind(s) {bad or to!r}; choose from {', '.join(KINDS)}")
+        raise StoreError(f"unknown store kind(s) {bad or to!r}; choose from {', '.join(CONVERT_KINDS)}")
     wanted = _split_list(splits) if splits else list(cfg.splits)
     missing = [s for s in wanted if s not in cfg.splits]
     if missing:
@@ -477,6 +394,7 @@ def convert(
     reports: dict[str, Any] = {}
     skipped_all: list[tuple[str, str]] = []
     with output_lock(out_dir):
+        kept = _stores_of_same_dataset(out_dir, cfg, force=force, log=log)
         groups: dict[tuple[str, ...], list[str]] = {}
         for s in wanted:  # splits with identical sources share one store
             groups.setdefault(tuple(str(p) for p in cfg.splits[s]), []).append(s)
@@ -490,6 +408,8 @@ def convert(
             log(report.summary() if len(group) == 1 else f"{'/'.join(group)} (same images): {report.summary()}")
             if report.problems:
                 log(report.format())
+            _drop_stale_stores(kept, group, kinds, source_fingerprint(index.im_files), out_dir, cfg,
+                               force=force, log=log)
             for kind in kinds:
                 path, skipped = _write_kind(
                     kind, cfg, name, index, out_dir, imgsz=imgsz, workers=workers, resume=resume,
@@ -501,39 +421,42 @@ def convert(
                 for s in group:
                     stores.setdefault(s, {})[kind] = path
                 log(f"{kind} store for {'/'.join(group)}: {path}")
-        yaml_path = write_yaml(cfg, out_dir, stores)
+        for split, by_kind in stores.items():  # what this run wrote replaces what the folder held
+            kept.setdefault(split, {}).update(by_kind)
+        yaml_path = _write_yaml(cfg, out_dir, kept)
     log(f"wrote {yaml_path}")
     return ConvertResult(yaml_path, stores, reports, skipped_all)
 
 
-def _write_kind(kind: str, cfg: Any, name: str, index: Any, out_dir: Path, *, imgsz: int, workers: int,
+def _write_kind(kind: str, cfg: DataConfig, name: str, index: DatasetIndex, out_dir: Path, *, imgsz: int, workers: int,
                 resume: bool, max_side: int | None, quality: int, progress: bool,
                 log: Callable[[str], None]) -> tuple[Path, list[tuple[str, str]]]:
     if kind == "lmdb":
-        return write_lmdb(index, out_dir / f"{name}.lmdb", names=cfg.names, workers=workers, resume=resume,
+        return _write_lmdb(index, out_dir / f"{name}.lmdb", names=cfg.names, workers=workers, resume=resume,
                           max_side=max_side, quality=quality, progress=progress, log=log)
     if kind == "disk":
-        return write_packed(index, out_dir / f"{name}-{imgsz}.disk", imgsz=imgsz, names=cfg.names,
+        return _write_packed(index, out_dir / f"{name}-{imgsz}.disk", imgsz=imgsz, names=cfg.names,
                             workers=workers, progress=progress)
     # ram: pinned in shared memory until `fastload unstage` (or a reboot; open_store then rebuilds it)
-    from fastload.store import shm
-    from fastload.store.factory import ram_segment_path
-
     seg = ram_segment_path(cfg, name, imgsz)
     disk = out_dir / f"{name}-{imgsz}.disk"
     skipped: list[tuple[str, str]] = []
     with shm.locked(seg) as reg:
         reg.prune()
         if reg.pids and shm.is_complete(seg):
+            held = store_source(seg)
+            if held is not None and held.source_hash != source_fingerprint(index.im_files):
+                raise StoreError(f"ram store {seg} holds other images than {cfg.origin} lists now and is in use by "
+                                 f"PIDs {reg.pids}; stop them (or `fastload unstage --force {seg}`) and convert again")
             log(f"ram store {seg} is in use by PIDs {reg.pids}; kept as it is")
             reg.pinned = True
             return seg, skipped
         shutil.rmtree(seg, ignore_errors=True)
-        skipped = build_ram(seg, index=index, disk=disk if (disk / "meta.json").is_file() else None,
+        skipped = _build_ram(seg, index=index, disk=disk if (disk / "meta.json").is_file() else None,
                             imgsz=imgsz, names=cfg.names, workers=workers, progress=progress)
         reg.pinned = True
         reg.info.update(created=time.time(), created_by=os.getpid(), source=str(cfg.origin))
-    log(f"ram store pinned in shared memory ({fmt_bytes(_tree_size(seg))}); free it with `fastload unstage {seg}`")
+    log(f"ram store pinned in shared memory ({fmt_bytes(tree_bytes(seg))}); free it with `fastload unstage {seg}`")
     return seg, skipped
 
 
@@ -544,22 +467,16 @@ def _split_list(value: str | Sequence[str] | None) -> list[str]:
     return [x.strip() for x in items if x.strip()]
 
 
-def write_yaml(cfg: Any, out_dir: Path, stores: dict[str, dict[str, Path]]) -> Path:
-    """Write ``out_dir/data.yaml``: the original keys with absolute paths, plus the merged ``fastload:`` key."""
-    import yaml
-
+def _write_yaml(cfg: DataConfig, out_dir: Path, stores: dict[str, dict[str, Path]]) -> Path:
+    """Write ``out_dir/data.yaml``: the original keys with absolute paths, plus ``fastload: {split: {kind: path}}``
+    listing ``stores`` (the caller merges in what the folder already held)."""
     yaml_path = out_dir / "data.yaml"
     merged: dict[str, dict[str, str]] = {}
-    if yaml_path.is_file():  # converting again into the same folder adds to what is there
-        with contextlib.suppress(Exception):
-            old = yaml.safe_load(yaml_path.read_text()) or {}
-            for s, kinds in (old.get("fastload") or {}).items():
-                merged[str(s)] = {str(k): str(v) for k, v in (kinds or {}).items()}
     for s, kinds in stores.items():
         for k, p in kinds.items():
             p = Path(p)
             # stores inside out_dir are written relative so the folder can be moved or staged
-            rel = os.path.relpath(p, out_dir) if not str(p).startswith(str(_shm_root())) else str(p)
+            rel = os.path.relpath(p, out_dir) if not in_shm(p) else str(p)
             merged.setdefault(s, {})[k] = rel
     raw = {k: v for k, v in dict(cfg.raw).items() if k != "fastload"}
     raw["path"] = str(Path(cfg.root).resolve())
@@ -576,3 +493,83 @@ def write_yaml(cfg: Any, out_dir: Path, stores: dict[str, dict[str, Path]]) -> P
     )
     os.replace(tmp, yaml_path)
     return yaml_path
+
+
+# ----------------------------------------------------------------------------- one dataset per folder
+def _dataset_key(cfg: DataConfig) -> tuple[str, dict[str, list[str]]]:
+    """What identifies a dataset: its root and the resolved sources of each split."""
+    return (str(Path(cfg.root).resolve()),
+            {s: [str(Path(p).resolve()) for p in sources] for s, sources in cfg.splits.items()})
+
+
+def _stores_of_same_dataset(out_dir: Path, cfg: DataConfig, *, force: bool,
+                            log: Callable[[str], None]) -> dict[str, dict[str, Path]]:
+    """The stores ``out_dir/data.yaml`` records, when they belong to ``cfg``'s dataset.
+
+    A folder holding another dataset's stores is refused (converting into it would mix the two), or
+    with ``force`` emptied of them. An unreadable yaml records nothing (it is rewritten).
+    """
+    yaml_path = out_dir / "data.yaml"
+    if not yaml_path.is_file():
+        return {}
+    try:
+        old = load_data_config(yaml_path)
+    except DataConfigError:
+        return {}
+    old_root, old_splits = _dataset_key(old)
+    new_root, new_splits = _dataset_key(cfg)
+    same = old_root == new_root and all(old_splits[s] == new_splits[s] for s in old_splits.keys() & new_splits.keys())
+    if same:
+        return {s: dict(kinds) for s, kinds in old.stores.items()}
+    if not force:
+        raise StoreError(
+            f"{out_dir} holds the stores of another dataset ({old_root}); converting {cfg.origin} into it would mix "
+            f"the two. Choose another --out, or pass --force to replace every store in it"
+        )
+    for kinds in old.stores.values():
+        for kind, path in kinds.items():
+            _remove_store(path, out_dir, log)
+    yaml_path.unlink()
+    return {}
+
+
+def _drop_stale_stores(kept: dict[str, dict[str, Path]], group: Sequence[str], writing: Sequence[str],
+                       source_hash: str, out_dir: Path, cfg: DataConfig, *, force: bool,
+                       log: Callable[[str], None]) -> None:
+    """Refuse (or with ``force`` remove) the stores of ``group`` that this run does not rewrite and that were
+    built from other images than the ones just scanned; ``kept`` loses them."""
+    stale: dict[str, Path] = {}
+    for split in group:
+        for kind, path in kept.get(split, {}).items():
+            src = store_source(path) if kind not in writing else None
+            if src is not None and src.source_hash != source_hash:
+                stale[kind] = path
+    if not stale:
+        return
+    if not force:
+        every = ",".join(dict.fromkeys([*writing, *stale]))
+        raise StoreError(
+            f"the {' and '.join(stale)} store(s) of {'/'.join(group)} in {out_dir} were built from other images than "
+            f"{cfg.origin} lists now (the dataset changed since); rebuild them too (--to {every}) or pass --force "
+            f"to remove them"
+        )
+    for kind, path in stale.items():
+        _remove_store(path, out_dir, log)
+        for split in group:
+            kept.get(split, {}).pop(kind, None)
+
+
+def _remove_store(path: Path, out_dir: Path, log: Callable[[str], None]) -> None:
+    """Remove one store a replaced folder recorded: a ram segment, or a store folder inside ``out_dir``."""
+    path = Path(path)
+    if in_shm(path):
+        if path.exists():
+            shm.remove(path)
+            log(f"removed ram store {path}")
+        return
+    inside = Path(os.path.abspath(path)).is_relative_to(Path(os.path.abspath(out_dir)))
+    if inside and detect_kind(path) is not None:
+        shutil.rmtree(path)
+        log(f"removed {path}")
+    elif path.exists():
+        log(f"left {path} alone (not a store inside {out_dir})")

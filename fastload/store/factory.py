@@ -3,27 +3,49 @@
 ``data`` may be a ``data.yaml`` path, a dict, a :class:`fastload.data.config.DataConfig` or a store
 directory. With ``kind="auto"`` the fastest store that ``fastload convert`` recorded for the split is
 used, in the order ram > disk > lmdb > files; decoded stores (ram, disk) only when their ``imgsz``
-equals the requested one. A ram store recorded in the yaml but absent from ``/dev/shm`` (after a
+equals the requested one; stores recorded for one split that were built from different images are refused
+(:mod:`fastload.store.origin`). A ram store recorded in the yaml but absent from ``/dev/shm`` (after a
 reboot) is rebuilt from the disk store, or from the source images when that is cheap.
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
-import re
 from pathlib import Path
 from typing import Any, Callable
 
+from fastload.data.config import DataConfig, load_data_config
+from fastload.store import convert, shm
 from fastload.store.base import IncompleteStoreError, Store, StoreError
+from fastload.store.files import FileStore
+from fastload.store.kinds import AUTO_ORDER, KINDS, detect_kind, ram_segment_path, store_imgsz
+from fastload.store.lmdb_store import LmdbStore
+from fastload.store.origin import check_one_source
+from fastload.store.packed import PackedStore, RamStore
 
 LOG = logging.getLogger(__name__)
 
-KINDS = ("files", "lmdb", "disk", "ram", "gpu")
-AUTO_ORDER = ("ram", "disk", "lmdb", "files")
 # Rebuilding a missing ram store straight from the source images decodes every image once; do it
 # silently only for sets up to this size (override with FASTLOAD_RAM_REBUILD_MAX).
 RAM_REBUILD_MAX = 20000
+
+
+def store_class(kind: str) -> type[Store]:
+    """The class that reads stores of ``kind`` (one of :data:`fastload.store.kinds.KINDS`)."""
+    if kind == "files":
+        return FileStore
+    if kind == "lmdb":
+        return LmdbStore
+    if kind == "disk":
+        return PackedStore
+    if kind == "ram":
+        return RamStore
+    if kind == "gpu":
+        # torch: only store="gpu" needs it, so the CLI's store commands stay light
+        from fastload.store.gpu import GpuStore
+
+        return GpuStore
+    raise ValueError(f"unknown store kind {kind!r}; choose auto or one of {', '.join(KINDS)}")
 
 
 def open_store(
@@ -44,25 +66,23 @@ def open_store(
       imgsz: the training image size; decoded stores must match it.
       kwargs: passed to the GPU store (``kind="gpu"``) or ``build_index`` (``kind="files"``).
     """
-    if kind != "auto" and kind not in KINDS:
-        raise ValueError(f"unknown store kind {kind!r}; choose auto or one of {', '.join(KINDS)}")
+    if kind != "auto":
+        store_class(kind)  # an unknown kind fails here, before anything is opened
     if kind == "gpu":
-        from fastload.store.gpu import open_gpu_store  # imports torch's CUDA side only when asked for
-
-        return open_gpu_store(data, split=split, imgsz=imgsz, **kwargs)
+        return _open_gpu(data, split, imgsz, **kwargs)
 
     if isinstance(data, (str, os.PathLike)) and Path(data).is_dir():
         root = Path(data)
-        if (root / "data.yaml").is_file() and not _looks_like_store(root):
+        if (root / "data.yaml").is_file() and detect_kind(root) is None:
             return open_store(root / "data.yaml", split=split, kind=kind, imgsz=imgsz, **kwargs)
         return open_path(root, kind=kind, imgsz=imgsz)
-
-    from fastload.data.config import DataConfig, load_data_config
 
     cfg = data if isinstance(data, DataConfig) else load_data_config(data)
     recorded = {k: Path(p) for k, p in cfg.stores.get(split, {}).items()}
     if kind == "files":
         return _files(cfg, split, **kwargs)
+    # which store is picked must not change which images are loaded
+    check_one_source(recorded, split, cfg.origin)
     if kind == "ram":
         return _open_ram(cfg, split, imgsz, recorded, explicit=True)
     if kind in ("disk", "lmdb"):
@@ -107,81 +127,22 @@ def open_path(path: str | Path, kind: str = "auto", imgsz: int | None = None) ->
         raise StoreError(f"{path} is not a fastload store (no data.mdb or meta.json)")
     if kind not in ("auto", found) and not (kind == "disk" and found == "ram"):
         raise StoreError(f"{path} is a {found} store, not {kind}")
+    store = store_class(found)(path)
     if found == "lmdb":
-        from fastload.store.lmdb_store import LmdbStore
-
-        return LmdbStore(path)
-    if found == "ram":
-        from fastload.store.packed import RamStore
-
-        store: Store = RamStore(path)
-    else:
-        from fastload.store.packed import PackedStore
-
-        store = PackedStore(path)
+        return store
     if imgsz is not None and store.imgsz != imgsz:
         store.close()
         raise StoreError(f"{path} holds images at imgsz {store.imgsz}, not the requested {imgsz}; convert again with --imgsz {imgsz}")
     return store
 
 
-def detect_kind(path: Path) -> str | None:
-    """``lmdb``, ``disk``, ``ram`` (a packed store under the shm root) or None."""
-    from fastload.store import shm
-
-    path = Path(path)
-    if (path / "data.mdb").is_file():
-        return "lmdb"
-    if (path / "meta.json").is_file() or (path / "pixels.bin").is_file():
-        try:
-            in_shm = path.resolve().parent == shm.shm_root().resolve()
-        except OSError:
-            in_shm = False
-        return "ram" if in_shm and path.name.startswith(shm.PREFIX) else "disk"
-    return None
-
-
-def _looks_like_store(path: Path) -> bool:
-    return detect_kind(path) is not None
-
-
-def store_imgsz(path: Path) -> int | None:
-    """imgsz of a decoded store from its metadata, or from a ram segment's name when it is absent."""
-    path = Path(path)
-    meta = path / "meta.json"
-    if meta.is_file():
-        try:
-            return int(json.loads(meta.read_text()).get("imgsz"))
-        except (ValueError, TypeError):
-            return None
-    m = re.search(r"-(\d+)$", path.name)
-    return int(m.group(1)) if m else None
-
-
-def _files(cfg: Any, split: str, **kwargs: Any) -> Store:
-    from fastload.store.files import FileStore
-
+def _files(cfg: DataConfig, split: str, **kwargs: Any) -> Store:
     if split not in cfg.splits:
         raise StoreError(f"split {split!r} is not defined in {cfg.yaml_path or 'the data config'}")
     return FileStore.from_config(cfg, split, **kwargs)
 
 
-def ram_segment_path(cfg: Any, split: str, imgsz: int) -> Path:
-    """The shared-memory folder for a split's ram store, stable for the same sources and imgsz."""
-    import hashlib
-
-    from fastload.store import shm
-
-    sources = [str(Path(p).resolve()) for p in cfg.splits.get(split, [])]
-    digest = hashlib.sha1(json.dumps([sources, imgsz]).encode()).hexdigest()[:10]
-    slug = re.sub(r"[^A-Za-z0-9_.]+", "_", Path(cfg.root).name or "data")[:32]
-    return shm.shm_root() / f"{shm.PREFIX}{slug}-{digest}-{imgsz}"
-
-
-def _open_ram(cfg: Any, split: str, imgsz: int, recorded: dict[str, Path], *, explicit: bool) -> Store:
-    from fastload.store import shm
-    from fastload.store.packed import RamStore
-
+def _open_ram(cfg: DataConfig, split: str, imgsz: int, recorded: dict[str, Path], *, explicit: bool) -> Store:
     seg = recorded.get("ram") or ram_segment_path(cfg, split, imgsz)
     size = store_imgsz(seg)
     if size is not None and size != imgsz:
@@ -190,7 +151,7 @@ def _open_ram(cfg: Any, split: str, imgsz: int, recorded: dict[str, Path], *, ex
     if not shm.is_complete(seg):
         # A ram store asked for on a yaml that records none is built on demand; a recorded one that
         # vanished (reboot) is rebuilt from the disk store, or from the source only when that is cheap.
-        build = ram_builder(cfg, split, imgsz, recorded, allow_decode=explicit and "ram" not in recorded)
+        build = _ram_builder(cfg, split, imgsz, recorded, allow_decode=explicit and "ram" not in recorded)
     try:
         return RamStore(seg, build=build)
     except StoreError as e:
@@ -203,12 +164,10 @@ def _open_ram(cfg: Any, split: str, imgsz: int, recorded: dict[str, Path], *, ex
         raise
 
 
-def ram_builder(
-    cfg: Any, split: str, imgsz: int, recorded: dict[str, Path], *, allow_decode: bool
+def _ram_builder(
+    cfg: DataConfig, split: str, imgsz: int, recorded: dict[str, Path], *, allow_decode: bool
 ) -> Callable[[Path], None] | None:
     """How to (re)build a missing ram store: copy the disk store, else decode the source if cheap."""
-    from fastload.store import convert
-
     disk = recorded.get("disk")
     if disk is not None and (disk / "meta.json").is_file() and store_imgsz(disk) == imgsz:
         return lambda seg: convert.copy_packed(disk, seg)
@@ -218,3 +177,18 @@ def ram_builder(
     if allow_decode or convert.count_images(cfg, split) <= limit:
         return lambda seg: convert.build_packed_from_source(cfg, split, seg, imgsz=imgsz, kind="ram")
     return None
+
+
+def _open_gpu(data: Any, split: str, imgsz: int, *, base: str = "auto", **kwargs: Any) -> Store:
+    """``open_store(..., kind="gpu")``: fill a GpuStore from the best host store of ``data``.
+
+    ``base`` picks the host store kind (default ``auto``: ram > disk > lmdb > files); ``kwargs`` go
+    to :class:`fastload.store.gpu.GpuStore` (``device``, ``share``).
+    """
+    gpu_store = store_class("gpu")
+    host = open_store(data, split=split, kind=base, imgsz=imgsz)
+    try:
+        return gpu_store(host, imgsz=imgsz, **kwargs)
+    except BaseException:
+        host.close()
+        raise

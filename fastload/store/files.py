@@ -6,6 +6,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from fastload.data.config import DataConfig
+from fastload.data.index import DatasetIndex, build_index
 from fastload.store.base import Store, StoreError
 
 
@@ -37,16 +39,14 @@ class FileStore(Store):
         self.path = path
 
     @classmethod
-    def from_index(cls, index: Any, path: str | None = None) -> "FileStore":
+    def from_index(cls, index: DatasetIndex, path: str | None = None) -> "FileStore":
         """Wrap a :class:`fastload.data.index.DatasetIndex` (only its valid images)."""
         meta = {"kind": cls.kind, "n": len(index.im_files), "names": list(index.names)}
         return cls(index.im_files, index.labels, index.shapes, index.names, meta=meta, path=path)
 
     @classmethod
-    def from_config(cls, cfg: Any, split: str = "train", **index_kw: Any) -> "FileStore":
+    def from_config(cls, cfg: DataConfig, split: str = "train", **index_kw: Any) -> "FileStore":
         """Scan ``split`` of a :class:`DataConfig` (labels cache honoured) and wrap the result."""
-        from fastload.data.index import build_index
-
         index_kw.setdefault("progress", False)
         index = build_index(cfg, split, **index_kw)
         source = cfg.splits.get(split)

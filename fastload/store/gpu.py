@@ -1,202 +1,39 @@
-"""The GPU-resident store (``store="gpu"``) and the device-side decode it shares with the GPU engine.
+"""The GPU-resident store (``store="gpu"``): every loaded image of a split in device memory.
 
 :class:`GpuStore` keeps every *loaded* image (long side ``imgsz``) of a split on a torch device as
 one flat ``uint8 [P, 3]`` tensor of HWC pixel rows plus per-image offsets, the same layout as the
 packed disk/ram store, so the GPU engine draws tiles straight from it and never decodes during
-training. It is filled once from another store: a packed store (disk/ram) is copied through
-pinned staging chunks; an encoded store (files/lmdb) is decoded on the device (nvJPEG through
-``torchvision.io.decode_jpeg``; other formats on the CPU) and resized with :func:`resize_loaded`.
-Before allocating, the store checks that the decoded set fits ``share`` of the device's free
-memory (default 80 %) and otherwise refuses with the numbers. On a CPU device it works the same way
-(tests, or a fallback), using host memory.
-
-Device decode helpers (also used by ``engine="gpu"``):
-
-* :func:`decode_on_device`: encoded bytes -> loaded CHW uint8 tensors on ``device`` (EXIF
-  orientation applied, JPEGs batched through nvJPEG on CUDA, libjpeg on CPU; non-JPEG and
-  undecodable-on-device images fall back to the CPU decoder, whose errors name the file).
-* :func:`resize_loaded`: the YOLOv9 loaded resize on a tensor with OpenCV's weights.
+training (:meth:`GpuStore.resident_images`). It is filled once from another store: a packed store
+(disk/ram) is copied through pinned staging chunks; an encoded store (files/lmdb) is decoded on the
+device by :func:`fastload.data.torch_images.decode_on_device`. Before allocating, the store checks
+that the decoded set fits ``share`` of the device's free memory (default 80 %) and otherwise
+refuses with the numbers. On a CPU device it works the same way (tests, or a fallback), using host
+memory.
 """
 from __future__ import annotations
 
-import functools
 import logging
-import math
-import warnings
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 import numpy as np
+import psutil
 import torch
 
-from fastload.data.images import CorruptImageError, jpeg_is_complete, loaded_shape, probe_header
-from fastload.store.base import Store, StoreError
+from fastload.data.images import loaded_shape
+from fastload.data.torch_images import decode_on_device
+from fastload.store.base import ResidentImages, Store, StoreError
 
-__all__ = ["GpuStore", "open_gpu_store", "decode_on_device", "resize_loaded", "resize_weights", "default_device"]
+__all__ = ["GpuStore"]
 
 LOG = logging.getLogger(__name__)
-_EXACT = 1e-9
-_RESIZE_COEF = 2048.0  # OpenCV INTER_RESIZE_COEF_SCALE: cv2.resize's 11-bit bilinear weights
 _GIB = float(1 << 30)
 
 
-def default_device() -> torch.device:
+def _default_device() -> torch.device:
     """The current CUDA device when there is one, else the CPU."""
     if torch.cuda.is_available():
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
-
-
-# ------------------------------------------------------------------------------------------- resize
-@functools.lru_cache(maxsize=4096)
-def _weights(n_in: int, n_out: int, area: bool) -> np.ndarray:
-    w = np.zeros((n_out, n_in), np.float64)
-    s = n_in / n_out
-    if n_in == n_out:
-        np.fill_diagonal(w, 1.0)
-    elif area and n_out < n_in:
-        # INTER_AREA shrink: output i averages the input cells [i*s, (i+1)*s), weighted by overlap
-        for i in range(n_out):
-            a, b = i * s, (i + 1) * s
-            for j in range(int(math.floor(a)), min(int(math.ceil(b - _EXACT)), n_in)):
-                w[i, j] = (min(b, j + 1) - max(a, j)) / s
-    else:
-        # INTER_LINEAR: sample (i + 0.5) * s - 0.5, clamped to the borders, 11-bit weights
-        for i in range(n_out):
-            f = (i + 0.5) * s - 0.5
-            j = int(math.floor(f))
-            f -= j
-            if j < 0:
-                j, f = 0, 0.0
-            if j >= n_in - 1:
-                j, f = n_in - 1, 0.0
-            w0 = round((1.0 - f) * _RESIZE_COEF) / _RESIZE_COEF
-            w[i, j] += w0
-            w[i, min(j + 1, n_in - 1)] += 1.0 - w0
-    w.setflags(write=False)
-    return w
-
-
-def resize_weights(n_in: int, n_out: int, *, area: bool) -> np.ndarray:
-    """``float64 [n_out, n_in]`` 1-D resampling matrix equal to OpenCV's ``cv2.resize`` weights.
-
-    ``area=True``: ``INTER_AREA`` box-overlap weights when shrinking; otherwise (and when
-    enlarging) ``INTER_LINEAR`` with OpenCV's 11-bit weights. Equal sizes give the identity.
-    """
-    if n_in < 1 or n_out < 1:
-        raise ValueError(f"resize sizes must be >= 1, got {n_in} -> {n_out}")
-    return _weights(int(n_in), int(n_out), bool(area))
-
-
-def resize_loaded(img: torch.Tensor, hw: Sequence[int]) -> torch.Tensor:
-    """Resize a CHW uint8 tensor to ``hw`` as :meth:`fastload.store.base.Store.load` does with OpenCV.
-
-    INTER_AREA unless the image grows, INTER_LINEAR when it does; ``img`` itself when the size
-    already matches. Two float32 matrix products with separable weights, then rounding: equal to
-    OpenCV up to 1 grey level (its fixed-point rounding).
-    """
-    h, w = int(hw[0]), int(hw[1])
-    h0, w0 = int(img.shape[-2]), int(img.shape[-1])
-    if (h0, w0) == (h, w):
-        return img
-    area = h * w <= h0 * w0  # as fastload.data.images.resize_to: INTER_AREA unless enlarging
-    dev = img.device
-    wy = torch.from_numpy(resize_weights(h0, h, area=area).astype(np.float32)).to(dev, non_blocking=True)
-    wx = torch.from_numpy(resize_weights(w0, w, area=area).astype(np.float32)).to(dev, non_blocking=True)
-    f = img.to(torch.float32)
-    # contract the axis that shrinks most first: the second product is then the smaller one
-    if h0 * w <= w0 * h:
-        out = torch.matmul(wy, torch.matmul(f, wx.T))
-    else:
-        out = torch.matmul(torch.matmul(wy, f), wx.T)
-    return out.add_(0.5).floor_().clamp_(0, 255).to(torch.uint8)
-
-
-# ------------------------------------------------------------------------------------------- decode
-def _orient(img: torch.Tensor, orientation: int) -> torch.Tensor:
-    """EXIF orientation on a CHW tensor (same cases as :func:`fastload.data.images.apply_orientation`)."""
-    if orientation == 2:
-        return img.flip(-1)
-    if orientation == 3:
-        return img.flip(-1).flip(-2)
-    if orientation == 4:
-        return img.flip(-2)
-    if orientation == 5:
-        return img.transpose(-1, -2)
-    if orientation == 6:
-        return torch.rot90(img, -1, (-2, -1))
-    if orientation == 7:
-        return img.transpose(-1, -2).flip(-1).flip(-2)
-    if orientation == 8:
-        return torch.rot90(img, 1, (-2, -1))
-    return img
-
-
-def _cpu_decode(buf: bytes, path: str | None) -> torch.Tensor:
-    from fastload.data.images import decode_image
-
-    return torch.from_numpy(np.ascontiguousarray(decode_image(buf, path))).permute(2, 0, 1)
-
-
-def _jpeg_batch(bufs: list[bytes], device: torch.device) -> list[torch.Tensor] | None:
-    """One batched ``decode_jpeg`` call (nvJPEG on CUDA); None when it fails (caller decodes one by one)."""
-    from torchvision.io import ImageReadMode, decode_jpeg
-
-    data = [torch.frombuffer(bytearray(b), dtype=torch.uint8) for b in bufs]
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # torchvision >= 0.29 marks its decoders deprecated
-            out = decode_jpeg(data, mode=ImageReadMode.RGB, device=device)
-    except RuntimeError:
-        return None
-    return list(out)
-
-
-def decode_on_device(
-    bufs: Sequence[bytes],
-    paths: Sequence[str | None],
-    loaded_hw: Sequence[Sequence[int]] | None,
-    device: torch.device | str,
-) -> list[torch.Tensor]:
-    """Decode encoded images to RGB CHW uint8 tensors on ``device`` (EXIF orientation applied).
-
-    Args:
-        bufs: encoded file bytes.
-        paths: the file of every buffer (named in errors).
-        loaded_hw: resize each image to this ``(h, w)`` (its loaded shape) with :func:`resize_loaded`;
-            None keeps the decoded size.
-        device: where the images go; JPEGs are decoded there (nvJPEG on CUDA), other formats on the
-            CPU and uploaded.
-
-    Raises :class:`fastload.data.images.CorruptImageError` naming the file of an undecodable image.
-    """
-    device = torch.device(device)
-    out: list[torch.Tensor | None] = [None] * len(bufs)
-    jpeg_k: list[int] = []
-    orient: dict[int, int] = {}
-    for k, buf in enumerate(bufs):
-        fmt, _, _, orientation = probe_header(buf, paths[k])
-        if fmt == "jpeg":
-            if not jpeg_is_complete(buf):
-                raise CorruptImageError(paths[k], "truncated JPEG (no end-of-image marker after the last scan)")
-            jpeg_k.append(k)
-            orient[k] = orientation
-        else:
-            out[k] = _cpu_decode(bytes(buf), paths[k]).to(device, non_blocking=True)
-    if jpeg_k:
-        decoded = _jpeg_batch([bytes(bufs[k]) for k in jpeg_k], device)
-        for j, k in enumerate(jpeg_k):
-            img = decoded[j] if decoded is not None else None
-            if img is None:  # the batch failed: find the culprit (CMYK, damaged...) one by one
-                one = _jpeg_batch([bytes(bufs[k])], device)
-                img = one[0] if one is not None else _cpu_decode(bytes(bufs[k]), paths[k]).to(device)
-            out[k] = _orient(img, orient[k])
-    result = []
-    for k, img in enumerate(out):
-        assert img is not None
-        if loaded_hw is not None:
-            img = resize_loaded(img, loaded_hw[k])
-        result.append(img)
-    return result
 
 
 # ------------------------------------------------------------------------------------------- the store
@@ -205,8 +42,6 @@ def _fits(needed: int, device: torch.device, share: float) -> tuple[bool, int]:
     if device.type == "cuda":
         free, _total = torch.cuda.mem_get_info(device)
     else:
-        import psutil
-
         free = psutil.virtual_memory().available
     allowed = int(free * share)
     return needed <= allowed, allowed
@@ -245,7 +80,7 @@ class GpuStore(Store):
         if not 0 < share <= 1:
             raise ValueError(f"share must be in (0, 1], got {share}")
         self.base = base
-        self.device = torch.device(device) if device is not None else default_device()
+        self.device = torch.device(device) if device is not None else _default_device()
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise StoreError(f"store='gpu' on {self.device}: CUDA is not available here (use device='cpu' or another store)")
         self.imgsz = int(imgsz or base.imgsz or 0) or None
@@ -343,6 +178,10 @@ class GpuStore(Store):
         h, w = (int(v) for v in self.hw[self.check_index(i)])
         return self.image_rows(i).view(h, w, 3)
 
+    def resident_images(self) -> ResidentImages:
+        """The device-resident pixels, offsets and loaded sizes of every image (no copy)."""
+        return ResidentImages(self.pixels, self.px_offsets, self.hw, self.device)
+
     def read_image(self, i: int) -> np.ndarray:
         """Loaded image ``i`` copied to host memory (slow path for generic consumers)."""
         return self.image_tensor(i).cpu().numpy()
@@ -356,19 +195,3 @@ class GpuStore(Store):
 
     def __getstate__(self) -> dict[str, Any]:
         raise TypeError("a GpuStore lives in device memory and cannot be sent to another process")
-
-
-def open_gpu_store(data: Any, split: str = "train", imgsz: int = 640, *, base: str = "auto", **kwargs: Any) -> GpuStore:
-    """``open_store(..., kind="gpu")``: fill a :class:`GpuStore` from the best host store of ``data``.
-
-    ``base`` picks the host store kind (default ``auto``: ram > disk > lmdb > files); ``kwargs`` go
-    to :class:`GpuStore` (``device``, ``share``).
-    """
-    from fastload.store.factory import open_store
-
-    host = open_store(data, split=split, kind=base, imgsz=imgsz)
-    try:
-        return GpuStore(host, imgsz=imgsz, **kwargs)
-    except BaseException:
-        host.close()
-        raise

@@ -12,11 +12,19 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from fastload.data.config import load_data_config
+from fastload.data.index import build_index
+from fastload.store import shm
+from fastload.store.factory import open_path
+from fastload.store.kinds import detect_kind, shm_root
+from fastload.store.origin import mixed_sources
+from fastload.store.space import fmt_bytes, tree_bytes
+
 # Long-side buckets of the image-size histogram.
 SIZE_BUCKETS = (320, 640, 1024, 2048)
 
 
-def split_stats(labels: Sequence[np.ndarray], shapes: np.ndarray, names: Sequence[str]) -> dict[str, Any]:
+def _split_stats(labels: Sequence[np.ndarray], shapes: np.ndarray, names: Sequence[str]) -> dict[str, Any]:
     """Counts, class histogram and size distribution of one split."""
     shapes = np.asarray(shapes, np.int64).reshape(-1, 2)
     counts = np.array([len(lb) for lb in labels], np.int64)
@@ -50,30 +58,19 @@ def split_stats(labels: Sequence[np.ndarray], shapes: np.ndarray, names: Sequenc
     }
 
 
-def _tree_bytes(path: Path) -> int:
-    if path.is_file():
-        return path.stat().st_size
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
-
-
 def dataset_info(target: str | Path, splits: Sequence[str] | None = None) -> dict[str, Any]:
     """Info about a data.yaml (every split, or ``splits``) or a store directory."""
-    from fastload.store.factory import detect_kind
-
     target = Path(target)
     if target.is_dir() and detect_kind(target) is not None:
         return store_info(target)
     if target.is_dir() and (target / "data.yaml").is_file():
         target = target / "data.yaml"
-    from fastload.data.config import load_data_config
-    from fastload.data.index import build_index
-
     cfg = load_data_config(target)
     out: dict[str, Any] = {"source": str(target), "type": "dataset", "names": cfg.names, "splits": {}}
     for split in splits or list(cfg.splits):
         index = build_index(cfg, split, progress=False)
         rep = index.report
-        stats = split_stats(index.labels, index.shapes, cfg.names)
+        stats = _split_stats(index.labels, index.shapes, cfg.names)
         stats.update(
             without_label_file=int(rep.missing),
             empty_label_file=int(rep.empty),
@@ -83,18 +80,19 @@ def dataset_info(target: str | Path, splits: Sequence[str] | None = None) -> dic
             bytes=int(sum(os.path.getsize(f) for f in index.im_files if os.path.exists(f))),
             stores={k: str(p) for k, p in cfg.stores.get(split, {}).items()},
         )
+        why = mixed_sources(cfg.stores.get(split, {}))
+        if why:
+            stats["mixed_stores"] = why
         out["splits"][split] = stats
     return out
 
 
 def store_info(path: str | Path) -> dict[str, Any]:
     """Info about one store directory, read from the store's index (no source files needed)."""
-    from fastload.store.factory import open_path
-
     path = Path(path)
     with open_path(path) as store:
-        stats = split_stats(store.labels, store.shapes, store.names)
-        stats["bytes"] = _tree_bytes(path)
+        stats = _split_stats(store.labels, store.shapes, store.names)
+        stats["bytes"] = tree_bytes(path)
         return {
             "source": str(path),
             "type": "store",
@@ -108,15 +106,11 @@ def store_info(path: str | Path) -> dict[str, Any]:
 
 def shm_info() -> list[dict[str, Any]]:
     """Every fastload segment under the shm root (see :mod:`fastload.store.shm`)."""
-    from fastload.store import shm
-
     return [s.as_dict() for s in shm.list_segments()]
 
 
 def format_shm(segments: list[dict[str, Any]]) -> str:
-    from fastload.store.convert import fmt_bytes
-    from fastload.store.shm import shm_root
-
+    """One line per segment of :func:`shm_info`: path, size and state (stale ones marked)."""
     if not segments:
         return f"no fastload segments in {shm_root()}"
     lines = [f"{'segment':<52} {'size':>10}  state"]
@@ -132,8 +126,6 @@ def format_shm(segments: list[dict[str, Any]]) -> str:
 
 def format_info(info: dict[str, Any], top: int = 20) -> str:
     """Human-readable rendering of :func:`dataset_info`'s dict."""
-    from fastload.store.convert import fmt_bytes
-
     head = f"{info['source']}"
     if info["type"] == "store":
         head += f"  ({info['kind']} store" + (f", imgsz {info['imgsz']}" if info.get("imgsz") else "") + ")"
@@ -160,4 +152,7 @@ def format_info(info: dict[str, Any], top: int = 20) -> str:
             lines.append(f"  instances per class: {shown}{more}")
         for kind, p in (s.get("stores") or {}).items():
             lines.append(f"  store {kind}: {p}")
+        if s.get("mixed_stores"):
+            lines.append(f"  WARNING: these stores come from different datasets ({s['mixed_stores']}); loaders refuse "
+                         f"them until the dataset is converted again with --force")
     return "\n".join(lines)

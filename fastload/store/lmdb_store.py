@@ -28,7 +28,7 @@ import lmdb
 import msgpack
 import numpy as np
 
-from fastload.store.base import SCHEMA_VERSION, IncompleteStoreError, Store, StoreError, join_labels, split_labels
+from fastload.store.base import SCHEMA_VERSION, IncompleteStoreError, Store, StoreError, check_schema, join_labels, split_labels
 from fastload.store.packed import replace_dir
 
 META_KEY = b"__meta__"
@@ -36,15 +36,15 @@ INDEX_KEY = b"__index__"
 JOB_KEY = b"__job__"
 
 
-def image_key(src: int) -> bytes:
+def _image_key(src: int) -> bytes:
     return b"i:%08d" % src
 
 
-def record_key(src: int) -> bytes:
+def _record_key(src: int) -> bytes:
     return b"r:%08d" % src
 
 
-def skip_key(src: int) -> bytes:
+def _skip_key(src: int) -> bytes:
     return b"x:%08d" % src
 
 
@@ -53,7 +53,7 @@ def record_checksum(image: bytes | memoryview, labels: np.ndarray) -> int:
     return zlib.crc32(np.ascontiguousarray(labels, np.float32).tobytes(), zlib.crc32(image))
 
 
-def open_env(path: Path, *, write: bool = False, map_size: int = 1 << 30) -> lmdb.Environment:
+def _open_env(path: Path, *, write: bool = False, map_size: int = 1 << 30) -> lmdb.Environment:
     if write:
         return lmdb.open(str(path), map_size=map_size, subdir=True, meminit=False, max_dbs=0)
     return lmdb.open(
@@ -77,9 +77,24 @@ def _acquire_env(path: Path) -> lmdb.Environment:
                 _ENVS.pop(other)[0].close()
             except lmdb.Error:
                 pass
-        entry = _ENVS[key] = [open_env(path), 0]
+        env = _open_env(path)
+        _check_complete(env, path)
+        entry = _ENVS[key] = [env, 0]
     entry[1] += 1
     return entry[0]
+
+
+def _check_complete(env: lmdb.Environment, path: Path) -> None:
+    """A data.mdb shorter than the pages its header uses (a cut copy, a full disk) would crash the process
+    with SIGBUS on the first read of a missing page: refuse it while that is still an error."""
+    need = (int(env.info()["last_pgno"]) + 1) * int(env.stat()["psize"])
+    have = (path / "data.mdb").stat().st_size
+    if have < need:
+        env.close()
+        raise StoreError(
+            f"{path / 'data.mdb'} is truncated ({have} of {need} bytes; an incomplete copy?); copy it again or "
+            f"convert the dataset again"
+        )
 
 
 def _release_env(path: Path) -> None:
@@ -115,8 +130,7 @@ def read_lmdb_meta(path: Path) -> dict[str, Any]:
             f"continue it with `fastload convert ... --to lmdb --resume`"
         )
     meta = json.loads(bytes(raw))
-    if meta.get("schema") != SCHEMA_VERSION or meta.get("layout") != "lmdb":
-        raise StoreError(f"{path}: LMDB schema {meta.get('schema')!r} is not the supported {SCHEMA_VERSION}")
+    check_schema(path, meta, "lmdb")
     return meta
 
 
@@ -159,7 +173,7 @@ class LmdbStore(Store):
     def read_image(self, i: int) -> bytes:
         i = self.check_index(i)
         with self._environment().begin() as txn:
-            buf = txn.get(image_key(int(self.keys[i])))
+            buf = txn.get(_image_key(int(self.keys[i])))
         if buf is None:
             raise StoreError(f"{self.path}: image record {i} ({self.im_files[i]}) is missing")
         return bytes(buf)
@@ -194,7 +208,7 @@ class LmdbWriter:
         self.map_size = max(int(map_size), 1 << 24)
         resuming = self.tmp.exists()
         self.tmp.mkdir(parents=True, exist_ok=True)
-        self.env = open_env(self.tmp, write=True, map_size=self.map_size)
+        self.env = _open_env(self.tmp, write=True, map_size=self.map_size)
         self.done: set[int] = set()
         if resuming:
             with self.env.begin() as txn:
@@ -228,12 +242,12 @@ class LmdbWriter:
         items: list[tuple[bytes, bytes]] = []
         for src, buf, labels, shape, file, error in records:
             if buf is None:
-                items.append((skip_key(src), msgpack.packb({"f": file, "e": error or "unreadable"})))
+                items.append((_skip_key(src), msgpack.packb({"f": file, "e": error or "unreadable"})))
                 continue
             lb = np.ascontiguousarray(labels, np.float32).reshape(-1, 5)
             rec = {"l": lb.tobytes(), "s": [int(shape[0]), int(shape[1])], "f": file, "c": record_checksum(buf, lb)}
-            items.append((image_key(src), bytes(buf)))
-            items.append((record_key(src), msgpack.packb(rec)))
+            items.append((_image_key(src), bytes(buf)))
+            items.append((_record_key(src), msgpack.packb(rec)))
         self._put(items)
 
     def commit(self, n_sources: int, meta: dict[str, Any]) -> tuple[Path, list[tuple[str, str]]]:
@@ -244,9 +258,9 @@ class LmdbWriter:
         keys, labels, shapes, files, sums, skipped = [], [], [], [], [], []
         with self.env.begin() as txn:
             for src in range(n_sources):
-                raw = txn.get(record_key(src))
+                raw = txn.get(_record_key(src))
                 if raw is None:
-                    bad = txn.get(skip_key(src))
+                    bad = txn.get(_skip_key(src))
                     if bad is None:
                         raise StoreError(f"{self.tmp}: record {src} was never written; cannot commit")
                     info = msgpack.unpackb(bytes(bad), raw=False)

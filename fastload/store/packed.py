@@ -27,11 +27,14 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from fastload.data.images import loaded_shape
+from fastload.store import shm
 from fastload.store.base import (
-    SCHEMA_VERSION,
+    PACKED_SCHEMA,
     IncompleteStoreError,
     Store,
     StoreError,
+    check_schema,
     join_labels,
     split_labels,
 )
@@ -62,11 +65,9 @@ def read_meta(path: Path) -> dict[str, Any]:
         meta = json.loads(meta_file.read_text())
     except ValueError as e:
         raise StoreError(f"damaged metadata {meta_file}: {e}") from e
-    if meta.get("schema") != SCHEMA_VERSION or meta.get("layout") != "packed":
-        raise StoreError(
-            f"{path}: packed layout schema {meta.get('schema')!r} is not the supported {SCHEMA_VERSION}; "
-            f"convert the dataset again"
-        )
+    check_schema(path, meta, "packed", PACKED_SCHEMA,
+                 older="its loaded image sizes are rounded where YOLOv9 truncates them: some images one pixel "
+                       "larger than the official loader's")
     return meta
 
 
@@ -93,12 +94,6 @@ class PackedStore(Store):
         n = len(self.im_files)
         if not (len(self.offsets) == n + 1 and len(self.hw) == len(self.shapes) == len(self.labels) == n):
             raise StoreError(f"{root}: index arrays disagree on the number of samples ({n} files)")
-        from fastload.data.images import loaded_shape
-
-        if any(loaded_shape(int(h0), int(w0), self.imgsz) != (int(h), int(w))
-               for (h0, w0), (h, w) in zip(self.shapes.tolist(), self.hw.tolist())):
-            raise StoreError(f"{root}: its images were resized with an older rule (rounded sizes; YOLOv9 truncates); "
-                             f"convert the dataset again")
         size = (root / PIXELS).stat().st_size
         if size != int(self.offsets[-1]):
             raise StoreError(f"{root / PIXELS} holds {size} bytes, the index expects {int(self.offsets[-1])}")
@@ -194,7 +189,7 @@ class PackedWriter:
         (self.tmp / "files.json").write_text(json.dumps(self.files))
         meta = {
             **self.extra,
-            "schema": SCHEMA_VERSION,
+            "schema": PACKED_SCHEMA,
             "layout": "packed",
             "imgsz": self.imgsz,
             "names": self.names,
@@ -230,8 +225,6 @@ def replace_dir(src: Path, dst: Path) -> None:
 
 def packed_nbytes(shapes: np.ndarray, imgsz: int) -> int:
     """Bytes ``pixels.bin`` will take for these original shapes at ``imgsz`` (to check space first)."""
-    from fastload.data.images import loaded_shape
-
     return int(sum(3 * h * w for h, w in (loaded_shape(int(a), int(b), imgsz) for a, b in np.asarray(shapes).reshape(-1, 2))))
 
 
@@ -246,8 +239,6 @@ class RamStore(PackedStore):
     kind = "ram"
 
     def __init__(self, path: str | Path, *, build: Any = None, pinned: bool = False) -> None:
-        from fastload.store import shm
-
         shm.acquire(Path(path), build, pinned=pinned)
         self._holder_pid = os.getpid()
         try:
@@ -257,8 +248,6 @@ class RamStore(PackedStore):
             raise
 
     def close(self) -> None:
-        from fastload.store import shm
-
         super().close()
         if getattr(self, "_holder_pid", None) == os.getpid():
             self._holder_pid = None

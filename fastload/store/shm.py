@@ -27,17 +27,15 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-PREFIX = "fastload-"
+from fastload.store.base import StoreError
+from fastload.store.kinds import SHM_PREFIX, shm_root
+from fastload.store.space import tree_bytes
+
 HOLDERS_SUFFIX = ".holders"
 COMMIT_FILE = "meta.json"  # the packed layout's commit marker (see packed.py)
 
 
-def shm_root() -> Path:
-    """Root folder of shared-memory stores (``/dev/shm`` unless ``FASTLOAD_SHM_DIR`` is set)."""
-    return Path(os.environ.get("FASTLOAD_SHM_DIR", "/dev/shm"))
-
-
-def pid_alive(pid: int) -> bool:
+def _pid_alive(pid: int) -> bool:
     """True when ``pid`` names a running (non-zombie) process on this machine."""
     if pid <= 0:
         return False
@@ -71,9 +69,33 @@ class Registry:
     info: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def prune(self) -> list[int]:
-        dead = [p for p in self.pids if not pid_alive(p)]
+        dead = [p for p in self.pids if not _pid_alive(p)]
         self.pids = [p for p in self.pids if p not in dead]
         return dead
+
+
+def flock_current(path: Path, *, wait: bool = True) -> int:
+    """Open ``path`` (creating it) and hold its exclusive flock; returns the descriptor.
+
+    A lock file is removed by its last holder while it still holds the lock, so a lock taken on a file
+    that is no longer at ``path`` guards nothing: retry on the new one. Without ``wait``, a lock held
+    elsewhere raises BlockingIOError whose message is the file's first bytes (the holder's pid).
+    """
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip()
+            os.close(fd)
+            raise BlockingIOError(holder) from None
+        try:
+            same = os.fstat(fd).st_ino == os.stat(path).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            return fd
+        os.close(fd)
 
 
 @contextlib.contextmanager
@@ -81,16 +103,7 @@ def locked(segment: Path) -> Iterator[Registry]:
     """Hold the segment's flock and yield its registry; changes are written back on exit."""
     hp = holders_path(segment)
     hp.parent.mkdir(parents=True, exist_ok=True)
-    while True:
-        fd = os.open(hp, os.O_RDWR | os.O_CREAT, 0o666)
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        try:  # the file may have been unlinked by the last releaser while we waited: retry on the new one
-            same = os.fstat(fd).st_ino == os.stat(hp).st_ino
-        except FileNotFoundError:
-            same = False
-        if same:
-            break
-        os.close(fd)
+    fd = flock_current(hp)
     try:
         raw = os.pread(fd, 1 << 20, 0)
         try:
@@ -139,8 +152,6 @@ def acquire(
     It runs while the lock is held, so exactly one process per machine builds; the others wait.
     Raises :class:`fastload.store.base.StoreError` when the segment is absent and ``build`` is None.
     """
-    from fastload.store.base import StoreError
-
     segment = Path(segment)
     with locked(segment) as reg:
         reg.prune()
@@ -190,8 +201,6 @@ def release(segment: Path) -> bool:
 
 def remove(segment: Path, *, force: bool = False) -> None:
     """Remove a segment now. Refuses while live processes hold it unless ``force``."""
-    from fastload.store.base import StoreError
-
     segment = Path(segment)
     with locked(segment) as reg:
         reg.prune()
@@ -226,24 +235,17 @@ class SegmentInfo:
         return d
 
 
-def _tree_bytes(path: Path) -> int:
-    total = 0
-    for p in path.rglob("*") if path.is_dir() else []:
-        with contextlib.suppress(OSError):
-            total += p.stat().st_size
-    return total
+def list_segments(root: Path | None = None, prefix: str = SHM_PREFIX) -> list[SegmentInfo]:
+    """Every segment (finished or not) under the shm root whose name starts with ``prefix``: ram
+    stores and the CPU engine's per-machine decoded-image caches (``fastload-dcache-*``).
 
-
-def list_segments(root: Path | None = None) -> list[SegmentInfo]:
-    """Every ram store segment (finished or not) under the shm root.
-
-    A ram store is recognised by its holders file, which exists from the first moment of a build;
-    other ``fastload-*`` entries (e.g. the engines' batch buffers) are not ours to list or remove.
+    A segment is recognised by its holders file, which exists from the first moment of a build;
+    other ``fastload-*`` entries are not ours to list or remove.
     """
     root = Path(root) if root else shm_root()
     names = {
         p.name[: -len(HOLDERS_SUFFIX)]
-        for p in (root.glob(PREFIX + "*" + HOLDERS_SUFFIX) if root.is_dir() else [])
+        for p in (root.glob(prefix + "*" + HOLDERS_SUFFIX) if root.is_dir() else [])
     }
     out = []
     for name in sorted(names):
@@ -252,18 +254,19 @@ def list_segments(root: Path | None = None) -> list[SegmentInfo]:
         with contextlib.suppress(OSError, ValueError):
             data = json.loads(holders_path(seg).read_text() or "{}")
         pids = [int(p) for p in data.get("pids", [])]
-        live = [p for p in pids if pid_alive(p)]
-        nbytes = _tree_bytes(seg) + sum(_tree_bytes(p) for p in root.glob(name + ".partial*"))
+        live = [p for p in pids if _pid_alive(p)]
+        nbytes = tree_bytes(seg) + sum(tree_bytes(p) for p in root.glob(name + ".partial*"))
         out.append(
             SegmentInfo(seg, nbytes, is_complete(seg), bool(data.get("pinned")), live, [p for p in pids if p not in live])
         )
     return out
 
 
-def cleanup_stale(root: Path | None = None) -> list[SegmentInfo]:
-    """Remove segments nobody alive holds (and unfinished builds); returns what was removed."""
+def cleanup_stale(root: Path | None = None, prefix: str = SHM_PREFIX) -> list[SegmentInfo]:
+    """Remove segments named ``prefix*`` that nobody alive holds (and unfinished builds); returns what
+    was removed."""
     removed = []
-    for seg in list_segments(root):
+    for seg in list_segments(root, prefix):
         if not seg.stale:
             continue
         with locked(seg.path) as reg:

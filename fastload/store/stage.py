@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import json
 import os
 import shutil
@@ -22,8 +23,17 @@ import zlib
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
+import yaml
+from tqdm import tqdm
+
+from fastload.data.config import DataConfig, load_data_config
+from fastload.data.index import list_images
+from fastload.data.labels import img2label_path
+from fastload.store import shm
 from fastload.store.base import StoreError
-from fastload.store.convert import fmt_bytes, free_bytes
+from fastload.store.kinds import shm_root
+from fastload.store.packed import replace_dir
+from fastload.store.space import fmt_bytes, free_bytes
 
 MARKER = ".fastload-staged.json"
 CHUNK = 8 << 20
@@ -59,11 +69,8 @@ def _file_crc(path: Path) -> tuple[int, int]:
     return size, crc
 
 
-def _dataset_files(cfg: Any, splits: Sequence[str]) -> tuple[list[tuple[Path, Path]], dict[str, Any]]:
+def _dataset_files(cfg: DataConfig, splits: Sequence[str]) -> tuple[list[tuple[Path, Path]], dict[str, Any]]:
     """(source, path relative to the dataset root) of every image and label file, and the new split values."""
-    from fastload.data.index import list_images
-    from fastload.data.labels import img2label_path
-
     root = Path(cfg.root).resolve()
     pairs: dict[Path, Path] = {}
     split_values: dict[str, Any] = {}
@@ -106,8 +113,6 @@ def stage(
     log: Callable[[str], None] = print,
 ) -> StageResult:
     """Copy a dataset (``data.yaml``) or a store folder to ``to`` and verify the copy."""
-    from tqdm import tqdm
-
     t0 = time.perf_counter()
     source, to = Path(source), Path(to).absolute()
     if to.exists() and not (to / MARKER).is_file():
@@ -116,13 +121,13 @@ def stage(
     cfg = None
     split_values: dict[str, Any] = {}
     if is_yaml:
-        from fastload.data.config import load_data_config
-
         cfg = load_data_config(source)
         wanted = list(splits) if splits else list(cfg.splits)
         files, split_values = _dataset_files(cfg, wanted)
     elif source.is_dir():
         files = _store_files(source)
+    elif not source.exists():
+        raise StoreError(f"cannot stage {source}: it does not exist; give a data.yaml or a store folder")
     else:
         raise StoreError(f"cannot stage {source}: give a data.yaml or a store folder")
     if not files:
@@ -144,7 +149,12 @@ def stage(
         sums: list[tuple[Path, int, int]] = []
         with tqdm(total=total, unit="B", unit_scale=True, desc=f"stage -> {to}", disable=not progress) as bar:
             for src, rel in files:
-                size, crc = _copy_file(src, tmp / rel)
+                try:
+                    size, crc = _copy_file(src, tmp / rel)
+                except OSError as e:  # the copy so far is removed below: say where and why
+                    room = f" ({fmt_bytes(free_bytes(to.parent))} free on {to.parent})" if e.errno == errno.ENOSPC else ""
+                    raise StoreError(f"staging {source} to {to} stopped at {src}: {e.strerror or e}{room}; "
+                                     f"nothing was kept") from None
                 sums.append((rel, size, crc))
                 bar.update(size)
         os.sync()
@@ -159,8 +169,6 @@ def stage(
             json.dumps({"source": str(source.resolve()), "files": len(files), "bytes": total,
                         "created": time.strftime("%Y-%m-%dT%H:%M:%S"), "pid": os.getpid()}, indent=1)
         )
-        from fastload.store.packed import replace_dir
-
         replace_dir(tmp, to)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -173,9 +181,7 @@ def stage(
     return StageResult(to, yaml_path, len(files), total, time.perf_counter() - t0)
 
 
-def _write_staged_yaml(cfg: Any, tmp: Path, final: Path, split_values: dict[str, Any]) -> Path:
-    import yaml
-
+def _write_staged_yaml(cfg: DataConfig, tmp: Path, final: Path, split_values: dict[str, Any]) -> Path:
     raw = {k: v for k, v in dict(cfg.raw).items() if k not in ("fastload", "download")}
     raw["path"] = str(final)
     for split, value in split_values.items():
@@ -197,14 +203,12 @@ def _write_staged_yaml(cfg: Any, tmp: Path, final: Path, split_values: dict[str,
 
 def unstage(path: str | Path, *, force: bool = False, log: Callable[[str], None] = print) -> None:
     """Remove a staged copy (it must carry the marker) or a ram store segment under the shm root."""
-    from fastload.store import shm
-
     path = Path(path).absolute()
     if (path / MARKER).is_file():
         shutil.rmtree(path)
         log(f"removed staged copy {path}")
         return
-    if path.parent == shm.shm_root().absolute() and shm.holders_path(path).exists():  # a ram store
+    if path.parent == shm_root().absolute() and shm.holders_path(path).exists():  # a ram store
         shm.remove(path, force=force)
         log(f"removed ram store {path}")
         return

@@ -25,6 +25,7 @@ import cv2
 import numpy as np
 
 from fastload.augment.functional.scratch import scratch
+from fastload.augment.params import Rect
 
 __all__ = ["apply_hsv", "apply_hsv_in_box", "apply_hsv_reference", "hsv_luts"]
 
@@ -34,9 +35,9 @@ _RAMP = np.stack([np.arange(1024) % 180, np.arange(1024) % 256, np.arange(1024) 
 _RAMP_F = _RAMP.astype(np.float64)
 _OFFSETS = (2e-5, 1e-4, 5e-6, 1e-3)  # tried in order; see the module docstring
 
-#: The middle step of :func:`apply_hsv`: ``cv2.transform`` (True) or one 3-channel ``cv2.LUT``.
-#: Measured on a 640x640 HSV image, one core: OpenCV 5.1 transform 0.13-0.18 ms, 3-channel LUT
-#: 0.79-0.87 ms; OpenCV 4.14 transform 1.07-1.59 ms, 3-channel LUT 0.85-1.0 ms.
+#: The middle step of :func:`apply_hsv`: ``cv2.transform`` (True) or one 3-channel ``cv2.LUT``,
+#: whichever is cheaper on the installed OpenCV major version (the transform from OpenCV 5; the HSV
+#: row of ``benchmarks/augment_kernels.py`` times the whole step against the stock split/LUT/merge).
 TRANSFORM_MIDDLE: bool = int(cv2.__version__.split(".")[0]) >= 5
 
 
@@ -109,18 +110,17 @@ def _apply_hsv_middle(img: np.ndarray, middle: np.ndarray) -> np.ndarray:
     return img
 
 
-def apply_hsv_in_box(img: np.ndarray, gains: Sequence[float], box: tuple[int, int, int, int] | None) -> np.ndarray:
-    """:func:`apply_hsv` on an image whose pixels outside ``box = (y0, y1, x0, x1)`` all hold one
-    colour (a mosaic's grey border; None: the whole image is that colour), in place.
+def apply_hsv_in_box(img: np.ndarray, gains: Sequence[float], box: Rect | None) -> np.ndarray:
+    """:func:`apply_hsv` on an image whose pixels outside ``box`` all hold one colour (a mosaic's grey border; None: the whole image is that colour), in place.
 
     Only the rows ``y0:y1`` are converted and the other rows get that colour's own HSV result
     (from the same kernels on a small patch), so the output equals :func:`apply_hsv` on the whole
     image. Whole rows, not the box: OpenCV's vector and scalar colour conversions differ by one
     level at times, so a narrower region would move the row tails onto the scalar path.
-    A scratch-high mosaic (random scale) leaves ~12 % of its rows as border on average (coco128).
+    A scratch-high mosaic (random scale) often leaves whole rows of border.
     """
     h, w = img.shape[:2]
-    y0, y1 = (0, 0) if box is None else (max(box[0], 0), min(box[1], h))
+    y0, y1 = (0, 0) if box is None else (max(box.y0, 0), min(box.y1, h))
     aligned = (y0 * w) % 64 == 0 and ((y1 * w) % 64 == 0 or y1 == h)  # same vector blocks as the whole image
     if (y0 <= 0 and y1 >= h) or not aligned or not img.flags.c_contiguous:
         return apply_hsv(img, gains)
@@ -140,8 +140,8 @@ def apply_hsv_in_box(img: np.ndarray, gains: Sequence[float], box: tuple[int, in
 
 def _fill_rows(img: np.ndarray, start: int, stop: int, colour: np.ndarray) -> None:
     """Rows ``start:stop`` of an HWC image set to one ``colour``. Broadcasting a 3-value colour
-    over many rows runs numpy's slow 3-byte inner loop (0.36 ms for 80 rows of 640 px); filling one
-    row and copying it down runs whole-row copies (0.01 ms)."""
+    over many rows runs numpy's slow 3-byte inner loop; filling one row and copying it down runs
+    whole-row copies, many times cheaper."""
     if stop <= start:
         return
     img[start] = colour

@@ -2,8 +2,8 @@
 
 A 640x640 mosaic makes several short-lived megabyte-sized temporaries (a padded source crop, a
 resized tile, the HSV image, the mixup partner). Fresh allocations of that size come from
-``mmap`` or a trimmed heap, so every one costs page faults (zeroed pages: ~0.1 ms per MB), which
-measured as much as the arithmetic itself. The kernels instead borrow views of a few named,
+``mmap`` or a trimmed heap, so every one costs page faults on zeroed pages, about as much as the
+arithmetic itself (``benchmarks/augment_kernels.py`` times the kernels). The kernels instead borrow views of a few named,
 growing buffers that live as long as the thread; a worker renders one sample at a time, so a name
 is never in use twice at once (each name is used by exactly one step of a sample).
 """

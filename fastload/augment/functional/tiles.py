@@ -22,21 +22,22 @@ Pixels near a tile seam differ from YOLOv9 where its bilinear filter mixes two n
 """
 from __future__ import annotations
 
+import enum
 import math
-from typing import Callable, NamedTuple, Union
+from dataclasses import dataclass
+from typing import Callable, Literal, NamedTuple, get_args
 
 import cv2
 import numpy as np
 
 from fastload.augment.functional.scratch import scratch
-from fastload.augment.params import ImageParams, TileParams, translation
+from fastload.augment.params import ImageParams, Rect, TileParams, translation
 
 __all__ = [
     "render_image", "render_image_bbox", "draw_tile", "union_rect",
-    "AXIS_KERNELS", "default_axis_kernel", "check_axis_kernel", "tile_plan", "OwnedRect",
+    "AXIS_KERNELS", "AxisKernel", "default_axis_kernel", "check_axis_kernel",
+    "tile_plan", "DrawMethod", "DrawPlan", "Span", "warp_rect",
 ]
-
-Rect = tuple[int, int, int, int]  # (y0, y1, x0, x1) of the output
 
 _EXACT = 1e-9
 _SEARCH = 64  # source-origin candidates tried per axis
@@ -45,24 +46,23 @@ _SEARCH = 64  # source-origin candidates tried per axis
 # resize path (every extra candidate costs one resized row / column, far less than a warp)
 _WIDE_SEARCH = 256
 # output px: take the first origin at least this well aligned. Each candidate further back costs a
-# resized (and discarded) row / column: 0.01 resized 21 % more pixels than kept on coco128
-# scratch-high mosaics, 0.03 resizes 11.5 % more. 0.03 px is about the step of stock YOLOv9's
-# own sampling grid (warpAffine rounds source positions to 1/32 px).
+# resized (and discarded) row / column, so a looser bound resizes fewer wasted pixels; 0.03 px is
+# about the step of stock YOLOv9's own sampling grid (warpAffine rounds source positions to 1/32 px).
 _PHASE_OK = 0.03
 PHASE_MAX = 0.05  # output px: beyond this the tile is warped instead
 
-AXIS_KERNELS = ("warp", "resize")
+AxisKernel = Literal["warp", "resize"]
+AXIS_KERNELS: tuple[str, ...] = get_args(AxisKernel)
 
 
 def default_axis_kernel() -> str:
     """The faster axis-aligned tile kernel for the installed OpenCV: ``"warp"`` from OpenCV 5,
     else ``"resize"``.
 
-    Measured on coco128 scratch-high mosaics, one core (``benchmarks/augment_kernels.py``, 128
-    source images, more than the L3 cache holds): on OpenCV 5.1 ``warpAffine`` of a copied source
-    draws the tiles in ~0.7x the time of the resize plan (no origin search, no padded or discarded
-    pixels); on OpenCV 4.14 its ``warpAffine`` is ~3x slower per pixel than ``cv2.resize`` and the
-    resize plan wins. A version rule, not a timing, so that the same seed gives the same pixels on
+    OpenCV 5's ``warpAffine`` of a copied source beats the resize plan (no origin search, no padded
+    or discarded pixels); OpenCV 4's ``warpAffine`` is several times slower per pixel than
+    ``cv2.resize``, and the resize plan wins. ``benchmarks/augment_kernels.py`` prints both kernels
+    side by side. A version rule, not a timing, so that the same seed gives the same pixels on
     every run of one installation.
     """
     major = int(cv2.__version__.split(".")[0])
@@ -103,9 +103,9 @@ def render_image(
 def render_image_bbox(
     image: ImageParams, get_image: Callable[[int], np.ndarray], out: np.ndarray | None = None, *, axis_kernel: str | None = None
 ) -> tuple[np.ndarray, Rect | None]:
-    """:func:`render_image`, also returning the bounding rectangle ``(y0, y1, x0, x1)`` of the
-    pixels any tile wrote (None: no tile drew anything). Every pixel outside it is ``image.fill``,
-    which lets later per-pixel steps (HSV) skip the uniform border.
+    """:func:`render_image`, also returning the bounding rectangle of the pixels any tile wrote
+    (None: no tile drew anything). Every pixel outside it is ``image.fill``, which lets later
+    per-pixel steps (HSV) skip the uniform border.
 
     When every tile is axis-aligned (opaque rectangles: the scratch-high case) only the pixels
     no tile covers are filled, after drawing, instead of filling the whole output first.
@@ -119,7 +119,7 @@ def render_image_bbox(
         if tile.src_hw is not None and src.shape[:2] != tile.src_hw:
             raise ValueError(f"image {tile.src} has shape {src.shape[:2]}, the record expects the loaded shape {tile.src_hw}")
         plan = tile_plan(tile, src.shape[:2], out.shape[:2], kernel)
-        opaque = opaque and plan is not False
+        opaque = opaque and plan.method is not DrawMethod.WARP
         jobs.append((tile, src, plan))
     if not opaque:  # a warped tile only writes inside its crop's outline: fill first
         out[...] = image.fill
@@ -142,69 +142,92 @@ def _fill_outside(out: np.ndarray, rects: list[Rect], fill: int) -> None:
     if not rects:
         out[...] = fill
         return
-    edges = sorted({0, h, *(r[0] for r in rects), *(r[1] for r in rects)})
+    edges = sorted({0, h, *(r.y0 for r in rects), *(r.y1 for r in rects)})
     for a, b in zip(edges[:-1], edges[1:]):
         x = 0
-        for _, _, x0, x1 in sorted((r for r in rects if r[0] <= a and r[1] >= b), key=lambda r: r[2]):
-            if x0 > x:
-                out[a:b, x:x0] = fill
-            x = max(x, x1)
+        for r in sorted((r for r in rects if r.y0 <= a and r.y1 >= b), key=lambda r: r.x0):
+            if r.x0 > x:
+                out[a:b, x : r.x0] = fill
+            x = max(x, r.x1)
         if x < w:
             out[a:b, x:w] = fill
 
 
 def union_rect(a: Rect | None, b: Rect | None) -> Rect | None:
-    """Bounding rectangle of two ``(y0, y1, x0, x1)`` rectangles (None: empty)."""
+    """Bounding rectangle of two rectangles (None: empty)."""
     if a is None:
         return b
     if b is None:
         return a
-    return (min(a[0], b[0]), max(a[1], b[1]), min(a[2], b[2]), max(a[3], b[3]))
+    return Rect(min(a.x0, b.x0), min(a.y0, b.y0), max(a.x1, b.x1), max(a.y1, b.y1))
 
 
 def draw_tile(out: np.ndarray, src: np.ndarray, tile: TileParams, *, axis_kernel: str | None = None) -> Rect | None:
     """Draw one tile of loaded image ``src`` into ``out`` (in place); returns the output rectangle
-    ``(y0, y1, x0, x1)`` it may have written, None when it drew nothing."""
+    it may have written, None when it drew nothing."""
     return _draw(out, src, tile, tile_plan(tile, src.shape[:2], out.shape[:2], check_axis_kernel(axis_kernel)))
 
 
-# What drawing one tile takes: a resize plan, an owned rectangle for the scaled warp, None (the
-# tile draws nothing) or False (a general warp).
-Plan = Union["tuple[Span, Span]", "OwnedRect", None, bool]
+class DrawMethod(enum.Enum):
+    """How one tile is drawn (the method of a :class:`DrawPlan`)."""
+
+    SKIP = "skip"  # no output pixel samples inside the crop: the tile draws nothing
+    RESIZE = "resize"  # one exact-scale cv2.resize of a source span, phase matched (letterboxes: bit-exact)
+    SCALED_WARP = "scaled_warp"  # warpAffine with the exact matrix, crop edges replicated (axis-aligned tiles)
+    WARP = "warp"  # any other matrix: warped into its bounding rectangle, BORDER_TRANSPARENT
 
 
-class OwnedRect(NamedTuple):
-    """The output rectangle an axis-aligned tile owns, drawn by the scaled warp."""
+@dataclass(frozen=True)
+class DrawPlan:
+    """What :func:`tile_plan` decided for one tile.
 
-    y0: int
-    y1: int
-    x0: int
-    x1: int
+    Attributes:
+        method: how it is drawn.
+        rect: the output rectangle it writes: every pixel of it (``RESIZE``, ``SCALED_WARP``: the
+            pixels whose sampling point falls in the crop) or some (``WARP``: its bounding
+            rectangle); None for ``SKIP``.
+        xs, ys: ``RESIZE`` only: the horizontal and vertical plan of the resize.
+    """
+
+    method: DrawMethod
+    rect: Rect | None = None
+    xs: Span | None = None
+    ys: Span | None = None
 
 
-def tile_plan(tile: TileParams, src_hw: tuple[int, int], out_hw: tuple[int, int], kernel: str) -> Plan:
-    """How ``tile`` is drawn by ``kernel``: a resize plan ``(xs, ys)``, an :class:`OwnedRect` (the
-    scaled warp), None (it draws nothing) or False (a general warp). The torch and DALI engines
-    follow the same plan."""
+_SKIP = DrawPlan(DrawMethod.SKIP)
+
+
+def tile_plan(tile: TileParams, src_hw: tuple[int, int], out_hw: tuple[int, int], kernel: str) -> DrawPlan:
+    """How ``tile`` (of a loaded image of size ``src_hw``) is drawn into an ``out_hw`` output by the
+    axis-aligned ``kernel``. The one place that decides which output pixels a tile owns and how they
+    are sampled: the torch and DALI engines follow the same plan."""
     m = tile.matrix
     if not (tile.is_axis_aligned and m[0, 0] > 0 and m[1, 1] > 0):
-        return False
+        return _warp_plan(tile, out_hw)
     if kernel == "warp" and not _is_exact_resize(tile):
         x0, y0, x1, y1 = tile.crop
-        xs = owned_span(float(m[0, 0]), float(m[0, 2]), x0, x1, out_hw[1])
-        ys = owned_span(float(m[1, 1]), float(m[1, 2]), y0, y1, out_hw[0])
+        xs = _owned_span(float(m[0, 0]), float(m[0, 2]), x0, x1, out_hw[1])
+        ys = _owned_span(float(m[1, 1]), float(m[1, 2]), y0, y1, out_hw[0])
         if xs is None or ys is None:
-            return None
-        return OwnedRect(ys[0], ys[1], xs[0], xs[1])
+            return _SKIP
+        return DrawPlan(DrawMethod.SCALED_WARP, Rect(xs[0], ys[0], xs[1], ys[1]))
     return _resize_plan(tile, src_hw, out_hw)
 
 
-def _draw(out: np.ndarray, src: np.ndarray, tile: TileParams, plan: Plan) -> Rect | None:
-    if plan is False:
-        return _draw_warp(out, src, tile)
-    if isinstance(plan, OwnedRect):
-        return _draw_scaled_warp(out, src, tile, plan)
-    return _draw_planned(out, src, tile, plan)  # type: ignore[arg-type]
+def _warp_plan(tile: TileParams, out_hw: tuple[int, int]) -> DrawPlan:
+    rect = warp_rect(tile, out_hw)
+    return _SKIP if rect is None else DrawPlan(DrawMethod.WARP, rect)
+
+
+def _draw(out: np.ndarray, src: np.ndarray, tile: TileParams, plan: DrawPlan) -> Rect | None:
+    if plan.method is DrawMethod.WARP:
+        return _draw_warp(out, src, tile, plan.rect)
+    if plan.method is DrawMethod.SCALED_WARP:
+        return _draw_scaled_warp(out, src, tile, plan.rect)
+    if plan.method is DrawMethod.RESIZE:
+        return _draw_planned(out, src, tile, plan.xs, plan.ys)
+    return None
 
 
 def _is_exact_resize(tile: TileParams) -> bool:
@@ -230,7 +253,7 @@ class Span(NamedTuple):
     err: float  # remaining sub-pixel phase error, output pixels
 
 
-def owned_span(a: float, t: float, c0: int, c1: int, n_out: int) -> tuple[int, int] | None:
+def _owned_span(a: float, t: float, c0: int, c1: int, n_out: int) -> tuple[int, int] | None:
     """Output pixels ``[d0, d1)`` whose sampling point ``(X - t) / a`` falls in the crop's pixel
     cells ``[c0 - 0.5, c1 - 0.5)`` under ``X = a * x + t`` (None: none of them)."""
     d0 = max(0, math.ceil(a * (c0 - 0.5) + t - _EXACT))
@@ -251,7 +274,7 @@ def axis_plan(a: float, t: float, c0: int, c1: int, n_src: int, n_out: int) -> S
     rule over ``base - 64 ... base - 255``. The source is padded when ``s0 < 0``.
     """
     a, t = float(a), float(t)  # Python floats: the same IEEE arithmetic, without numpy-scalar overhead
-    owned = owned_span(a, t, c0, c1, n_out)
+    owned = _owned_span(a, t, c0, c1, n_out)
     if owned is None:
         return None
     d0, d1 = owned
@@ -270,8 +293,8 @@ def axis_plan(a: float, t: float, c0: int, c1: int, n_src: int, n_out: int) -> S
 def _best_origin(base: int, a: float, t: float, first: int, stop: int) -> tuple[int, float, float]:
     """``(s0, x_start, err)`` for the first origin ``s0 = base - k``, ``first <= k < stop``, whose
     resize column 0 lands within ``_PHASE_OK`` of an integer output position ``x_start``, else for
-    the best-aligned one. A plain loop: the first good origin comes after ~16 candidates on
-    average, fewer operations than evaluating all of them as an array.
+    the best-aligned one. A plain loop: the first good origin usually comes after a few candidates,
+    fewer operations than evaluating all of them as an array.
     """
     half_a = 0.5 * a
     best = (base - first, 0.0, math.inf)
@@ -306,33 +329,30 @@ def _pad_origin(part: np.ndarray, top: int, left: int, a: float, b: float) -> np
     return buf
 
 
-def _resize_plan(tile: TileParams, src_hw: tuple[int, int], out_hw: tuple[int, int]) -> tuple[Span, Span] | None | bool:
-    """The two axis plans of drawing an axis-aligned, positively scaled ``tile`` by one exact-scale
-    resize; None when it draws nothing; False when it must be warped (no source origin matches the
-    phase within ``PHASE_MAX``)."""
+def _resize_plan(tile: TileParams, src_hw: tuple[int, int], out_hw: tuple[int, int]) -> DrawPlan:
+    """The plan of drawing an axis-aligned, positively scaled ``tile`` by one exact-scale resize
+    (``SKIP`` when it draws nothing; ``WARP`` when no source origin matches the phase within
+    ``PHASE_MAX``)."""
     m = tile.matrix
     x0, y0, x1, y1 = tile.crop
     xs = axis_plan(float(m[0, 0]), float(m[0, 2]), x0, x1, src_hw[1], out_hw[1])
     ys = axis_plan(float(m[1, 1]), float(m[1, 2]), y0, y1, src_hw[0], out_hw[0])
     if xs is None or ys is None:
-        return None
+        return _SKIP
     if max(xs.err, ys.err) > PHASE_MAX:
-        return False
-    return xs, ys
+        return _warp_plan(tile, out_hw)
+    return DrawPlan(DrawMethod.RESIZE, Rect(xs.d0, ys.d0, xs.d1, ys.d1), xs, ys)
 
 
-def _draw_planned(out: np.ndarray, src: np.ndarray, tile: TileParams, plan: tuple[Span, Span] | None) -> Rect | None:
-    """Draw an axis-aligned tile with one exact-scale resize following ``plan``; returns the
-    rectangle it filled (every pixel of it is written)."""
-    if plan is None:
-        return None
-    xs, ys = plan
+def _draw_planned(out: np.ndarray, src: np.ndarray, tile: TileParams, xs: Span, ys: Span) -> Rect:
+    """Draw an axis-aligned tile with one exact-scale resize following the axis plans ``xs``, ``ys``;
+    returns the rectangle it filled (every pixel of it is written)."""
     fx, fy = float(tile.matrix[0, 0]), float(tile.matrix[1, 1])
     part = src[max(ys.s0, 0) : ys.s1, max(xs.s0, 0) : xs.s1]
     if xs.s0 < 0 or ys.s0 < 0:  # origin before the image: pad (only feeds the seam pixels)
         part = _pad_origin(part, max(-ys.s0, 0), max(-xs.s0, 0), fx, fy)
     dst = out[ys.d0 : ys.d1, xs.d0 : xs.d1]
-    rect = (ys.d0, ys.d1, xs.d0, xs.d1)
+    rect = Rect(xs.d0, ys.d0, xs.d1, ys.d1)
     if fx == 1.0 and fy == 1.0:  # unit scale: a plain copy
         _copy_clamped(dst, part, ys.j0, xs.j0)
         return rect
@@ -346,7 +366,7 @@ def _draw_planned(out: np.ndarray, src: np.ndarray, tile: TileParams, plan: tupl
     return rect
 
 
-def _draw_scaled_warp(out: np.ndarray, src: np.ndarray, tile: TileParams, rect: OwnedRect) -> Rect:
+def _draw_scaled_warp(out: np.ndarray, src: np.ndarray, tile: TileParams, rect: Rect) -> Rect:
     """Draw an axis-aligned tile into the rectangle it owns by ``warpAffine`` with its exact
     matrix; the crop's edge pixels repeat (``BORDER_REPLICATE``) for samples just outside it.
 
@@ -367,7 +387,7 @@ def _draw_scaled_warp(out: np.ndarray, src: np.ndarray, tile: TileParams, rect: 
     dst = out[rect.y0 : rect.y1, rect.x0 : rect.x1]
     cv2.warpAffine(buf, local, (rect.x1 - rect.x0, rect.y1 - rect.y0), dst=dst, flags=cv2.INTER_LINEAR,
                    borderMode=cv2.BORDER_REPLICATE)
-    return (rect.y0, rect.y1, rect.x0, rect.x1)
+    return rect
 
 
 def _copy_clamped(dst: np.ndarray, full: np.ndarray, j0: int, i0: int) -> None:
@@ -387,11 +407,8 @@ def _copy_clamped(dst: np.ndarray, full: np.ndarray, j0: int, i0: int) -> None:
         dst[h:] = dst[h - 1 : h]
 
 
-def warp_rect(tile: TileParams, out_hw: tuple[int, int]) -> tuple[int, int, int, int] | None:
-    """``(x0, y0, x1, y1)``: the output rectangle a warped (rotated/sheared/perspective) tile can touch, or None.
-
-    Shared with the torch engines so that every engine warps the same region of interest.
-    """
+def warp_rect(tile: TileParams, out_hw: tuple[int, int]) -> Rect | None:
+    """The output rectangle a warped (rotated/sheared/perspective) tile can touch, or None."""
     m = tile.matrix
     x0, y0, x1, y1 = tile.crop
     oh, ow = out_hw
@@ -408,13 +425,10 @@ def warp_rect(tile: TileParams, out_hw: tuple[int, int]) -> tuple[int, int, int,
     dy1 = min(oh, math.ceil(p[:, 1].max()) + 1)
     if dx1 <= dx0 or dy1 <= dy0:
         return None
-    return dx0, dy0, dx1, dy1
+    return Rect(dx0, dy0, dx1, dy1)
 
 
-def _draw_warp(out: np.ndarray, src: np.ndarray, tile: TileParams) -> Rect | None:
-    rect = warp_rect(tile, out.shape[:2])
-    if rect is None:
-        return None
+def _draw_warp(out: np.ndarray, src: np.ndarray, tile: TileParams, rect: Rect) -> Rect:
     dx0, dy0, dx1, dy1 = rect
     m = tile.matrix
     x0, y0, x1, y1 = tile.crop
@@ -426,4 +440,4 @@ def _draw_warp(out: np.ndarray, src: np.ndarray, tile: TileParams) -> Rect | Non
         cv2.warpAffine(part, local[:2], size, dst=dst, flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_TRANSPARENT)
     else:
         cv2.warpPerspective(part, local, size, dst=dst, flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_TRANSPARENT)
-    return (dy0, dy1, dx0, dx1)
+    return rect

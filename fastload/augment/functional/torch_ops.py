@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["apply_hsv_batch", "flip_batch", "rgb_to_hsv8", "hsv8_to_rgb"]
+__all__ = ["apply_hsv_batch", "rgb_to_hsv8", "hsv8_to_rgb"]
 
 _SHIFT = 12
 # OpenCV: sdiv[i] = round((255 << 12) / i), hdiv[i] = round((180 << 12) / (6 i)); entry 0 is 0.
@@ -110,13 +110,3 @@ def apply_hsv_batch(imgs: torch.Tensor, gains: torch.Tensor, *, chunk: int = 16)
         out[sel] = hsv8_to_rgb(h2, s2, v2)
     return out
 
-
-def flip_batch(imgs: torch.Tensor, flip_ud: torch.Tensor | None = None, flip_lr: torch.Tensor | None = None) -> torch.Tensor:
-    """Per-image flips of [B, C, H, W] images with bool [B] masks (on the host: no device sync); returns a new tensor."""
-    out = imgs
-    for mask, dim in ((flip_ud, -2), (flip_lr, -1)):
-        host_mask = None if mask is None else torch.as_tensor(mask).bool().cpu()
-        if host_mask is not None and bool(host_mask.any()):
-            m = host_mask.to(imgs.device, non_blocking=True).view(-1, 1, 1, 1)
-            out = torch.where(m, out.flip(dim), out)
-    return out if out is not imgs else imgs.clone()

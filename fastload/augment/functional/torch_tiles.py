@@ -5,7 +5,7 @@ reference (:func:`fastload.augment.pipeline.render_sample`), with a constant num
 operations per *batch* (not per tile), so that a batch of 64 mosaics costs a few dozen kernel
 launches:
 
-1. :func:`plan_tiles` (host, numpy) turns every tile of every record into a small row of numbers:
+1. :func:`plan_tiles` (host, numpy) turns every tile of every record into a :class:`TileRow` of numbers
    the output rectangle it may write, where its source pixels live in an :class:`ImageBank`, and
    how an output pixel maps back to them.  The rectangle and sampling rule are the reference's
    (:func:`fastload.augment.functional.tiles.tile_plan`, same ``axis_kernel``): axis-aligned
@@ -25,30 +25,32 @@ launches:
 3. :func:`render_batch` draws the main images and the mixup partners and blends them with
    YOLOv9's truncation (``floor(a * r + b * (1 - r))``).
 
-Decoding and the *loaded* resize on the device live in :mod:`fastload.store.gpu` (the GPU store
-needs them too).
+Decoding and the *loaded* resize on the device live in :mod:`fastload.data.torch_images` (the GPU
+store needs them too).
 
 Tolerance against the CPU reference (same loaded images, same ``axis_kernel``): identical
 geometry (every output pixel is owned by the same tile); values differ by at most 1 grey level
-(OpenCV's fixed-point rounding) in axis-aligned tiles, 2 with rotation / shear (measured with mixup
-0.5 on OpenCV 5.1: mean 0.05 with the warp kernel, 0.10 with the resize kernel); letterboxes are
-identical; mixup truncation can turn a 1-level difference into 1 more level.  Boxes are not computed here (see
+(OpenCV's fixed-point rounding) in axis-aligned tiles, 2 with rotation / shear; letterboxes are
+identical (``tests/test_engine_gpu.py`` asserts these bounds and a small mean); mixup truncation can turn a 1-level difference into 1 more level.  Boxes are not computed here (see
 :func:`fastload.augment.boxes.transform_labels`).
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
 import torch
 
-from fastload.augment.params import ImageParams, SampleParams, TileParams, translation
+from fastload.augment.functional import tiles
+from fastload.augment.functional.tiles import DrawMethod, Span
+from fastload.augment.params import ImageParams, Rect, SampleParams, TileParams, translation
 
 __all__ = [
     "ImageBank",
-    "TilePlan",
+    "TileRow",
+    "TileTable",
     "chw_to_rows",
     "plan_tiles",
     "render_images",
@@ -102,9 +104,8 @@ def chw_to_rows(img: torch.Tensor) -> torch.Tensor:
 
 
 # ------------------------------------------------------------------------------------------- planning
-@dataclass
-class TilePlan:
-    """Host arrays describing every tile to draw (one row per tile), see :func:`plan_tiles`.
+class TileRow(NamedTuple):
+    """One tile to draw, as :func:`plan_tiles` describes it (a row of :class:`TileTable`).
 
     Resize tiles sample output pixel ``X`` of their rectangle at part position
     ``(j + 0.5) * scale - 0.5`` with ``j = min(X - x0 + j0, full - 1)`` (``cv2.resize(fx=1/scale)``
@@ -113,20 +114,54 @@ class TilePlan:
     replicating its edge). Warp tiles map rect-local pixels through ``inv`` into the crop.
     """
 
-    image: np.ndarray  # int64 [T]      output image the tile belongs to
-    round: np.ndarray  # int64 [T]      paint position of the tile within its output image
-    rect: np.ndarray  # int64 [T, 4]    output rectangle (x0, y0, x1, y1) the tile may write
-    warp: np.ndarray  # bool  [T]       True: warp sampling; False: resize sampling
-    clamp: np.ndarray  # bool [T]       warp: taps outside the crop repeat its edge and every pixel is
-    #                                   written (BORDER_REPLICATE); False: BORDER_TRANSPARENT
-    base: np.ndarray  # int64 [T]       bank row of the source image's pixel (0, 0)
-    stride: np.ndarray  # int64 [T]     row stride of the source image (its loaded width)
-    origin: np.ndarray  # int64 [T, 2]  source pixel of part position 0 (x, y); may be < 0 (resize)
-    part: np.ndarray  # int64 [T, 2]    part size (x, y) in source pixels
-    j0: np.ndarray  # int64 [T, 2]      resize: index of the rect's first pixel in the resized part
-    full: np.ndarray  # int64 [T, 2]    resize: size of the resized part (later indices repeat the last)
-    scale: np.ndarray  # float64 [T, 2] resize: source pixels per output pixel
-    inv: np.ndarray  # float64 [T, 3, 3] warp: rect-local output pixel -> crop pixel
+    image: int  # output image the tile belongs to
+    round: int  # paint position of the tile within its output image
+    rect: Rect  # output rectangle the tile may write
+    warp: bool  # True: warp sampling; False: resize sampling
+    clamp: bool  # warp: taps outside the crop repeat its edge and every pixel is written
+    #              (BORDER_REPLICATE); False: BORDER_TRANSPARENT
+    base: int  # bank row of the source image's pixel (0, 0)
+    stride: int  # row stride of the source image (its loaded width)
+    origin: tuple[int, int]  # source pixel (x, y) of part position 0; may be < 0 (resize)
+    part: tuple[int, int]  # part size (x, y) in source pixels
+    j0: tuple[int, int]  # resize: index of the rect's first pixel in the resized part
+    full: tuple[int, int]  # resize: size of the resized part (later indices repeat the last)
+    scale: tuple[float, float]  # resize: source pixels per output pixel
+    inv: np.ndarray  # float64 [3, 3] warp: rect-local output pixel -> crop pixel
+
+
+@dataclass
+class TileTable:
+    """Every tile to draw, one :class:`TileRow` per tile, as host arrays by field (see :func:`plan_tiles`)."""
+
+    image: np.ndarray  # int64 [T]
+    round: np.ndarray  # int64 [T]
+    rect: np.ndarray  # int64 [T, 4]  (x0, y0, x1, y1)
+    warp: np.ndarray  # bool  [T]
+    clamp: np.ndarray  # bool [T]
+    base: np.ndarray  # int64 [T]
+    stride: np.ndarray  # int64 [T]
+    origin: np.ndarray  # int64 [T, 2]
+    part: np.ndarray  # int64 [T, 2]
+    j0: np.ndarray  # int64 [T, 2]
+    full: np.ndarray  # int64 [T, 2]
+    scale: np.ndarray  # float64 [T, 2]
+    inv: np.ndarray  # float64 [T, 3, 3]
+
+    @classmethod
+    def from_rows(cls, rows: Sequence[TileRow]) -> "TileTable":
+        t = len(rows)
+
+        def column(name: str, dtype: type, *shape: int) -> np.ndarray:
+            return np.array([getattr(r, name) for r in rows], dtype).reshape(t, *shape)
+
+        return cls(
+            image=column("image", np.int64), round=column("round", np.int64), rect=column("rect", np.int64, 4),
+            warp=column("warp", bool), clamp=column("clamp", bool), base=column("base", np.int64),
+            stride=column("stride", np.int64), origin=column("origin", np.int64, 2), part=column("part", np.int64, 2),
+            j0=column("j0", np.int64, 2), full=column("full", np.int64, 2), scale=column("scale", np.float64, 2),
+            inv=column("inv", np.float64, 3, 3),
+        )
 
     def __len__(self) -> int:
         return len(self.image)
@@ -137,32 +172,23 @@ class TilePlan:
         return (self.rect[:, 2] - self.rect[:, 0]) * (self.rect[:, 3] - self.rect[:, 1])
 
 
-def _ref_tiles() -> Any:
-    # The reference module owns the tile geometry (which output pixels a tile owns, how its
-    # exact-scale resize is phased); the GPU kernels use its plan so both draw the same pixels.
-    from fastload.augment.functional import tiles
-
-    return tiles
-
-
-def _resize_row(k: int, order: int, tile: TileParams, off: int, sw: int, plan: tuple[Any, Any]) -> tuple:
-    """Plan row of an axis-aligned tile drawn by the reference's exact-scale resize ``plan``."""
-    xs, ys = plan
+def _resize_row(k: int, order: int, tile: TileParams, off: int, sw: int, xs: Span, ys: Span) -> TileRow:
+    """Row of an axis-aligned tile drawn by the reference's exact-scale resize (axis plans ``xs``, ``ys``)."""
     fx, fy = float(tile.matrix[0, 0]), float(tile.matrix[1, 1])
     nx, ny = xs.s1 - xs.s0, ys.s1 - ys.s0
     # cv2.resize(dsize=(0, 0), fx, fy): output size round(n * f), sampling scale exactly 1 / f
     full = (int(round(nx * fx)), int(round(ny * fy)))
-    return (k, order, (xs.d0, ys.d0, xs.d1, ys.d1), False, False, off, sw, (xs.s0, ys.s0), (nx, ny), (xs.j0, ys.j0),
-            full, (1.0 / fx, 1.0 / fy), np.eye(3))
+    return TileRow(k, order, Rect(xs.d0, ys.d0, xs.d1, ys.d1), False, False, off, sw, (xs.s0, ys.s0), (nx, ny),
+                   (xs.j0, ys.j0), full, (1.0 / fx, 1.0 / fy), np.eye(3))
 
 
-def _warp_row(k: int, order: int, tile: TileParams, off: int, sw: int, rect: tuple[int, int, int, int], clamp: bool) -> tuple:
-    """Plan row of a tile warped into output rectangle ``rect`` = ``(x0, y0, x1, y1)``."""
+def _warp_row(k: int, order: int, tile: TileParams, off: int, sw: int, rect: Rect, clamp: bool) -> TileRow:
+    """Row of a tile warped into output rectangle ``rect``."""
     x0, y0, x1, y1 = tile.crop
-    local = translation(-rect[0], -rect[1]) @ tile.matrix @ translation(x0, y0)  # crop px -> rect px
+    local = translation(-rect.x0, -rect.y0) @ tile.matrix @ translation(x0, y0)  # crop px -> rect px
     big = 1 << 40
-    return (k, order, rect, True, clamp, off, sw, (x0, y0), (x1 - x0, y1 - y0), (0, 0), (big, big), (1.0, 1.0),
-            np.linalg.inv(local))
+    return TileRow(k, order, rect, True, clamp, off, sw, (x0, y0), (x1 - x0, y1 - y0), (0, 0), (big, big), (1.0, 1.0),
+                   np.linalg.inv(local))
 
 
 def plan_tiles(
@@ -171,7 +197,7 @@ def plan_tiles(
     bank: ImageBank,
     *,
     axis_kernel: str | None = None,
-) -> TilePlan:
+) -> TileTable:
     """Plan every tile of ``images`` (output image ``k`` is ``images[k]``), in paint order.
 
     Args:
@@ -179,11 +205,12 @@ def plan_tiles(
         slot_of: dataset index -> position of its loaded image in ``bank``.
         bank: where the loaded images are (only its host ``offsets`` / ``hw`` are read).
         axis_kernel: the reference kernel whose sampling axis-aligned tiles follow (None: the
-            reference's default for the installed OpenCV).
+            reference's default for the installed OpenCV). The reference
+            (:func:`fastload.augment.functional.tiles.tile_plan`) owns the tile geometry: which output
+            pixels a tile owns and how its exact-scale resize is phased, so both draw the same pixels.
     """
-    ref = _ref_tiles()
-    kernel = ref.check_axis_kernel(axis_kernel)
-    rows: list[tuple] = []
+    kernel = tiles.check_axis_kernel(axis_kernel)
+    rows: list[TileRow] = []
     for k, image in enumerate(images):
         out_hw = tuple(image.out_hw)
         order = 0
@@ -193,29 +220,15 @@ def plan_tiles(
             if tile.src_hw is not None and (sh, sw) != tuple(tile.src_hw):
                 raise ValueError(f"image {tile.src} is {sh}x{sw} in the bank, the record expects the loaded shape {tile.src_hw}")
             off = int(bank.offsets[slot])
-            plan = ref.tile_plan(tile, (sh, sw), out_hw, kernel)
-            if plan is None:
+            plan = tiles.tile_plan(tile, (sh, sw), out_hw, kernel)
+            if plan.method is DrawMethod.SKIP:
                 continue
-            if plan is False:
-                rect = ref.warp_rect(tile, out_hw)
-                if rect is None:
-                    continue
-                row = _warp_row(k, order, tile, off, sw, rect, clamp=False)
-            elif isinstance(plan, ref.OwnedRect):
-                row = _warp_row(k, order, tile, off, sw, (plan.x0, plan.y0, plan.x1, plan.y1), clamp=True)
-            else:
-                row = _resize_row(k, order, tile, off, sw, plan)
-            rows.append(row)
+            if plan.method is DrawMethod.RESIZE:
+                rows.append(_resize_row(k, order, tile, off, sw, plan.xs, plan.ys))
+            else:  # BORDER_REPLICATE at the crop edges for the scaled warp, transparent for a general warp
+                rows.append(_warp_row(k, order, tile, off, sw, plan.rect, clamp=plan.method is DrawMethod.SCALED_WARP))
             order += 1
-    t = len(rows)
-    cols = list(zip(*rows)) if t else [()] * 13
-    i64 = lambda c, *shape: np.array(c, np.int64).reshape(t, *shape)  # noqa: E731
-    return TilePlan(
-        image=i64(cols[0]), round=i64(cols[1]), rect=i64(cols[2], 4), warp=np.array(cols[3], bool).reshape(t),
-        clamp=np.array(cols[4], bool).reshape(t), base=i64(cols[5]), stride=i64(cols[6]), origin=i64(cols[7], 2),
-        part=i64(cols[8], 2), j0=i64(cols[9], 2), full=i64(cols[10], 2), scale=np.array(cols[11], np.float64).reshape(t, 2),
-        inv=np.stack(cols[12]).astype(np.float64) if t else np.zeros((0, 3, 3)),
-    )
+    return TileTable.from_rows(rows)
 
 
 # ------------------------------------------------------------------------------------------- drawing
@@ -265,7 +278,7 @@ def _warp_coords(lx: torch.Tensor, ly: torch.Tensor, inv: torch.Tensor, affine: 
 
 def _draw_tiles(
     pixels: torch.Tensor,
-    plan: TilePlan,
+    plan: TileTable,
     sel: np.ndarray,
     out_rows: torch.Tensor,
     out_hw: tuple[int, int],

@@ -1,0 +1,66 @@
+"""Bytes and room: formatting sizes, measuring folders, and checking that a filesystem or shared
+memory can hold what is about to be written (so a conversion refuses before it starts)."""
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+
+import psutil
+
+from fastload.store.base import StoreError
+from fastload.store.kinds import shm_root
+
+
+def fmt_bytes(n: float) -> str:
+    """``1536`` -> ``"1.5 KB"`` (binary multiples)."""
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1024 or unit == "TB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return f"{n:.1f} TB"
+
+
+def free_bytes(path: str | Path) -> int:
+    """Free bytes for an unprivileged writer on the filesystem holding ``path`` (or its nearest parent)."""
+    p = Path(path)
+    while not p.exists():
+        p = p.parent
+    st = os.statvfs(p)
+    return st.f_bavail * st.f_frsize
+
+
+def tree_bytes(path: str | Path) -> int:
+    """Size of a file, or of every file under a folder (files that vanish meanwhile count 0)."""
+    path = Path(path)
+    if path.is_file():
+        return path.stat().st_size
+    total = 0
+    for p in path.rglob("*") if path.is_dir() else []:
+        with contextlib.suppress(OSError):
+            if p.is_file():
+                total += p.stat().st_size
+    return total
+
+
+def check_space(path: str | Path, needed: int, what: str) -> None:
+    """Raise StoreError naming needed vs free bytes when ``path``'s filesystem is too small."""
+    free = free_bytes(path)
+    if needed > free:
+        raise StoreError(
+            f"not enough space for {what} at {path}: needs about {fmt_bytes(needed)}, {fmt_bytes(free)} free"
+        )
+
+
+def check_memory(needed: int, what: str) -> None:
+    """Raise StoreError when shared memory or available RAM cannot hold ``needed`` bytes."""
+    root = shm_root()
+    shm_free = free_bytes(root)
+    avail = psutil.virtual_memory().available
+    margin = 256 << 20  # leave room for the training process itself
+    if needed + margin > min(shm_free, avail):
+        raise StoreError(
+            f"not enough memory for {what}: needs {fmt_bytes(needed)}, but {root} has "
+            f"{fmt_bytes(shm_free)} free and {fmt_bytes(avail)} RAM is available; use --to disk instead "
+            f"(served from the page cache) or free memory"
+        )

@@ -1,0 +1,74 @@
+"""The store as a loader sees it: a subset of another store's samples, with its own labels.
+
+:func:`fastload.loader` drops images (``min_items``) and rewrites labels (``single_cls``) without
+touching the store it opened: it wraps that store in a :class:`StoreView` and hands the view to the
+engine, which indexes it with loader indices ``0 .. len(view) - 1``.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from fastload.data.images import ShrinkFilter
+from fastload.store.base import ResidentImages, Sample, Store
+
+
+class StoreView(Store):
+    """Samples ``base_indices`` of ``base``, with ``labels`` replacing the base store's when given.
+
+    Reads go to the base store (its own fast paths included). The view has the base store's
+    identity (``kind``, ``decoded``, ``imgsz``, ``path``), so engines pick their path by kind, and
+    :meth:`resident_images` re-indexes the base store's device-resident images to view indices.
+
+    Attributes beyond :class:`Store`'s:
+        base: the underlying store (closing the view closes it).
+        base_indices: ``int64 [n]``: view index ``i`` is sample ``base_indices[i]`` of ``base``.
+    """
+
+    def __init__(
+        self,
+        base: Store,
+        indices: np.ndarray | None = None,
+        labels: Sequence[np.ndarray] | None = None,
+    ) -> None:
+        super().__init__()
+        self.base = base
+        n = len(base)
+        self.base_indices = np.arange(n, dtype=np.int64) if indices is None else np.asarray(indices, np.int64)
+        if len(self.base_indices) and (self.base_indices.min() < 0 or self.base_indices.max() >= n):
+            raise IndexError(f"store view indices out of range for {base!r}")
+        idx = self.base_indices.tolist()
+        self.im_files = [base.im_files[i] for i in idx]
+        self.labels = list(labels) if labels is not None else [base.labels[i] for i in idx]
+        if len(self.labels) != len(idx):
+            raise ValueError(f"{len(self.labels)} label arrays for a view of {len(idx)} samples")
+        self.shapes = np.asarray(base.shapes, np.int32).reshape(-1, 2)[self.base_indices]
+        self.names = list(base.names)
+        self.meta = dict(base.meta)
+        self.kind = base.kind
+        self.decoded = base.decoded
+        self.imgsz = base.imgsz
+        self.path = base.path
+
+    def read_image(self, i: int) -> Sample:
+        return self.base.read_image(int(self.base_indices[self.check_index(i)]))
+
+    def load(self, i: int, imgsz: int | None = None, *, reduced: bool = False,
+             shrink: ShrinkFilter = "area") -> np.ndarray:
+        return self.base.load(int(self.base_indices[self.check_index(i)]), imgsz, reduced=reduced, shrink=shrink)
+
+    def nbytes(self, i: int) -> int:
+        return self.base.nbytes(int(self.base_indices[self.check_index(i)]))
+
+    def resident_images(self) -> ResidentImages | None:
+        res = self.base.resident_images()
+        if res is None:
+            return None
+        return ResidentImages(res.pixels, res.offsets[self.base_indices], res.hw[self.base_indices], res.device)
+
+    def close(self) -> None:
+        self.base.close()
+
+    def __repr__(self) -> str:
+        return f"StoreView({self.base!r}, n={len(self)})"

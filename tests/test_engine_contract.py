@@ -1,0 +1,194 @@
+"""One contract, every engine: the same checks run over cpu (in-process and 2 workers), gpu (the
+PyTorch engine on CPU tensors) and dali (its CPU-only mode, when installed).
+
+Batch format, the three HSV modes, both layouts, unknown and inapplicable options, stats keys (the
+decode counters among them), close-mosaic, set_epoch and determinism, with both ``partners``
+(``"dataset"``: YOLOv9's draw; ``"batch"``: partners from the batch, one decode per image). A tiny
+synthetic set at a small imgsz keeps it fast.
+"""
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+import fastload
+from fastload.engines.base import EngineOptionError
+from fastload.engines.cpu import CPUOptions
+from fastload.engines.dali import DALIOptions
+from fastload.engines.gpu import TorchGPUOptions
+
+IMGSZ = 64
+BATCH = 4
+HAS_DALI = importlib.util.find_spec("nvidia") is not None and importlib.util.find_spec("nvidia.dali") is not None
+
+# engine name, the settings that run it here
+ENGINES = [
+    pytest.param("cpu", dict(workers=0), id="cpu-inline"),
+    pytest.param("cpu", dict(workers=2), id="cpu-2workers"),
+    pytest.param("gpu", dict(device="cpu"), id="gpu-on-cpu"),
+    pytest.param("dali", dict(device="cpu", workers=1), id="dali-cpu",
+                 marks=pytest.mark.skipif(not HAS_DALI, reason="NVIDIA DALI is not installed (pip install fastload[dali])")),
+]
+# every engine's options class and one field it has
+OPTIONS = {"cpu": (CPUOptions, "decode_cache_mb"), "gpu": (TorchGPUOptions, "max_elements"), "dali": (DALIOptions, "threads")}
+PARTNERS = ["dataset", "batch"]
+# settings each engine cannot honour (refused, never dropped)
+REFUSED = {"cpu": [], "gpu": [dict(workers=2)], "dali": [dict(workers=0), dict(prefetch=0)]}
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    from fastload.data.synthetic import make_synthetic_dataset
+
+    return make_synthetic_dataset(tmp_path_factory.mktemp("contract"), n_train=8, n_val=1, nc=3, seed=2, max_size=200)
+
+
+def make(data, engine, run, **kw):
+    args = dict(imgsz=IMGSZ, batch_size=BATCH, store="files", engine=engine, seed=3, **run)
+    args.update(kw)
+    return fastload.loader(data, **args)
+
+
+def epoch(fl, *, gains=False):
+    """One epoch as cloned CPU tensors (clones keep the memory order); with the deferred gains per batch."""
+    out = []
+    for imgs, targets, paths, shapes in fl:
+        item = (imgs.clone(), targets.clone(), paths, shapes)
+        out.append(item + ((fl.hsv_gains.clone(),) if gains else ()))
+    return out
+
+
+def assert_identical(a, b):
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        assert torch.equal(x[0], y[0]) and torch.equal(x[1], y[1]) and x[2] == y[2] and x[3] == y[3]
+
+
+@pytest.mark.parametrize("partners", PARTNERS)
+@pytest.mark.parametrize("engine,run", ENGINES)
+def test_batch_format_and_stats(data, engine, run, partners):
+    with make(data, engine, run, partners=partners) as fl:
+        got = epoch(fl)
+        stats = fl.stats()
+        assert fl.hsv_gains is None  # only hsv_on="defer" hands gains over
+    assert len(got) == len(fl) == -(-fl.n // BATCH)
+    assert sum(len(b[2]) for b in got) == fl.n
+    for imgs, targets, paths, shapes in got:
+        b = len(paths)
+        assert imgs.dtype == torch.uint8 and imgs.shape == (b, 3, IMGSZ, IMGSZ) and imgs.device.type == "cpu"
+        assert imgs.is_contiguous(memory_format=torch.channels_last)  # layout="nhwc", the default
+        assert targets.dtype == torch.float32 and targets.ndim == 2 and targets.shape[1] == 6
+        assert targets.device == imgs.device
+        if len(targets):
+            assert set(targets[:, 0].tolist()) <= set(range(b))
+            assert (targets[:, 2:] >= 0).all() and (targets[:, 2:] <= 1).all()
+        assert len(shapes) == b and all(isinstance(p, str) for p in paths)
+        for s in shapes:
+            assert s is None or (len(s) == 2 and len(s[0]) == 2 and len(s[1]) == 2)
+    assert any(s is None for b in got for s in b[3])  # scratch-high training: mosaics
+    assert {"engine", "store", "batches", "images", "worker_pids", "partners", "decodes", "decodes_per_image"} <= set(stats)
+    assert stats["engine"] == engine and stats["store"] == "files" and stats["partners"] == partners
+    assert stats["batches"] == len(got) and stats["images"] == fl.n
+    # JPEG/PNG files: the first epoch decodes; with partners="batch" at most once per output image
+    assert stats["decodes_per_image"] == stats["decodes"] / fl.n > 0
+    if partners == "batch":
+        assert stats["decodes"] <= fl.n
+    assert len(stats["worker_pids"]) == (run.get("workers", 0) if engine == "cpu" else 0)
+    if engine == "cpu":
+        assert {"decode_cache_hits", "decode_cache_misses", "early_batches_used", "early_batches_dropped"} <= set(stats)
+
+
+@pytest.mark.filterwarnings("ignore:fastload.loader. hsv_on='consumer' without a GPU device")
+@pytest.mark.parametrize("engine,run", ENGINES)
+def test_hsv_modes_and_layouts(data, engine, run):
+    """worker / consumer / defer give the same pixels (defer: after apply_hsv_batch with the handed
+    gains), in either memory order; the same seed gives the same batches."""
+    with make(data, engine, run, hsv_on="worker", layout="nhwc") as fl:
+        worker = epoch(fl)
+    with make(data, engine, run, hsv_on="consumer", layout="nchw") as fl:
+        consumer = epoch(fl)
+    with make(data, engine, run, hsv_on="defer", layout="nhwc") as fl:
+        deferred = epoch(fl, gains=True)
+    for w, c, d in zip(worker, consumer, deferred):
+        assert w[0].is_contiguous(memory_format=torch.channels_last) and c[0].is_contiguous()
+        assert d[0].is_contiguous(memory_format=torch.channels_last)
+        gains = d[4]
+        assert gains.dtype == torch.float32 and gains.shape == (len(d[2]), 3) and gains.device.type == "cpu"
+        assert (gains != 1).any()
+        assert torch.equal(fastload.apply_hsv_batch(d[0], gains), c[0])  # defer + the finishing step = consumer
+        assert int((w[0].int() - c[0].int()).abs().max()) <= 1  # OpenCV's HSV (cpu workers) vs the torch twin
+        assert torch.equal(w[1], c[1]) and torch.equal(c[1], d[1]) and w[2] == c[2] == d[2] and w[3] == c[3] == d[3]
+        assert not torch.equal(d[0], c[0])  # defer really left HSV out
+    with make(data, engine, run, hsv_on="worker", layout="nchw") as fl:  # a second build, same seed
+        again = epoch(fl)
+    assert_identical(worker, again)
+
+
+@pytest.mark.parametrize("partners", PARTNERS)
+@pytest.mark.parametrize("engine,run", ENGINES)
+def test_set_epoch_and_close_mosaic(data, engine, run, partners):
+    with make(data, engine, run, close_mosaic=1, epochs=3, partners=partners) as fl:
+        fl.set_epoch(0)
+        first = epoch(fl)
+        fl.set_epoch(0)
+        assert_identical(first, epoch(fl))  # an epoch is a function of (seed, epoch)
+        fl.set_epoch(1)
+        second = epoch(fl)
+        fl.set_epoch(2)  # the last close_mosaic epochs: letterboxes only
+        last = epoch(fl)
+    assert [b[2] for b in first] != [b[2] for b in second]  # a new shuffle
+    assert any(s is None for b in first for s in b[3])
+    assert all(s is not None for b in last for s in b[3])
+    assert all(b[0].shape[-2:] == (IMGSZ, IMGSZ) for b in last)
+
+
+@pytest.mark.parametrize("engine,run", ENGINES)
+def test_unknown_and_inapplicable_options_are_refused(data, engine, run):
+    cls, field = OPTIONS[engine]
+    with pytest.raises(TypeError, match="unexpected keyword argument 'bogus_option'"):
+        make(data, engine, run, bogus_option=1)
+    with pytest.raises(EngineOptionError, match=f"engine {engine!r} has no option 'bogus_option'"):
+        make(data, engine, run, engine_options={"bogus_option": 1})
+    for other, (other_cls, other_field) in OPTIONS.items():
+        if other == engine:
+            continue
+        with pytest.raises(EngineOptionError, match=f"engine {engine!r} has no option {other_field!r} "
+                                                    f"\\(an option of engine {other!r}\\)"):
+            make(data, engine, run, engine_options={other_field: 1})
+        with pytest.raises(EngineOptionError, match=f"engine {engine!r} takes {cls.__name__}"):
+            make(data, engine, run, engine_options=other_cls())
+    for refused in REFUSED[engine]:
+        (name, value), = refused.items()
+        with pytest.raises(EngineOptionError, match=f"engine {engine!r} cannot take {name}={value}"):
+            make(data, engine, run, **refused)
+    if engine != "gpu":
+        with pytest.raises(ValueError, match=f"engine='{engine}' .* cannot use store='gpu'"):
+            make(data, engine, run, store="gpu")
+    with pytest.raises(ValueError, match="layout"):
+        make(data, engine, run, layout="chw")
+    with pytest.raises(ValueError, match="hsv_on"):
+        make(data, engine, run, hsv_on="gpu")
+    with pytest.raises(ValueError, match="partners must be None or one of dataset, batch"):
+        make(data, engine, run, partners="epoch")
+    for no_mosaic in (dict(augment=False), dict(rect=True), dict(hyp={"mosaic": 0.0})):
+        with pytest.raises(ValueError, match="partners='batch' applies to mosaic training batches only"):
+            make(data, engine, run, partners="batch", **no_mosaic)
+    with make(data, engine, run, augment=False, rect=True) as fl:  # the engine's default is taken silently
+        assert fl.stats()["partners"] == fl.engine.default_partners
+    with make(data, engine, run, engine_options={field: None}) as fl:  # a field of its own is taken
+        assert isinstance(fl.engine.options, cls)
+
+
+def test_options_objects_validate_their_values():
+    with pytest.raises(EngineOptionError, match="engine 'cpu': keep"):
+        CPUOptions(keep=0)
+    with pytest.raises(EngineOptionError, match="engine 'cpu': decode_scale"):
+        CPUOptions(decode_scale="half")
+    with pytest.raises(EngineOptionError, match="engine 'gpu': decode_on"):
+        TorchGPUOptions(decode_on="nvjpeg")
+    with pytest.raises(EngineOptionError, match="engine 'dali': threads"):
+        DALIOptions(threads=0)

@@ -1,0 +1,173 @@
+"""The package's shape: every module imports on its own in any order, module-level imports form a
+DAG that follows the layering of docs/design.md, function-local imports say why they are local,
+``fastload`` never imports ``yolov9``, and ``import fastload`` (and the CLI's parser) stays light."""
+from __future__ import annotations
+
+import ast
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PKG = REPO / "fastload"
+
+# Lowest layer first: a module may import modules of its own layer or below (docs/design.md).
+LAYERS = (
+    ("fastload._version",),
+    ("fastload.data",),
+    ("fastload.store",),
+    ("fastload.augment",),
+    ("fastload.engines",),
+    ("fastload.order", "fastload.fastloader"),
+    ("fastload.cli", "fastload.bench", "fastload.compat", "fastload.monitor", "fastload.__main__", "fastload"),
+)
+# Engines never import each other: each engine's own modules (base and factory are shared).
+ENGINE_FAMILIES = {
+    "cpu": ("cpu", "cpu_render", "cpu_workers", "shm_batch", "shm_cache"),
+    "gpu": ("gpu",),
+    "dali": ("dali", "dali_graph", "dali_source"),
+}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in sorted(PKG.rglob("*.py"))}
+IMPORTABLE = sorted(m for m in MODULES if not m.endswith(".__main__"))  # importing a __main__ runs its program
+
+
+def layer(name: str) -> int:
+    best, depth = None, -1
+    for k, prefixes in enumerate(LAYERS):
+        for prefix in prefixes:
+            if (name == prefix or name.startswith(prefix + ".")) and len(prefix) > depth:
+                best, depth = k, len(prefix)
+    assert best is not None, f"{name} is in no layer of LAYERS"
+    return best
+
+
+def _is_type_checking(node: ast.AST) -> bool:
+    return isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
+
+
+def _targets(node: ast.Import | ast.ImportFrom, module: str) -> list[str]:
+    """The modules an import statement names (``from pkg import sub`` names the submodule)."""
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    base = node.module or ""
+    if node.level:  # relative import
+        parent = module.split(".")[: len(module.split(".")) - node.level + (1 if MODULES[module].name == "__init__.py" else 0)]
+        base = ".".join(parent + ([node.module] if node.module else []))
+    return [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names]
+
+
+def module_level_imports(module: str) -> set[str]:
+    """fastload modules ``module`` imports when it is imported (TYPE_CHECKING blocks excluded)."""
+    tree = ast.parse(MODULES[module].read_text())
+    found: set[str] = set()
+
+    def visit(body: list[ast.stmt]) -> None:
+        for node in body:
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                found.update(t for t in _targets(node, module) if t.split(".")[0] == "fastload")
+            elif isinstance(node, (ast.If, ast.Try)) and not _is_type_checking(node):
+                for part in ("body", "orelse", "finalbody"):
+                    visit(getattr(node, part, []))
+                for handler in getattr(node, "handlers", []):
+                    visit(handler.body)
+
+    visit(tree.body)
+    return found
+
+
+def test_module_level_imports_follow_the_layers_without_cycles():
+    graph = {m: module_level_imports(m) for m in MODULES}
+    upward = [f"{m} -> {t}" for m, ts in graph.items() for t in ts if layer(t) > layer(m)]
+    assert not upward, "imports that point up the layering:\n" + "\n".join(upward)
+    unknown = [f"{m} -> {t}" for m, ts in graph.items() for t in ts if t not in MODULES]
+    assert not unknown, "imports of modules that do not exist:\n" + "\n".join(unknown)
+    # a cycle leaves nodes that never reach in-degree 0 (Kahn's algorithm)
+    pending = {m: set(ts) for m, ts in graph.items()}
+    while True:
+        free = [m for m, ts in pending.items() if not ts]
+        if not free:
+            break
+        for m in free:
+            del pending[m]
+        for ts in pending.values():
+            ts.difference_update(free)
+    assert not pending, "import cycle among: " + ", ".join(sorted(pending))
+    family_of = {f"fastload.engines.{m}": fam for fam, mods in ENGINE_FAMILIES.items() for m in mods}
+    crossing = [f"{m} -> {t}" for m, ts in graph.items() for t in ts
+                if m in family_of and t in family_of and family_of[m] != family_of[t]]
+    assert not crossing, "engines importing each other:\n" + "\n".join(crossing)
+
+
+def test_fastload_never_imports_yolov9_and_local_imports_say_why():
+    unexplained = []
+    for module, path in MODULES.items():
+        source = path.read_text()
+        lines = source.splitlines()
+        tree = ast.parse(source)
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                assert not any(t.split(".")[0] == "yolov9" for t in _targets(node, module)), f"{module} imports yolov9"
+        for fn in ast.walk(tree):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for body in _bodies(fn):
+                for group in _import_runs(body):
+                    first = group[0].lineno
+                    text = lines[first - 2 : group[-1].end_lineno]  # the line above and the imports
+                    if not any("#" in t for t in text):
+                        unexplained.append(f"{path.relative_to(REPO)}:{first}")
+    assert not unexplained, ("function-local imports need a one-line comment saying why they are local "
+                             "(an optional dependency, or keeping `import fastload` / `fastload --help` light):\n"
+                             + "\n".join(unexplained))
+
+
+def _bodies(fn: ast.AST):
+    for node in ast.walk(fn):
+        for part in ("body", "orelse", "finalbody"):
+            body = getattr(node, part, None)
+            if isinstance(body, list) and body and isinstance(body[0], ast.stmt):
+                yield body
+        for handler in getattr(node, "handlers", []):
+            yield handler.body
+
+
+def _import_runs(body: list[ast.stmt]):
+    run: list[ast.stmt] = []
+    for node in body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            run.append(node)
+        elif run:
+            yield run
+            run = []
+    if run:
+        yield run
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_every_module_imports_in_a_fresh_interpreter_in_random_order(seed):
+    order = list(IMPORTABLE)
+    random.Random(seed).shuffle(order)
+    code = "import importlib, sys\nfor m in sys.argv[1:]:\n    importlib.import_module(m)\n"
+    res = subprocess.run([sys.executable, "-c", code, *order], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, f"import order (seed {seed}): {order}\n{res.stderr[-3000:]}"
+
+
+def test_import_fastload_and_the_cli_parser_stay_light():
+    code = (
+        "import sys, fastload, fastload.cli\n"
+        "fastload.cli.build_parser()\n"
+        "print(','.join(m for m in ('torch', 'cv2', 'lmdb', 'matplotlib', 'nvidia.dali') if m in sys.modules))\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "", f"`import fastload` / `fastload --help` imported {res.stdout.strip()}"
