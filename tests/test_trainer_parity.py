@@ -14,6 +14,8 @@ import numpy as np
 import pytest
 import torch
 
+import fastload
+from fastload.augment.hyp import load_hyp
 from reference import official
 from yolov9.boxes import xywh2xyxy
 from yolov9.checkpoint import load_model, save_checkpoint
@@ -93,9 +95,6 @@ def official_results(tmp_path_factory, synth_yaml):
     """One official process computes everything the tests below compare with; returns its outputs."""
     if not official.available():
         pytest.skip(f"official YOLOv9 repository not found at {official.UPSTREAM}")
-    import fastload
-    from fastload.augment.hyp import load_hyp
-
     work = tmp_path_factory.mktemp("official")
     off = official.Official.create(work)
     hyp_path = off.root / "data" / "hyps" / "hyp.scratch-high.yaml"
@@ -212,6 +211,7 @@ def test_val_batches_and_box_mapping_match_official(official_results):
     loader = make_val_loader(official_results["data"], 160, 4, workers=0)
     try:
         batches = list(loader)
+        labels = dict(zip(loader.dataset.im_files, loader.dataset.labels))
     finally:
         loader.close()
     assert len(batches) == len(ref)
@@ -227,6 +227,11 @@ def test_val_batches_and_box_mapping_match_official(official_results):
             boxes_to_original(probe, gt, shape, "yolo")
             torch.testing.assert_close(gt, want["gt_native"][si], atol=2e-3, rtol=0)
             torch.testing.assert_close(probe, want["probe_native"][si], atol=1e-4, rtol=0)
+            # "coco": exact geometry, so the labels come back where the label file puts them in the original image
+            exact = xywh2xyxy(targets[targets[:, 0] == si, 2:6] * torch.tensor((w, h, w, h)))
+            boxes_to_original(PROBE.clone(), exact, shape, "coco")
+            own = torch.from_numpy(labels[paths[si]][:, 1:5]).float() * torch.tensor((w0, h0, w0, h0))
+            torch.testing.assert_close(exact, xywh2xyxy(own).clamp(min=0), atol=2e-3, rtol=0)
 
 
 def test_weights_convert_both_ways_through_the_official_model(official_results):

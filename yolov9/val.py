@@ -42,23 +42,24 @@ def make_val_loader(data: Any, imgsz: int, batch_size: int, *, workers: int = 4,
 def boxes_to_original(pred: torch.Tensor, gt: torch.Tensor, shape: tuple, protocol: Protocol) -> None:
     """Map predicted and label xyxy boxes from the letterboxed input back to original pixels, in place.
 
-    ``shape`` is the loader's ``((h0, w0), ((gain_h, gain_w), (padw, padh)))``; the letterbox put the image's
-    first column and row at ``round(pad - 0.1)``, where the labels are. ``"coco"``: exact geometry, both measured
-    from there, each axis with its own gain. ``"yolo"``: what the official ``val.py`` computes (its labels sit at
-    the unrounded padding and its ``scale_boxes`` uses one gain): predictions measured from the unrounded
-    padding, labels from the image, both divided by the height gain. The two differ by up to half a pixel and
-    the width gain's rounding; the official evaluator's numbers need the official mapping.
+    ``shape`` is the loader's ``((h0, w0), ((gain_h, gain_w), (padw, padh)))``. As in YOLOv9, the letterbox put
+    the image's first column and row at ``round(pad - 0.1)`` and the labels at the unrounded padding. ``"coco"``:
+    exact geometry, predictions measured from the image, labels from the unrounded padding, each axis with its
+    own gain. ``"yolo"``: what the official ``val.py`` computes (its ``scale_boxes``): both measured from the
+    unrounded padding and divided by the height gain. The two differ by up to half a pixel and the width gain's
+    rounding; the official evaluator's numbers need the official mapping.
     """
     (h0, w0), ((gh, gw), (pw, ph)) = shape
-    left, top = round(pw - 0.1), round(ph - 0.1)
+    pad = torch.tensor((pw, ph, pw, ph), dtype=gt.dtype, device=gt.device)
     if protocol == "yolo":
-        pred -= torch.tensor((pw, ph, pw, ph), dtype=pred.dtype, device=pred.device)
-        pred /= gh
-        gt -= torch.tensor((left, top, left, top), dtype=gt.dtype, device=gt.device)
-        gt /= gh
-    else:
         for b in (pred, gt):
-            b -= torch.tensor((left, top, left, top), dtype=b.dtype, device=b.device)
+            b -= pad.to(b.dtype)
+            b /= gh
+    else:
+        left, top = round(pw - 0.1), round(ph - 0.1)
+        pred -= torch.tensor((left, top, left, top), dtype=pred.dtype, device=pred.device)
+        gt -= pad
+        for b in (pred, gt):
             b[:, [0, 2]] /= gw
             b[:, [1, 3]] /= gh
     clip_boxes(pred, (h0, w0))
