@@ -27,6 +27,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -35,7 +36,15 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from tests.reference.official import Official, available  # noqa: E402
+sys.path.insert(0, str(REPO / "tests"))  # tests/official_helpers.py and tests/reference/, as the tests import them
+
+import torch  # noqa: E402
+import yaml  # noqa: E402
+
+from fastload.data.config import load_data_config  # noqa: E402
+from fastload.data.synthetic import make_synthetic_dataset  # noqa: E402
+from reference.official import Official, available  # noqa: E402
+from yolov9.models import DetectionModel, load_cfg  # noqa: E402
 
 COCO128 = Path(os.environ.get("FASTLOAD_COCO128", REPO.parent / "shared" / "datasets" / "coco128"))
 LOSS_COLUMNS = ("train/box_loss", "train/cls_loss", "train/dfl_loss")
@@ -65,13 +74,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 # ---------------------------------------------------------------------------------------------------- data
 def prepare_data(args: argparse.Namespace, work: Path) -> tuple[Path, Path]:
     """The dataset in ``work/data``; returns (yaml for the project, yaml with an absolute path for the official)."""
-    import yaml
-
     data_dir = work / "data"
     if args.data == "synth":
         if not (data_dir / "data.yaml").is_file():
-            from fastload.data.synthetic import make_synthetic_dataset
-
             make_synthetic_dataset(data_dir, n_train=args.n_train, n_val=args.n_val, nc=args.nc, seed=0)
         src = data_dir / "data.yaml"
     else:
@@ -108,11 +113,6 @@ def project_cfg(model: str, data: Path, work: Path) -> str:
     """The bundled config, or a copy with ``cls_width`` where the official code's head is wider: its class
     tower is ``max(ch_P3, min(2 nc, 128))`` wide, the project's default ``max(ch_P3, min(nc, 100))`` (the
     published sizes); they differ for T models with more than 32 classes."""
-    import yaml
-
-    from fastload.data.config import load_data_config
-    from yolov9.models import DetectionModel, load_cfg
-
     nc = load_data_config(data).nc
     head = DetectionModel(model, nc=nc).head
     ch0 = head.cv3[0][0].conv.weight.shape[1]
@@ -161,8 +161,6 @@ def read_results(run_dir: Path) -> list[dict[str, float]]:
 def evaluate_pair(off: Official, args: argparse.Namespace, model: str, official_run: Path, project_run: Path,
                   data: Path, official_data: Path, work: Path) -> dict:
     """Both evaluators on both final EMA weights; returns {weights: {evaluator: metrics}}."""
-    import torch
-
     ev = work / "eval" / official_run.name.replace("official-", "")
     ev.mkdir(parents=True, exist_ok=True)
     script = "val_dual.py" if model.startswith("yolov9") else "val.py"
@@ -306,8 +304,6 @@ def main(argv: list[str] | None = None) -> int:
     if not available():
         print("the official YOLOv9 repository (../shared/upstream/yolov9) is not here; nothing to compare with")
         return 2
-    import tempfile
-
     work = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="trainer-parity-"))
     work.mkdir(parents=True, exist_ok=True)
     settings = {k: v for k, v in vars(args).items() if k not in ("out", "json", "jobs")}

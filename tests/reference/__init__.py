@@ -1,1 +1,3 @@
-"""Test oracles: ``stock_replay`` draws fastload's records the stock YOLOv9 way (the stock loader itself is fastload.bench.stock)."""
+"""Test oracles: ``stock_replay`` draws fastload's records the stock YOLOv9 way (the stock loader itself is
+fastload.bench.stock); ``official`` runs the official YOLOv9 code from a temporary copy, and ``official_bridge`` is
+our script that calls it from inside that copy (trainer parity, issue #18)."""

@@ -7,16 +7,13 @@ copy on ``sys.path``, in their own processes. Used by the parity tests and ``ben
 """
 from __future__ import annotations
 
-import os
-import shutil
-import stat
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-UPSTREAM = Path(os.environ.get("FASTLOAD_UPSTREAM_YOLOV9", REPO.parent / "shared" / "upstream" / "yolov9"))
+from official_helpers import UPSTREAM, copy_upstream, official_env
+
 BRIDGE = Path(__file__).with_name("official_bridge.py")
 
 
@@ -25,28 +22,11 @@ def available() -> bool:
 
 
 def make_copy(dest: Path) -> Path:
-    """A writable copy of the official repository at ``dest``, ready to run offline with numpy >= 2.4.
-
-    Two changes, both what a user of today's packages has to make: ``np.trapz`` (removed in numpy 2.4) becomes
-    ``np.trapezoid`` in ``utils/metrics.py``, and a TrueType font named ``Arial.ttf`` (matplotlib's DejaVu
-    Sans) is put in ``dest/config`` so that the plotting code does not try to download one.
-    """
+    """A writable copy of the official repository at ``dest / "yolov9"`` (``official_helpers.copy_upstream``:
+    the one numpy-compatibility patch, nothing else changed)."""
     if not available():
         raise FileNotFoundError(f"official YOLOv9 repository not found at {UPSTREAM}")
-    root = dest / "yolov9"
-    shutil.copytree(UPSTREAM, root)
-    for p in [root, *root.rglob("*")]:
-        p.chmod(p.stat().st_mode | stat.S_IWUSR)
-    metrics = root / "utils" / "metrics.py"
-    text = metrics.read_text()
-    if "np.trapz(" in text:
-        metrics.write_text(text.replace("np.trapz(", "np.trapezoid("))
-    import matplotlib
-
-    font = Path(matplotlib.get_data_path()) / "fonts" / "ttf" / "DejaVuSans.ttf"
-    (dest / "config").mkdir(exist_ok=True)
-    shutil.copy(font, dest / "config" / "Arial.ttf")
-    return root
+    return copy_upstream(dest / "yolov9", src=UPSTREAM)
 
 
 @dataclass
@@ -62,11 +42,10 @@ class Official:
 
     @property
     def env(self) -> dict[str, str]:
-        env = dict(os.environ)
-        env.pop("PYTHONPATH", None)  # the official folders (models, utils) must not meet the project's
-        env.update(YOLOV5_CONFIG_DIR=str(self.root.parent / "config"), TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD="1",
-                   OMP_NUM_THREADS=str(self.threads), MKL_NUM_THREADS=str(self.threads), PYTHONUNBUFFERED="1")
-        return env
+        """``official_helpers.official_env`` (its font, no network, pickled checkpoints only in these
+        processes) with ``threads`` OpenMP/MKL threads."""
+        return official_env(self.root.parent, OMP_NUM_THREADS=str(self.threads), MKL_NUM_THREADS=str(self.threads),
+                            PYTHONUNBUFFERED="1")
 
     def run(self, script: str, *args: str, timeout: float | None = None, log: Path | None = None
             ) -> subprocess.CompletedProcess:

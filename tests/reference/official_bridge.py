@@ -32,25 +32,28 @@ Commands (``--root`` is the official copy):
 from __future__ import annotations
 
 import argparse
+import importlib
+import json
 import sys
+
+import numpy as np
+import torch
+import yaml
 
 
 def _model(cfg: str, nc: int):
-    from models.yolo import Model
+    from models.yolo import Model  # official code: on sys.path from main()
 
     return Model(cfg, ch=3, nc=nc)
 
 
 def _read_plain(path: str) -> dict:
-    import torch
-
     return torch.load(path, map_location="cpu", weights_only=True)
 
 
 def cmd_init(a: argparse.Namespace) -> None:
-    import torch
-    from utils.general import init_seeds
-    from utils.torch_utils import smart_optimizer
+    from utils.general import init_seeds  # official code: on sys.path from main()
+    from utils.torch_utils import smart_optimizer  # official code: on sys.path from main()
 
     init_seeds(a.seed + 1 - 1, deterministic=True)  # train.py: opt.seed + 1 + RANK, RANK -1 in one process
     model = _model(a.cfg, a.nc)
@@ -62,9 +65,6 @@ def cmd_init(a: argparse.Namespace) -> None:
 
 
 def cmd_loss(a: argparse.Namespace) -> None:
-    import torch
-    import yaml
-
     model = _model(a.cfg, a.nc)
     weights = _read_plain(a.weights)
     model.load_state_dict(weights.get("state", weights), strict=True)
@@ -72,9 +72,9 @@ def cmd_loss(a: argparse.Namespace) -> None:
         model.hyp = yaml.safe_load(f)
     head = type(model.model[-1]).__name__
     if head.startswith("Dual"):
-        from utils.loss_tal_dual import ComputeLoss
+        from utils.loss_tal_dual import ComputeLoss  # official code: on sys.path from main()
     else:
-        from utils.loss_tal import ComputeLoss
+        from utils.loss_tal import ComputeLoss  # official code: on sys.path from main()
     batch = _read_plain(a.batch)
     model.train()
     loss_fn = ComputeLoss(model)
@@ -85,10 +85,8 @@ def cmd_loss(a: argparse.Namespace) -> None:
 
 
 def cmd_metrics(a: argparse.Namespace) -> None:
-    import numpy as np
-    import torch
-    from utils.metrics import ap_per_class
-    from val import process_batch
+    from utils.metrics import ap_per_class  # official code: on sys.path from main()
+    from val import process_batch  # official code: on sys.path from main()
 
     data = _read_plain(a.inp)
     iouv = torch.linspace(0.5, 0.95, 10)
@@ -110,9 +108,8 @@ def cmd_metrics(a: argparse.Namespace) -> None:
 
 
 def cmd_valbatches(a: argparse.Namespace) -> None:
-    import torch
-    from utils.dataloaders import create_dataloader
-    from utils.general import scale_boxes, xywh2xyxy
+    from utils.dataloaders import create_dataloader  # official code: on sys.path from main()
+    from utils.general import scale_boxes, xywh2xyxy  # official code: on sys.path from main()
 
     probe = _read_plain(a.probe)
     loader = create_dataloader(a.images, a.imgsz, a.batch, 32, False, pad=0.5, rect=True, workers=0)[0]
@@ -133,10 +130,6 @@ def cmd_valbatches(a: argparse.Namespace) -> None:
 
 
 def cmd_val(a: argparse.Namespace) -> None:
-    import importlib
-
-    import torch
-
     val = importlib.import_module(a.script.removesuffix(".py"))
     # What the script's __main__ does (parse_opt, then run(**vars(opt))); run() also reads that module-level opt.
     sys.argv = [a.script, "--data", a.data, "--weights", a.weights, "--imgsz", str(a.imgsz), "--batch-size",
@@ -148,8 +141,6 @@ def cmd_val(a: argparse.Namespace) -> None:
 
 
 def cmd_export(a: argparse.Namespace) -> None:
-    import torch
-
     ckpt = torch.load(a.ckpt, map_location="cpu", weights_only=False)  # an official pickle: only in here
     model = (ckpt.get("ema") or ckpt["model"]).float()
     names = model.names
@@ -161,8 +152,6 @@ def cmd_export(a: argparse.Namespace) -> None:
 
 
 def cmd_import(a: argparse.Namespace) -> None:
-    import torch
-
     ckpt = _read_plain(a.weights)
     if "model" in ckpt and isinstance(ckpt["model"], dict):
         sd = ckpt["ema"] if ckpt.get("ema") is not None else ckpt["model"]
@@ -210,8 +199,6 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     sys.path.insert(0, a.root)
     if a.cmd == "jobs":
-        import json
-
         with open(a.file) as f:
             todo = [p.parse_args(["--root", a.root, *job]) for job in json.load(f)]
     else:
