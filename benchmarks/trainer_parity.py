@@ -15,7 +15,9 @@ spreads over initialisations alone.
     python benchmarks/trainer_parity.py --data coco128 --seeds 0 --imgsz 320
     python benchmarks/trainer_parity.py --epochs 3 --seeds 0 --models gelan-t   # a quick smoke run
 
-Completed runs are kept in ``--out`` and reused when the benchmark is started again with the same settings.
+Completed runs are kept in ``--out`` and reused when the benchmark is started again with the same settings;
+``--rescore`` scores the finished runs there again with both evaluators (after a change to either) and trains
+nothing.
 """
 from __future__ import annotations
 
@@ -68,6 +70,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--jobs", type=int, default=1, help="training runs at a time")
     p.add_argument("--out", default=None, help="work folder (default: a temporary one)")
     p.add_argument("--json", default=None, help="result file (default: OUT/trainer_parity.json)")
+    p.add_argument("--rescore", action="store_true",
+                   help="train nothing: score the finished model/seed pairs in --out again with both evaluators")
     return p.parse_args(argv)
 
 
@@ -215,6 +219,24 @@ def run_one(off: Official, args: argparse.Namespace, model: str, seed: int, data
     return rec
 
 
+def rescore(off: Official, args: argparse.Namespace, jobs: list[tuple[str, int]], data: Path, official_data: Path,
+            work: Path) -> list[dict]:
+    """The records of the finished pairs among ``jobs``, their evaluations done again on the same weights."""
+    records = []
+    for model, seed in jobs:
+        rec_path = work / "records" / f"{model}-s{seed}.json"
+        if not rec_path.is_file():
+            continue
+        rec = json.loads(rec_path.read_text())
+        runs = work / "runs"
+        rec["eval"] = evaluate_pair(off, args, model, runs / f"official-{model}-s{seed}",
+                                    runs / f"project-{model}-s{seed}", data, official_data, work)
+        rec_path.write_text(json.dumps(rec, indent=1))
+        print(f"  rescored {model} seed {seed}", flush=True)
+        records.append(rec)
+    return records
+
+
 # ---------------------------------------------------------------------------------------------------- report
 def _mean_sd(xs: list[float]) -> tuple[float, float]:
     return statistics.fmean(xs), statistics.stdev(xs) if len(xs) > 1 else 0.0
@@ -306,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     work = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="trainer-parity-"))
     work.mkdir(parents=True, exist_ok=True)
-    settings = {k: v for k, v in vars(args).items() if k not in ("out", "json", "jobs")}
+    settings = {k: v for k, v in vars(args).items() if k not in ("out", "json", "jobs", "rescore")}
     stamp = work / "settings.json"
     if stamp.is_file() and json.loads(stamp.read_text()) != settings:
         raise SystemExit(f"{work} holds runs made with other settings ({stamp}); use another --out")
@@ -318,10 +340,16 @@ def main(argv: list[str] | None = None) -> int:
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     jobs = [(m, s) for s in seeds for m in models]
-    print(f"{len(jobs)} model/seed pairs in {work} ({args.jobs} at a time)", flush=True)
     t0 = time.perf_counter()
-    with ThreadPoolExecutor(args.jobs) as pool:
-        records = list(pool.map(lambda ms: run_one(off, args, ms[0], ms[1], data, official_data, work), jobs))
+    if args.rescore:
+        records = rescore(off, args, jobs, data, official_data, work)
+        if not records:
+            print(f"no finished model/seed pairs in {work}")
+            return 1
+    else:
+        print(f"{len(jobs)} model/seed pairs in {work} ({args.jobs} at a time)", flush=True)
+        with ThreadPoolExecutor(args.jobs) as pool:
+            records = list(pool.map(lambda ms: run_one(off, args, ms[0], ms[1], data, official_data, work), jobs))
     summary = summarise(records, args)
     print_report(records, summary, args)
     out = Path(args.json) if args.json else work / "trainer_parity.json"
