@@ -11,11 +11,6 @@ README_MAX_LINES = 250
 # The exact pattern .ci/run greps from README.md to find the test command it runs.
 CI_TEST_LINE = re.compile(r"^pip install .* && python3 -m pytest")
 
-# Pages other branches are writing (issue #18: the clean-room trainer against the official one). Links to them
-# are allowed only while they are absent: once a page lands, its links and anchors are checked like any other.
-# Remove an entry when its page is merged.
-PENDING_PAGES = {DOCS / "trainer-parity.md"}
-
 FENCE = re.compile(r"^\s*(```|~~~)")
 LINK = re.compile(r"(?<!\\)\[(?:[^\]\\]|\\.)*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
 INLINE_CODE = re.compile(r"(`+).*?\1")
@@ -101,8 +96,7 @@ def test_relative_links_point_to_existing_files_and_headings() -> None:
             dest, anchor = _resolve(page, target)
             where = f"{page.relative_to(REPO)}:{no}: {target}"
             if not dest.exists():
-                if dest not in PENDING_PAGES:
-                    broken.append(f"{where} (no such file)")
+                broken.append(f"{where} (no such file)")
                 continue
             if anchor and dest.suffix == ".md" and anchor not in _anchors(dest):
                 broken.append(f"{where} (no heading with anchor #{anchor})")
