@@ -42,6 +42,11 @@ LAYOUTS: tuple[str, ...] = get_args(Layout)
 _MEMORY_FORMAT = {"nhwc": torch.channels_last, "nchw": torch.contiguous_format}
 
 
+class WorkerError(RuntimeError):
+    """An engine's worker (a CPU worker process, a Ray render actor) died or raised; the message says which
+    one, on which batch, and why."""
+
+
 class EngineOptionError(TypeError, ValueError):
     """An option an engine does not take, or a value it cannot honour; the message names both.
 

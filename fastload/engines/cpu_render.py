@@ -8,7 +8,7 @@ moves the boxes of the whole batch with :func:`fastload.augment.boxes.batch_targ
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
@@ -16,9 +16,11 @@ from fastload.augment.boxes import batch_targets
 from fastload.augment.functional.tiles import AxisKernel, check_axis_kernel
 from fastload.augment.params import ParamSampler
 from fastload.augment.pipeline import render_sample
-from fastload.engines.base import Layout
 from fastload.engines.shm_cache import SharedDecodeCache
 from fastload.store.base import Store
+
+if TYPE_CHECKING:  # a name for annotations only: importing engines.base would load torch into Ray actors
+    from fastload.engines.base import Layout
 
 
 @dataclass
