@@ -1,5 +1,6 @@
 """One contract, every engine: the same checks run over cpu (in-process and 2 workers), gpu (the
-PyTorch engine on CPU tensors) and dali (its CPU-only mode, when installed).
+PyTorch engine on CPU tensors), dali (its CPU-only mode, when installed) and ray (2 actors on a local
+Ray instance, when installed).
 
 Batch format, the three HSV modes, both layouts, unknown and inapplicable options, stats keys,
 close-mosaic, set_epoch and determinism. A tiny synthetic set at a small imgsz keeps it fast.
@@ -16,10 +17,12 @@ from fastload.engines.base import EngineOptionError
 from fastload.engines.cpu import CPUOptions
 from fastload.engines.dali import DALIOptions
 from fastload.engines.gpu import TorchGPUOptions
+from fastload.engines.ray_engine import RayOptions
 
 IMGSZ = 64
 BATCH = 4
 HAS_DALI = importlib.util.find_spec("nvidia") is not None and importlib.util.find_spec("nvidia.dali") is not None
+HAS_RAY = importlib.util.find_spec("ray") is not None
 
 # engine name, the settings that run it here
 ENGINES = [
@@ -28,13 +31,24 @@ ENGINES = [
     pytest.param("gpu", dict(device="cpu"), id="gpu-on-cpu"),
     pytest.param("dali", dict(device="cpu", workers=1), id="dali-cpu",
                  marks=pytest.mark.skipif(not HAS_DALI, reason="NVIDIA DALI is not installed (pip install fastload[dali])")),
+    pytest.param("ray", dict(), id="ray-2actors",  # the local instance's 2 CPUs: 2 actors by default
+                 marks=pytest.mark.skipif(not HAS_RAY, reason='Ray is not installed (pip install "fastload[ray]")')),
 ]
 # every engine's options class and one field it has
-OPTIONS = {"cpu": (CPUOptions, "decode_cache_mb"), "gpu": (TorchGPUOptions, "max_elements"), "dali": (DALIOptions, "threads")}
+OPTIONS = {"cpu": (CPUOptions, "decode_cache_mb"), "gpu": (TorchGPUOptions, "max_elements"), "dali": (DALIOptions, "threads"),
+           "ray": (RayOptions, "actors")}
 # settings each engine cannot honour (refused, never dropped)
-REFUSED = {"cpu": [], "gpu": [dict(workers=2)], "dali": [dict(workers=0), dict(prefetch=0)]}
+REFUSED = {"cpu": [], "gpu": [dict(workers=2)], "dali": [dict(workers=0), dict(prefetch=0)],
+           "ray": [dict(workers=2), dict(prefetch=0)]}
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+@pytest.fixture(autouse=True)
+def ray_for_the_ray_engine(request):
+    """The ray engine's cases run on the module's local Ray instance (started by the first of them)."""
+    if getattr(request.node, "callspec", None) is not None and request.node.callspec.params.get("engine") == "ray":
+        request.getfixturevalue("local_ray")
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +103,7 @@ def test_batch_format_and_stats(data, engine, run):
     assert {"engine", "store", "batches", "images", "worker_pids"} <= set(stats)
     assert stats["engine"] == engine and stats["store"] == "files"
     assert stats["batches"] == len(got) and stats["images"] == fl.n
-    assert len(stats["worker_pids"]) == (run.get("workers", 0) if engine == "cpu" else 0)
+    assert len(stats["worker_pids"]) == {"cpu": run.get("workers", 0), "ray": 2}.get(engine, 0)
     if engine == "cpu":
         assert {"decode_cache_hits", "decode_cache_misses", "early_batches_used", "early_batches_dropped"} <= set(stats)
 

@@ -25,7 +25,6 @@ the cluster's nodes; a pool lives and dies with its rank's process.
 """
 from __future__ import annotations
 
-import collections
 import time
 import warnings
 from dataclasses import dataclass
@@ -133,8 +132,12 @@ class _ActorLost(Exception):
     """The actor of a task died (or its result was lost with its node): replace it, send its tasks again."""
 
 
+_connected_here: list[bool] = [False]  # whether connect() made this process's Ray connection
+
+
 def connect(ray: Any, address: str | None) -> None:
-    """Connect this process to Ray (once); refuse another address than the one it is connected to."""
+    """Connect this process to Ray (once; it stays connected for later loaders); refuse another address
+    than the one it is connected to."""
     if ray.is_initialized():
         current = ray.get_runtime_context().gcs_address
         if address not in (None, "auto") and address != current:
@@ -142,6 +145,15 @@ def connect(ray: Any, address: str | None) -> None:
                                     f"not RayOptions(address={address!r}); call ray.shutdown() first to switch")
         return
     ray.init(address=address)
+    _connected_here[0] = True
+
+
+def disconnect() -> None:
+    """End the Ray connection a ray engine made (a local instance it started stops with it), for one-off
+    tools such as ``fastload bench``; a connection the caller made (``ray.init``) stays."""
+    if _connected_here[0]:
+        _connected_here[0] = False
+        require_ray().shutdown()
 
 
 def store_spec(store: Store, store_path: str | None) -> StoreSpec:
@@ -165,7 +177,8 @@ class RayEngine(Engine):
 
     ``imgs`` is read-only memory of Ray's object store, valid as long as it is referenced: clone it before
     writing into it. :meth:`stats` adds ``actors``, ``nodes`` (the actors' nodes), ``actor_restarts``
-    (dead actors replaced), ``in_flight_limit`` and ``in_flight_peak``,
+    (dead actors replaced), ``in_flight`` (batches sent, not yet delivered), ``in_flight_limit`` and
+    ``in_flight_peak``,
     and ``early_batches_used`` / ``early_batches_dropped`` as the CPU engine does.
     """
 
@@ -214,6 +227,8 @@ class RayEngine(Engine):
         self._active: Generator[Rendered, None, None] | None = None
         self._hint: tuple[int, np.ndarray] | None = None
         self._ahead: _Ahead | None = None
+        self._queue: list[_Task] = []
+        self._early: list[_Task] = []
         self._early_stats = [0, 0]  # batches sent before their epoch began: [used, dropped]
         try:
             self._greet(range(n))
@@ -281,13 +296,14 @@ class RayEngine(Engine):
         out = super().stats()
         out["worker_pids"] = list(self.pids)
         out.update(actors=self.n_actors, nodes=sorted(set(self.nodes)), actor_restarts=sum(self._replaced),
-                   in_flight_limit=self.in_flight_limit, in_flight_peak=self._peak)
+                   in_flight=self.in_flight, in_flight_limit=self.in_flight_limit, in_flight_peak=self._peak)
         out["early_batches_used"], out["early_batches_dropped"] = self._early_stats
         return out
 
     # -- batches ----------------------------------------------------------------------------------------
-    def _submit(self, epoch: int, idx: np.ndarray, pending: list[_Task]) -> _Task:
-        """Send one batch to the actor with the fewest unfinished tasks (``pending``: every task in flight)."""
+    def _submit(self, epoch: int, idx: np.ndarray) -> _Task:
+        """Send one batch to the actor with the fewest unfinished tasks."""
+        pending = self._queue + self._early
         unfinished = [0] * self.n_actors
         if pending:
             _, not_ready = self._ray.wait([t.ref for t in pending], num_returns=len(pending), timeout=0, fetch_local=False)
@@ -296,7 +312,7 @@ class RayEngine(Engine):
                 unfinished[t.actor] += t.ref in waiting
         k = min(range(self.n_actors), key=lambda a: (unfinished[a], (a - len(pending)) % self.n_actors))
         ref = self._actors[k].render.remote(epoch, idx, self.mosaic_closed)
-        self._peak = max(self._peak, len(pending) + 1)
+        self._peak = max(self._peak, self.in_flight + 1)
         return _Task(epoch, idx, self.mosaic_closed, k, ref)
 
     def _fetch(self, task: _Task, seq: int) -> tuple[Any, ...]:
@@ -336,44 +352,49 @@ class RayEngine(Engine):
 
     def _iterate(self, epoch: int, indices: np.ndarray) -> Generator[Rendered, None, None]:
         batches = chunks(indices, self.batch_size)
-        queue: collections.deque[_Task] = collections.deque(self._adopt_early(epoch, indices))
-        sent = len(queue)
+        self._queue = self._adopt_early(epoch, indices)  # this epoch's batches in flight, in order
+        self._early = []  # the next epoch's first batches, sent once this epoch's are all out
+        sent = len(self._queue)
         hint, self._hint = self._hint, None
         early_batches = chunks(hint[1], self.batch_size) if hint is not None else []
-        early: list[_Task] = []
         early_mosaic_closed = self.mosaic_closed
         finished = False
         try:
             for seq in range(len(batches)):
-                while len(queue) + len(early) < self.in_flight_limit:  # this epoch first, then the next one's start
+                while self.in_flight < self.in_flight_limit:  # this epoch first, then the next one's start
                     if sent < len(batches):
-                        queue.append(self._submit(epoch, batches[sent], [*queue, *early]))
+                        self._queue.append(self._submit(epoch, batches[sent]))
                         sent += 1
-                    elif hint is not None and len(early) < len(early_batches):
-                        if not early:
+                    elif hint is not None and len(self._early) < len(early_batches):
+                        if not self._early:
                             early_mosaic_closed = self.mosaic_closed
-                        early.append(self._submit(hint[0], early_batches[len(early)], [*queue, *early]))
+                        self._early.append(self._submit(hint[0], early_batches[len(self._early)]))
                     else:
                         break
                 while True:
                     try:
-                        result = self._fetch(queue[0], seq)
+                        result = self._fetch(self._queue[0], seq)
                         break
                     except _ActorLost as lost:  # its actor died: a new one renders its unfinished batches again
-                        k = queue[0].actor
+                        k = self._queue[0].actor
                         self._replace(k, str(lost))
-                        queue = collections.deque(self._resend(list(queue), k))
-                        early = self._resend(early, k)
-                yield self._deliver(queue.popleft(), result)
+                        self._queue, self._early = self._resend(self._queue, k), self._resend(self._early, k)
+                yield self._deliver(self._queue.pop(0), result)
             finished = True
         finally:
-            if finished and early and hint is not None:
-                self._ahead = _Ahead(hint[0], hint[1], early_mosaic_closed, early)
-            else:  # abandoned or failed: nothing of this epoch (or the guessed next one) stays in flight
-                self._cancel([*queue, *early])
+            if finished and self._early and hint is not None:
+                self._ahead = _Ahead(hint[0], hint[1], early_mosaic_closed, self._early)
+            # The rest (an abandoned or failed epoch) is dropped with its references: the actors finish those
+            # batches and Ray frees them. Not ray.cancel(): it stalls an actor's later tasks for tens of seconds.
+            self._queue, self._early = [], []
+
+    @property
+    def in_flight(self) -> int:
+        """Batches sent to the actors and not yet delivered (this epoch's and the next one's first)."""
+        return len(self._queue) + len(self._early) + (len(self._ahead.tasks) if self._ahead is not None else 0)
 
     def _adopt_early(self, epoch: int, indices: np.ndarray) -> list[_Task]:
-        """The tasks sent early for this epoch when the guess was right; otherwise cancel them."""
+        """The tasks sent early for this epoch when the guess was right; otherwise drop them."""
         ahead, self._ahead = self._ahead, None
         if ahead is None:
             return []
@@ -381,16 +402,7 @@ class RayEngine(Engine):
             self._early_stats[0] += len(ahead.tasks)
             return list(ahead.tasks)
         self._early_stats[1] += len(ahead.tasks)
-        self._cancel(ahead.tasks)
         return []
-
-    def _cancel(self, tasks: list[_Task]) -> None:
-        """Cancel tasks not yet run (running ones finish; their results are dropped with the last reference)."""
-        for t in tasks:
-            try:
-                self._ray.cancel(t.ref)
-            except Exception:  # finished, or its actor is gone: nothing to stop
-                pass
 
     # -- shutdown ---------------------------------------------------------------------------------------
     def _kill_actors(self) -> None:
@@ -405,8 +417,6 @@ class RayEngine(Engine):
         if self._active is not None:
             self._active.close()
             self._active = None
-        if self._ahead is not None:
-            self._cancel(self._ahead.tasks)
-            self._ahead = None
+        self._ahead = None
         self._kill_actors()
 
