@@ -2,7 +2,7 @@
 
 It ties the packages together: a store (``fastload.store.open_store``), the augmentation sampler
 (``fastload.augment.params.ParamSampler``), the epoch order (:mod:`fastload.order`) and an engine
-(``cpu``, ``gpu`` or ``dali``, :mod:`fastload.engines.factory`) that renders the batches.
+(``cpu``, ``gpu``, ``dali`` or ``ray``, :mod:`fastload.engines.factory`) that renders the batches.
 """
 from __future__ import annotations
 
@@ -287,10 +287,12 @@ def loader(
         store: ``auto`` (the fastest store ``fastload convert`` recorded for this split and imgsz:
             ram > disk > lmdb > files), one of ``files | lmdb | disk | ram``, ``gpu`` (decoded images
             resident on ``device``; ``engine="gpu"`` only), or a ``Store``.
-        engine: ``cpu`` (worker processes), ``gpu`` (PyTorch on ``device``) or ``dali``.
+        engine: ``cpu`` (worker processes), ``gpu`` (PyTorch on ``device``), ``dali`` or ``ray``
+            (Ray actors on the machines of a Ray cluster: ``pip install "fastload[ray]"``).
         workers: the engine's worker processes, persistent across epochs: ``cpu``: render
             processes (0: render in the calling process); ``dali``: external-source processes
-            (>= 1); ``gpu``: none (0). ``None``: the engine's default (8 for cpu and dali, 0 for gpu).
+            (>= 1); ``gpu``: none (0); ``ray``: none (0; its actors: ``RayOptions(actors=N)``).
+            ``None``: the engine's default (8 for cpu and dali, 0 for gpu and ray).
         shuffle: new permutation every epoch (a function of ``seed`` and the epoch). Ignored in rect mode.
         rect: validation-style rectangular batches: images sorted by aspect ratio, each batch
             letterboxed to its own ``stride``-multiple shape, no shuffle, no mosaic.
@@ -320,9 +322,11 @@ def loader(
             engines produce HWC pixels, so this costs no copy) or ``"nchw"`` (contiguous; one
             transposing copy per image).
         prefetch: batches prepared ahead of the one being consumed (per worker for ``cpu``; by the
-            background thread for ``gpu``, 0: none; DALI's queue depth, >= 1, for ``dali``).
+            background thread for ``gpu``, 0: none; DALI's queue depth, >= 1, for ``dali``; per actor,
+            >= 1, for ``ray``).
         engine_options: what only the chosen engine has: a :class:`~fastload.CPUOptions`,
-            :class:`~fastload.TorchGPUOptions` or :class:`~fastload.DALIOptions`, or a dict of its
+            :class:`~fastload.TorchGPUOptions`, :class:`~fastload.DALIOptions` or
+            :class:`~fastload.RayOptions`, or a dict of its
             fields (e.g. ``{"decode_cache_mb": 0}`` for ``engine="cpu"``). ``None``: the defaults.
 
     Returns a :class:`FastLoader`; ``loader.dataset`` exposes ``labels``, ``shapes``, ``im_files``,
@@ -332,7 +336,7 @@ def loader(
     options = resolve_options(engine, engine_options)
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    if hsv_on == "consumer" and engine == "cpu" and (device is None or torch.device(device).type == "cpu"):
+    if hsv_on == "consumer" and engine in ("cpu", "ray") and (device is None or torch.device(device).type == "cpu"):
         warnings.warn("fastload.loader: hsv_on='consumer' without a GPU device applies HSV in the main process "
                       "with torch ops (slow on a CPU); use hsv_on='worker' there")
     rank, world_size = _resolve_world(rank, world_size)
