@@ -28,8 +28,9 @@ from fastload.augment.functional.flip import flip_inplace  # noqa: E402
 from fastload.augment.functional.tiles import AXIS_KERNELS, default_axis_kernel, render_image  # noqa: E402
 from fastload.augment.params import ParamSampler  # noqa: E402
 from fastload.augment.pipeline import mixup_blend  # noqa: E402
+from fastload.bench.stock import mixup_pixels  # noqa: E402
 from tests.augment_helpers import load_folder, shapes_of, smooth_images  # noqa: E402
-from tests.reference.stock_yolov9 import mixup_pixels, render_image_record  # noqa: E402
+from tests.reference.stock_replay import render_image_record  # noqa: E402
 
 
 def best_ms(fn: Callable[[int], object], n: int, repeat: int) -> float:

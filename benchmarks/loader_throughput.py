@@ -146,23 +146,17 @@ def run_fastload(yaml_path: Path, seconds: float, *, split: str = "train", min_e
     return res
 
 
-def _one_opencv_thread(_worker_id: int) -> None:
-    """YOLOv9 runs ``cv2.setNumThreads(0)`` when its utils are imported; its loader workers inherit it."""
-    cv2.setNumThreads(0)
-
-
 def run_stock(yaml_path: Path, seconds: float, *, imgsz: int, batch: int, workers: int, cache: bool,
               augment: bool = True, rect: bool = False) -> dict[str, Any]:
-    """The clean-room stock YOLOv9 dataset in a torch DataLoader, as the official trainer runs it.
+    """The clean-room stock YOLOv9 dataset in a torch DataLoader, as the official trainer runs it
+    (:mod:`fastload.bench.stock`).
 
     ``cache=True`` is YOLOv9's ``--cache ram``: every loaded (resized) image kept in the main
     process before the workers fork. ``rect`` mimics YOLOv9 validation: images sorted by aspect,
     per-batch shapes, no shuffle.
     """
-    sys.path.insert(0, str(REPO / "tests"))
-    from reference.stock_yolov9 import StockDataset  # type: ignore[import-not-found]
-
     from fastload.augment.params import per_index_shapes, rect_batch_shapes
+    from fastload.bench.stock import StockDataset, stock_loader
     from fastload.data.config import load_data_config
     from fastload.data.images import loaded_shape
     from fastload.data.index import build_index
@@ -175,18 +169,9 @@ def run_stock(yaml_path: Path, seconds: float, *, imgsz: int, batch: int, worker
         files, labels, hw = [files[i] for i in order], [labels[i] for i in order], hw[order]
         rect_shapes = per_index_shapes(np.arange(len(files)), shapes, batch)
     loaded = np.array([loaded_shape(int(h), int(w), imgsz) for h, w in hw], np.int64)
-
-    class StockRam(StockDataset):
-        def load_image(self, i: int) -> np.ndarray:
-            return self.ims[i]
-
-    ds = (StockRam if cache else StockDataset)(files, labels, imgsz, None, augment=augment,
-                                                 rect_shapes=rect_shapes, loaded_shapes=loaded)
-    if cache:
-        ds.ims = [StockDataset.load_image(ds, i) for i in range(len(ds))]
-    dl = torch.utils.data.DataLoader(ds, batch_size=batch, shuffle=not rect, num_workers=workers,
-                                     collate_fn=StockDataset.collate_fn, persistent_workers=workers > 0,
-                                     worker_init_fn=_one_opencv_thread)
+    ds = StockDataset(files, labels, imgsz, None, augment=augment, rect_shapes=rect_shapes, loaded_shapes=loaded,
+                      cache_ram=cache)
+    dl = stock_loader(ds, batch_size=batch, workers=workers, shuffle=not rect)
     try:
         return time_batches(lambda dl=dl: dl, seconds, pids=lambda it: [w.pid for w in getattr(it, "_workers", [])])
     finally:

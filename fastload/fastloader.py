@@ -336,6 +336,12 @@ def loader(
     options = resolve_options(engine, engine_options)
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if isinstance(imgsz, bool) or not isinstance(imgsz, (int, np.integer)) or imgsz < stride or imgsz % stride:
+        # a model concatenates feature maps of stride 8..stride: other sizes fail in its forward pass
+        near = max(stride, round(float(imgsz) / stride) * stride) if isinstance(imgsz, (int, float, np.number)) else 640
+        raise ValueError(f"imgsz must be a positive multiple of the stride {stride}, got {imgsz!r}; use e.g. {near}")
+    if workers is not None and workers < 0:
+        raise ValueError(f"workers must be >= 0 (0 renders in the calling process), got {workers}")
     if hsv_on == "consumer" and engine in ("cpu", "ray") and (device is None or torch.device(device).type == "cpu"):
         warnings.warn("fastload.loader: hsv_on='consumer' without a GPU device applies HSV in the main process "
                       "with torch ops (slow on a CPU); use hsv_on='worker' there")

@@ -1,9 +1,7 @@
 """Helpers shared by the store tests: a planted-faults dataset and a CLI runner for the store commands."""
 from __future__ import annotations
 
-import argparse
 import contextlib
-import importlib
 import os
 import shutil
 import uuid
@@ -12,17 +10,11 @@ from typing import Iterator
 
 import pytest
 
-STORE_COMMANDS = ("convert", "stage", "unstage", "verify", "info")
-
-
 def run_cli(argv: list[str]) -> int:
-    """Run one store sub-command through its own parser (independent of the other commands' modules)."""
-    parser = argparse.ArgumentParser(prog="fastload")
-    sub = parser.add_subparsers()
-    for name in STORE_COMMANDS:
-        importlib.import_module(f"fastload.cli.{name}_cmd").register(sub, name)
-    args = parser.parse_args(argv)
-    return int(args.func(args))
+    """``fastload ARGV`` in this process: the exit code, errors reported on stderr as the console shows them."""
+    from fastload.cli import main
+
+    return main(argv)
 
 
 def make_faults_dataset(root: Path, n_good: int = 6) -> tuple[Path, dict[str, str]]:

@@ -12,7 +12,7 @@ from fastload.augment.boxes import batch_targets, transform_labels
 from fastload.augment.params import ImageParams, ParamSampler, SampleParams
 from fastload.augment.pipeline import render_sample
 from tests.augment_helpers import load_folder, random_world, shapes_of
-from tests.reference.stock_yolov9 import labels_record
+from tests.reference.stock_replay import labels_record
 
 
 def _world(seed=0, n=12, imgsz=640):

@@ -15,7 +15,7 @@ from fastload.augment.params import (
 )
 from fastload.augment.boxes import transform_labels
 from tests.augment_helpers import random_world
-from tests.reference.stock_yolov9 import StockAugmenter
+from fastload.bench.stock import StockAugmenter
 
 SHAPES = np.array([[480, 640], [640, 427], [640, 640], [20, 30], [300, 640], [640, 200]])
 

@@ -14,7 +14,8 @@ from fastload.augment.functional.tiles import render_image
 from fastload.augment.params import ImageParams, ParamSampler, Rect, TileParams
 from fastload.augment.pipeline import mixup_blend, render_sample
 from tests.augment_helpers import load_folder, shapes_of, smooth_images
-from tests.reference.stock_yolov9 import augment_hsv, mixup_pixels, render_image_record, render_record
+from fastload.bench.stock import augment_hsv, mixup_pixels
+from tests.reference.stock_replay import render_image_record, render_record
 
 
 KERNELS = ("warp", "resize")
@@ -281,7 +282,7 @@ def test_stock_dataset_smoke(coco128_yaml):
     """The benchmark's "stock loader": fresh tensors, YOLOv9 batch tuple."""
     import torch
 
-    from tests.reference.stock_yolov9 import StockDataset
+    from fastload.bench.stock import StockDataset
 
     root = coco128_yaml.parent
     files = sorted((root / "images").rglob("*.jpg"))[:6]

@@ -1,7 +1,6 @@
 """``fastload bench``: every stage measured (or skipped with a reason), JSON + PNG written, bottleneck named."""
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import json
 from pathlib import Path
@@ -14,14 +13,7 @@ from fastload.bench import pagecache
 from fastload.bench.analysis import StoreInfo, analyse, expected_reads
 from fastload.bench.decoders import DECODERS, available_decoders
 from fastload.bench.stages import STAGES, Measurement, measure_augment, measure_loader
-from fastload.cli import bench_cmd
-
-
-def _cli(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="fastload")
-    bench_cmd.register(parser.add_subparsers(), "bench")
-    args = parser.parse_args(argv)
-    return args.func(args)
+from store_helpers import run_cli
 
 
 def _check_document(doc: dict, stores: list[str]) -> None:
@@ -48,9 +40,9 @@ def _check_document(doc: dict, stores: list[str]) -> None:
     assert doc["elapsed_s"] > 0 and doc["planned_s"] > 0
 
 
-def _run_cli(tmp_path: Path, data: Path, extra: list[str], capsys) -> dict:
+def _run_bench(tmp_path: Path, data: Path, extra: list[str], capsys) -> dict:
     js, png = tmp_path / "bench.json", tmp_path / "bench.png"
-    code = _cli(["bench", str(data), "--seconds", "2", "--json", str(js), "--plot", str(png), *extra])
+    code = run_cli(["bench", str(data), "--seconds", "2", "--json", str(js), "--plot", str(png), *extra])
     assert code == 0
     out = capsys.readouterr()
     assert "bottleneck:" in out.out and "machine:" in out.out
@@ -61,7 +53,7 @@ def _run_cli(tmp_path: Path, data: Path, extra: list[str], capsys) -> dict:
 
 
 def test_bench_synthetic_all_stages(synth_yaml, tmp_path, capsys):
-    doc = _run_cli(tmp_path, synth_yaml, ["--decoders", "fastload,cv2"], capsys)
+    doc = _run_bench(tmp_path, synth_yaml, ["--decoders", "fastload,cv2"], capsys)
     _check_document(doc, ["files"])
     decoders = {m["name"] for m in doc["measurements"] if m["stage"] == "decode"}
     assert decoders == {"fastload", "cv2"}
@@ -76,7 +68,7 @@ def test_bench_synthetic_all_stages(synth_yaml, tmp_path, capsys):
 
 
 def test_bench_coco128(coco128_yaml, tmp_path, capsys):
-    doc = _run_cli(tmp_path, coco128_yaml, ["--decoders", "fastload,reduced", "--engines", "cpu"], capsys)
+    doc = _run_bench(tmp_path, coco128_yaml, ["--decoders", "fastload,reduced", "--engines", "cpu"], capsys)
     _check_document(doc, ["files"])
     from fastload.store import open_store
 
@@ -94,7 +86,7 @@ def test_convert_builds_missing_stores_in_a_temp_dir(synth_yaml, tmp_path, monke
     monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     js = tmp_path / "c.json"
     # ram is copied from a disk store the conversion also builds (not measured here, to save time)
-    code = _cli(["bench", str(synth_yaml), "--seconds", "0.3", "--stages", "read,loader", "--stores",
+    code = run_cli(["bench", str(synth_yaml), "--seconds", "0.3", "--stages", "read,loader", "--stores",
                  "lmdb,ram", "--engines", "cpu", "--convert", "--quiet", "--json", str(js)])
     assert code == 0
     doc = json.loads(js.read_text())
@@ -109,7 +101,7 @@ def test_convert_builds_missing_stores_in_a_temp_dir(synth_yaml, tmp_path, monke
 
 def test_missing_store_is_skipped_with_the_command_to_build_it(synth_yaml, tmp_path):
     js = tmp_path / "s.json"
-    assert _cli(["bench", str(synth_yaml), "--seconds", "0.2", "--stages", "read", "--stores", "files,lmdb",
+    assert run_cli(["bench", str(synth_yaml), "--seconds", "0.2", "--stages", "read", "--stores", "files,lmdb",
                  "--quiet", "--json", str(js)]) == 0
     lmdb = [m for m in json.loads(js.read_text())["measurements"] if m["name"].startswith("lmdb")]
     assert lmdb and all("fastload convert" in m["skipped"] for m in lmdb)
@@ -117,9 +109,9 @@ def test_missing_store_is_skipped_with_the_command_to_build_it(synth_yaml, tmp_p
 
 def test_bad_input_fails_clearly(tmp_path, capsys, synth_yaml):
     missing = tmp_path / "nope.yaml"
-    assert _cli(["bench", str(missing), "--seconds", "0.1"]) == 2
+    assert run_cli(["bench", str(missing), "--seconds", "0.1"]) == 1  # the data is wrong: exit 1
     assert str(missing) in capsys.readouterr().err
-    assert _cli(["bench", str(synth_yaml), "--stages", "read,telepathy"]) == 2
+    assert run_cli(["bench", str(synth_yaml), "--stages", "read,telepathy"]) == 2
     assert "telepathy" in capsys.readouterr().err
 
 

@@ -16,6 +16,7 @@ def test_every_command_has_help(name, capsys):
     assert exit_info.value.code == 0
     out = capsys.readouterr().out
     assert out.startswith("usage: fastload " + name)
+    assert "``" not in out, "help is plain text, not reStructuredText"
 
 
 def test_no_command_prints_help_and_fails(capsys):

@@ -88,6 +88,27 @@ def test_stage_refuses_without_space(synth_yaml, tmp_path, monkeypatch, capsys):
     assert not (tmp_path / "x").exists() and not list(tmp_path.glob(".x.staging*"))
 
 
+def test_stage_running_out_of_space_part_way_names_the_file_and_keeps_nothing(synth_yaml, tmp_path, monkeypatch, capsys):
+    import errno
+
+    from fastload.store import stage as stage_mod
+
+    real, calls = stage_mod._copy_file, []
+
+    def fill_up(src, dst):
+        calls.append(src)
+        if len(calls) == 3:  # the device fills up in the middle of the third file
+            dst.write_bytes(src.read_bytes()[:10])
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(src, dst)
+
+    monkeypatch.setattr(stage_mod, "_copy_file", fill_up)
+    assert run_cli(["stage", str(synth_yaml), "--to", str(tmp_path / "x"), "--no-progress"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"stopped at {calls[2]}: No space left on device" in err
+    assert not (tmp_path / "x").exists() and not list(tmp_path.glob(".x.staging*"))
+
+
 def test_stage_converted_stores(synth_yaml, tmp_path):
     out = tmp_path / "o"
     assert run_cli(["convert", str(synth_yaml), "--to", "lmdb,disk", "--imgsz", "64", "--out", str(out), "--no-progress"]) == 0

@@ -131,3 +131,44 @@ def test_dali_gpu_matches_cpu_engine(converted):
     ref = run(converted, "cpu", store="lmdb", hyp=hyp_no_hsv(), workers=0)
     got = run(converted, "dali", store="lmdb", hyp=hyp_no_hsv(), device="cuda")
     compare(ref, got, mean_diff=2.0, frac_over_3=0.1)
+
+
+UNGUARDED = """
+import fastload
+fl = fastload.loader({data!r}, imgsz={imgsz}, batch_size=2, engine="dali", device="cpu", workers=1, store="lmdb")
+next(iter(fl))
+"""
+
+
+def test_script_without_main_guard_fails_at_once_saying_what_to_do(converted, tmp_path):
+    """Without the guard DALI's spawned workers re-run the script and DALI fails ~30 s later with
+    "Workers initialization failed"; the engine says why before it starts anything."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "train_dali.py"
+    script.write_text(UNGUARDED.format(data=str(converted), imgsz=IMGSZ))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    last = done.stderr.strip().splitlines()[-1]
+    assert f"runs {script} again from the top, and line 3 builds the loader outside `if __name__ == \"__main__\":`" in last
+    assert "Workers initialization failed" not in done.stderr
+
+
+def test_main_guard_detection(tmp_path):
+    import subprocess
+    import sys
+
+    script = tmp_path / "s.py"
+    script.write_text(
+        "from fastload.engines.main_guard import unguarded_main_line\n"
+        "def build():\n"
+        "    return unguarded_main_line()\n"
+        "print('top', build())\n"
+        "if '__main__' == __name__:\n"
+        "    print('guarded', build())\n"
+    )
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, check=True).stdout.splitlines()
+    assert out == [f"top ({str(script)!r}, 4)", "guarded None"]
+    inline = subprocess.run([sys.executable, "-c", script.read_text()], capture_output=True, text=True, check=True)
+    assert inline.stdout.splitlines() == ["top None", "guarded None"]  # `python -c`: nothing a worker would re-run

@@ -209,6 +209,19 @@ def test_bad_arguments(synth_yaml):
         loader(synth_yaml, store="files", engine="gpu", engine_options={"axis_kernel": "warp"})
 
 
+@pytest.mark.parametrize("kw, says", [
+    (dict(imgsz=300), r"imgsz must be a positive multiple of the stride 32, got 300; use e.g. 288"),
+    (dict(imgsz=0), r"imgsz must be a positive multiple of the stride 32, got 0; use e.g. 32"),
+    (dict(imgsz=96, stride=64), r"multiple of the stride 64, got 96"),
+    (dict(workers=-1), r"workers must be >= 0 \(0 renders in the calling process\), got -1"),
+])
+def test_imgsz_and_workers_are_checked_first(synth_yaml, kw, says):
+    """A model cannot take 300x300 batches (its feature maps of stride 8..32 would not line up): refused,
+    as are sizes and worker counts that mean nothing."""
+    with pytest.raises(ValueError, match=says):
+        loader(synth_yaml, store="files", **kw)
+
+
 def test_axis_kernel_reaches_the_workers(synth_yaml):
     """Both tile kernels, rendered by 2 workers, equal the in-process render of the same kernel; the
     two kernels give different, close pixels and identical boxes."""

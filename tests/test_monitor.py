@@ -1,7 +1,6 @@
 """``fastload monitor``: CSV rows on schedule, the child's exit code, signal forwarding, NVML present or absent."""
 from __future__ import annotations
 
-import argparse
 import csv
 import json
 import signal
@@ -16,19 +15,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from fastload.cli import monitor_cmd
 from fastload.monitor import monitor, summarise
 from fastload.monitor.sampler import NvmlSampler
+from store_helpers import run_cli
 
 PY = sys.executable
-
-
-def _cli(argv: list[str]) -> int:
-    """Parse and run through the sub-command's own parser (what `fastload monitor ...` does)."""
-    parser = argparse.ArgumentParser(prog="fastload")
-    monitor_cmd.register(parser.add_subparsers(), "monitor")
-    args = parser.parse_args(argv)
-    return args.func(args)
 
 
 def _read_csv(path: Path) -> list[dict[str, str]]:
@@ -54,7 +45,7 @@ def _child_script(stamp: Path, seconds: float, code: int) -> str:
 def test_rows_follow_interval_and_exit_code_is_the_childs(tmp_path, capsys):
     out, png, stamp, js = tmp_path / "run.csv", tmp_path / "run.png", tmp_path / "stamp", tmp_path / "s.json"
     interval = 0.2
-    code = _cli(
+    code = run_cli(
         ["monitor", "--interval", str(interval), "--out", str(out), "--plot", str(png), "--json", str(js),
          "--", PY, "-c", _child_script(stamp, 1.6, 3)]
     )
@@ -83,12 +74,17 @@ def test_rows_follow_interval_and_exit_code_is_the_childs(tmp_path, capsys):
 
 def test_zero_exit_and_child_shorter_than_one_interval(tmp_path):
     out = tmp_path / "short.csv"
-    assert _cli(["monitor", "--quiet", "--interval", "5", "--out", str(out), "--", PY, "-c", "pass"]) == 0
+    js = tmp_path / "short.json"
+    started = time.monotonic()
+    assert run_cli(["monitor", "--quiet", "--interval", "5", "--out", str(out), "--json", str(js), "--", PY, "-c",
+                 "import time; time.sleep(0.6)"]) == 0
+    took = time.monotonic() - started
     assert len(_read_csv(out)) == 1  # never an empty CSV
+    assert 0.6 <= json.loads(js.read_text())["span_s"] <= took  # the run's length, not "0.0 s"
 
 
 def test_missing_command_is_a_clear_error(capsys):
-    assert _cli(["monitor", "--quiet", "--", "/nonexistent/fastload-binary"]) == 2
+    assert run_cli(["monitor", "--quiet", "--", "/nonexistent/fastload-binary"]) == 2
     assert "/nonexistent/fastload-binary" in capsys.readouterr().err
 
 

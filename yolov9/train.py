@@ -20,6 +20,7 @@ import json
 import logging
 import math
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -30,9 +31,11 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from fastload.cli.errors import OneLineParser, UsageError, add_debug_flag, run_reported
+
 from .checkpoint import jsonable, read_checkpoint, save_checkpoint
 from .loss import DetectionLoss
-from .models.yolo import DetectionModel
+from .models.yolo import DetectionModel, resolve_cfg
 from .throughput import GpuUtilSampler, StepTimer, fmt_util
 from .torch_utils import ModelEMA, build_optimizer, de_parallel, init_seeds, lr_lambda, select_device
 from .val import evaluate, fitness, make_val_loader
@@ -50,9 +53,10 @@ RESULTS_COLUMNS = [
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The ``train_dual.py`` flags plus fastload's; unknown flags are an error (argparse)."""
-    p = argparse.ArgumentParser(prog="python -m yolov9.train", description=__doc__.split("\n\n")[0])
+    p = OneLineParser(prog="python -m yolov9.train", description=__doc__.split("\n\n")[0])
     p.add_argument("--weights", default="", help="initial weights: a checkpoint from this trainer or a state_dict")
-    p.add_argument("--cfg", default="", help="model config: a yaml path or a bundled name (yolov9-s, gelan-c, ...)")
+    p.add_argument("--cfg", default="", help="model config: a yaml path or a bundled name (yolov9-s, gelan-c, ...); "
+                   "required unless --weights or --resume names a checkpoint of this trainer, which records it")
     p.add_argument("--data", required=True, help="data.yaml")
     p.add_argument("--hyp", default=None, help="hyp yaml (default: YOLOv9 hyp.scratch-high values)")
     p.add_argument("--epochs", type=int, default=None, help="total epochs (default 100; with --resume: extend to N)")
@@ -66,7 +70,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--cache", nargs="?", const="ram", default=None, choices=("ram", "disk"),
                    help="use the ram/disk store written by `fastload convert` (same as --store ram|disk)")
     p.add_argument("--device", default="", help="cuda device(s), e.g. 0 or 0,1, or cpu")
-    p.add_argument("--multi-scale", action="store_true", help="vary the batch size of images by +/- 50%%")
+    p.add_argument("--multi-scale", action="store_true",
+                   help="resize each batch to a random size within +/- 50%% of --imgsz (a multiple of the stride)")
     p.add_argument("--single-cls", action="store_true", help="train all classes as one")
     p.add_argument("--optimizer", default="SGD", choices=("SGD", "Adam", "AdamW", "LION"), help="optimiser")
     p.add_argument("--sync-bn", action="store_true", help="SyncBatchNorm under DDP (CUDA only)")
@@ -90,6 +95,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "(default max(round(64 / batch), 1))")
     p.add_argument("--amp", action=argparse.BooleanOptionalAction, default=True, help="mixed precision on CUDA")
     p.add_argument("--amp-dtype", choices=("fp16", "bf16"), default="fp16", help="autocast dtype on CUDA")
+    add_debug_flag(p, top=True)
     opt = p.parse_args(argv)
     if opt.optimizer == "LION":
         p.error("--optimizer LION is not implemented here; use SGD, Adam or AdamW")
@@ -100,6 +106,44 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if opt.accumulate is not None and opt.accumulate < 1:
         p.error("--accumulate must be >= 1")
     return opt
+
+
+def check_options(opt: argparse.Namespace) -> None:
+    """Refuse, before anything is created, the options that cannot work here: UsageError (exit 2) for an
+    option, DataConfigError / ValueError (exit 1) for a data or hyp file."""
+    from fastload.augment.hyp import load_hyp
+    from fastload.data.config import load_data_config
+
+    if not opt.cfg and not opt.weights and not opt.resume:
+        raise UsageError("--cfg is required: give a model yaml or a bundled name (yolov9-s, gelan-c, ...), "
+                         "or --weights with a checkpoint of this trainer")
+    if opt.cfg:
+        try:
+            resolve_cfg(opt.cfg)
+        except FileNotFoundError as e:
+            raise UsageError(f"--cfg: {e}") from None
+    if opt.weights and not opt.resume and not Path(opt.weights).is_file():
+        raise UsageError(f"--weights {opt.weights}: no such file")
+    if opt.imgsz % 32:
+        lo, hi = opt.imgsz // 32 * 32, (opt.imgsz // 32 + 1) * 32
+        raise UsageError(f"--imgsz {opt.imgsz} is not a multiple of 32 (the models' largest stride); use "
+                         + (f"{lo} or {hi}" if lo >= 32 else f"{hi}"))
+    device = str(opt.device).strip().lower()
+    if device not in ("", "cpu") and not torch.cuda.is_available():
+        raise UsageError(f"--device {opt.device} asks for CUDA, but no CUDA GPU is visible here "
+                         f"(torch.cuda.is_available() is False); use --device cpu or leave --device out")
+    load_data_config(opt.data)
+    load_hyp(opt.hyp)
+
+
+def _remove_empty_run(opt: argparse.Namespace) -> None:
+    """A run that failed before writing anything leaves no ``runs/train/expN`` behind."""
+    save_dir = getattr(opt, "save_dir", None)
+    if not save_dir or opt.resume or opt.exist_ok:
+        return  # a resumed run's folder, or one that may have existed before, is never removed
+    root = Path(save_dir)
+    if root.is_dir() and not any(p.is_file() for p in root.rglob("*")):
+        shutil.rmtree(root, ignore_errors=True)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -431,9 +475,19 @@ def train(opt: argparse.Namespace) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command line: one stderr line and exit 1 (2 for an option) on failure, the traceback with --debug."""
     opt = parse_args(argv)
-    train(opt)
-    return 0
+
+    def checked_train() -> int:
+        check_options(opt)
+        try:
+            train(opt)
+        except BaseException:
+            _remove_empty_run(opt)
+            raise
+        return 0
+
+    return run_reported("yolov9.train", checked_train, debug=opt.debug)
 
 
 if __name__ == "__main__":

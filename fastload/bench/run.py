@@ -46,6 +46,7 @@ from fastload.data.config import load_data_config
 from fastload.engines.cpu import auto_decode_cache_bytes
 from fastload.engines.factory import ENGINES
 from fastload.engines.ray_engine import disconnect as ray_disconnect
+from fastload.store.base import StoreError
 from fastload.store.convert import convert as do_convert
 from fastload.store.factory import open_store
 from fastload.store.files import FileStore
@@ -293,13 +294,19 @@ def run_bench(
             try:
                 src.store = _open(src, split, imgsz, sources)
             except Exception as e:
-                src.skipped = f"cannot open: {type(e).__name__}: {e}"
-                say(f"store {src.kind}: {src.skipped}")
+                known = isinstance(e, (StoreError, OSError, ValueError))  # the message says it all
+                src.skipped = f"cannot open: {'' if known else type(e).__name__ + ': '}{e}"
                 continue
             infos[src.kind] = _store_info(src.store, imgsz)
             say(f"store {src.kind}: {len(src.store)} samples, {infos[src.kind].bytes / 1e6:.1f} MB "
                 f"(opened in {time.perf_counter() - t0:.1f} s)")
         live = [s for s in sources if s.store is not None]
+        if not live:  # nothing to measure: one error, not a report of skipped rows
+            reason = next((s.skipped for s in sources if s.skipped), "no store")
+            raise StoreError(f"cannot bench {data} [{split}]: {reason.removeprefix('cannot open: ')}")
+        for src in sources:
+            if src.skipped:
+                say(f"store {src.kind}: {src.skipped}")
         n_timed = (
             ("read" in stage_list) * 2 * len(live)
             + ("decode" in stage_list) * len(decoder_list)
@@ -338,7 +345,7 @@ def run_bench(
             rows = measure_decode(samples, seconds, imgsz, decoder_list)
             if enc is None:
                 for m in rows:
-                    m.skipped = m.skipped or "no encoded store (files/lmdb) to take bytes from"
+                    m.skipped = "no encoded store (files/lmdb) to take bytes from"
             add(rows)
         if "augment" in stage_list:
             say("stage augment: sampled records drawn from pre-decoded images, one core")

@@ -2,7 +2,8 @@
 
 A sub-command module adds its parser with ``set_defaults(func=run)``; ``run(args) -> int`` returns
 the process exit code. Modules are imported lazily by name so that ``fastload --help`` stays fast
-and a broken optional dependency only breaks its own command.
+and a broken optional dependency only breaks its own command. How a command fails (one line on stderr,
+exit codes, ``--debug``) is :mod:`fastload.cli.errors`.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import sys
 from typing import Sequence
 
 from fastload._version import __version__
+from fastload.cli.errors import EXIT_USAGE, OneLineParser, add_debug_flag, run_reported
 
 # (sub-command module, one-line help) in the order `fastload --help` lists them.
 COMMANDS: tuple[tuple[str, str], ...] = (
@@ -28,15 +30,17 @@ COMMANDS: tuple[tuple[str, str], ...] = (
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="fastload",
         description="Fast object-detection data loading for YOLO datasets.",
     )
     parser.add_argument("--version", action="version", version=f"fastload {__version__}")
+    add_debug_flag(parser, top=True)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, help_text in COMMANDS:
         module = importlib.import_module(f"fastload.cli.{name}_cmd")
         module.register(sub, help_text)
+        add_debug_flag(sub.choices[name])
     return parser
 
 
@@ -45,12 +49,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
-        return 2
-    try:
-        return int(args.func(args) or 0)
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+        return EXIT_USAGE
+    return run_reported(f"fastload {args.command}", lambda: args.func(args), debug=args.debug)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -6,6 +6,8 @@ import signal
 import sys
 from typing import Any
 
+from fastload.cli.errors import UsageError
+
 
 def register(sub: Any, help_text: str) -> argparse.ArgumentParser:
     p = sub.add_parser(
@@ -47,6 +49,7 @@ def run(args: argparse.Namespace) -> int:
     # imported when the command runs: `fastload --help` stays light
     from fastload.bench import run_bench
     from fastload.bench.report import format_report
+    from fastload.data.config import DataConfigError
 
     # SIGTERM (`timeout`, a scheduler) becomes SystemExit so that the temporary stores and ram segments
     # built with --convert are removed by run_bench's clean-up instead of being left behind.
@@ -70,9 +73,10 @@ def run(args: argparse.Namespace) -> int:
             convert=args.convert,
             log=None if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True)),
         )
-    except (ValueError, FileNotFoundError) as e:
-        print(f"fastload bench: {e}", file=sys.stderr)
-        return 2
+    except ValueError as e:
+        if isinstance(e, DataConfigError):  # the data.yaml, not an option: exit 1
+            raise
+        raise UsageError(str(e)) from e  # an option (--stages, --seconds, ...)
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)

@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 import argparse
-import sys
+
+from fastload.cli.errors import UsageError
 
 
 def register(sub: argparse._SubParsersAction, help_text: str) -> None:
@@ -17,25 +18,22 @@ def register(sub: argparse._SubParsersAction, help_text: str) -> None:
     p.add_argument("--resume", action="store_true", help="continue an interrupted LMDB conversion")
     p.add_argument("--max-side", type=int, default=None, help="lmdb: re-encode images whose long side exceeds N")
     p.add_argument("--quality", type=int, default=90, help="JPEG quality for --max-side re-encoding (default 90)")
+    p.add_argument("--force", action="store_true",
+                   help="replace the stores of another dataset in --out (a folder holds one dataset's stores), and "
+                        "remove stores built before the images changed that this run does not rebuild")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     # imported when the command runs: `fastload --help` stays light
-    from fastload.data.config import DataConfigError
-    from fastload.store.base import StoreError
     from fastload.store.convert import convert
 
-    if args.quality and not 1 <= args.quality <= 100:
-        print("fastload convert: --quality must be in 1..100", file=sys.stderr)
-        return 2
-    try:
-        convert(
-            args.data, args.to, out=args.out, imgsz=args.imgsz, splits=args.split, workers=args.workers,
-            resume=args.resume, max_side=args.max_side, quality=args.quality, progress=not args.no_progress,
-        )
-    except (StoreError, DataConfigError, OSError) as e:
-        print(f"fastload convert: {e}", file=sys.stderr)
-        return 1
+    if not 1 <= args.quality <= 100:
+        raise UsageError(f"--quality must be in 1..100, got {args.quality}")
+    convert(
+        args.data, args.to, out=args.out, imgsz=args.imgsz, splits=args.split, workers=args.workers,
+        resume=args.resume, max_side=args.max_side, quality=args.quality, progress=not args.no_progress,
+        force=args.force,
+    )
     return 0

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
+
+from fastload.cli.errors import UsageError
 
 
 def register(sub: argparse._SubParsersAction, help_text: str) -> None:
@@ -17,23 +18,16 @@ def register(sub: argparse._SubParsersAction, help_text: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     # imported when the command runs: `fastload --help` stays light
-    from fastload.data.config import DataConfigError
-    from fastload.store.base import StoreError
     from fastload.store.info import dataset_info, format_info, format_shm, shm_info
 
     if not args.target and not args.shm:
-        print("fastload info: give a data.yaml or store folder, or --shm", file=sys.stderr)
-        return 2
+        raise UsageError("give a data.yaml or store folder, or --shm")
     out: dict = {}
-    try:
-        if args.target:
-            splits = [s for s in args.split.split(",") if s] if args.split else None
-            out = dataset_info(args.target, splits)
-        if args.shm:
-            out["shm"] = shm_info()
-    except (StoreError, DataConfigError, OSError) as e:
-        print(f"fastload info: {e}", file=sys.stderr)
-        return 1
+    if args.target:
+        splits = [s for s in args.split.split(",") if s] if args.split else None
+        out = dataset_info(args.target, splits)
+    if args.shm:
+        out["shm"] = shm_info()
     if args.json:
         print(json.dumps(out, indent=1))
         return 0

@@ -6,6 +6,8 @@ import json
 import sys
 from typing import Any
 
+from fastload.cli.errors import UsageError
+
 
 def register(sub: Any, help_text: str) -> argparse.ArgumentParser:
     p = sub.add_parser(
@@ -39,8 +41,7 @@ def run(args: argparse.Namespace) -> int:
     if command and command[0] == "--":
         command = command[1:]
     if command and args.pid is not None:
-        print("fastload monitor: give either -- COMMAND or --pid, not both", file=sys.stderr)
-        return 2
+        raise UsageError("give either -- COMMAND or --pid, not both")
     gpus = [int(g) for g in args.gpus.split(",") if g.strip()] if args.gpus else None
     try:
         result = monitor(
@@ -53,9 +54,8 @@ def run(args: argparse.Namespace) -> int:
             gpus=gpus,
             echo=None if args.quiet else sys.stderr,
         )
-    except (ValueError, FileNotFoundError, ProcessLookupError) as e:
-        print(f"fastload monitor: {e}", file=sys.stderr)
-        return 2
+    except (ValueError, FileNotFoundError, ProcessLookupError) as e:  # the options name what cannot be watched
+        raise UsageError(str(e)) from e
     if args.quiet:
         print(format_summary(result.summary), file=sys.stderr)
     if args.out:

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
 
 def register(sub: argparse._SubParsersAction, help_text: str) -> None:
@@ -17,14 +16,8 @@ def register(sub: argparse._SubParsersAction, help_text: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     # imported when the command runs: `fastload --help` stays light
-    from fastload.data.config import DataConfigError
-    from fastload.store.base import StoreError
     from fastload.store.stage import stage
 
     splits = [s for s in args.split.split(",") if s] if args.split else None
-    try:
-        stage(args.source, args.to, splits=splits, progress=not args.no_progress)
-    except (StoreError, DataConfigError, OSError) as e:
-        print(f"fastload stage: {e}", file=sys.stderr)
-        return 1
+    stage(args.source, args.to, splits=splits, progress=not args.no_progress)
     return 0

@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import argparse
-import sys
 import time
+
+from fastload.cli.errors import UsageError
 
 
 def register(sub: "argparse._SubParsersAction", help_text: str) -> argparse.ArgumentParser:
@@ -42,9 +43,8 @@ def run(args: argparse.Namespace) -> int:
             max_objects=args.max_objects,
         )
         planted = plant_faults(args.out) if args.plant_faults else {}
-    except (ValueError, OSError) as exc:
-        print(f"fastload synth: {exc}", file=sys.stderr)
-        return 2
+    except ValueError as exc:  # the options' ranges
+        raise UsageError(str(exc)) from exc
     dt = time.perf_counter() - t0
     print(f"wrote {args.n_train} train + {args.n_val} val images in {dt:.2f} s: {yaml_path}")
     for fault, path in planted.items():

@@ -4,6 +4,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from fastload.cli.errors import UsageError
+
 
 def register(sub: argparse._SubParsersAction, help_text: str) -> None:
     p = sub.add_parser("unstage", help=help_text, description=help_text + ". Refuses folders fastload did not "
@@ -24,8 +26,7 @@ def run(args: argparse.Namespace) -> int:
     from fastload.store.stage import list_staged, unstage
 
     if not (args.path or args.stale or args.list):
-        print("fastload unstage: give a PATH, --stale or --list", file=sys.stderr)
-        return 2
+        raise UsageError("give a PATH, --stale or --list")
     if args.list:
         print(format_shm(shm_info()))
         for p in list_staged(shm_root()):

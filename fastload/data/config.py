@@ -113,7 +113,7 @@ def _parse_names(raw: Mapping[str, Any], origin: str) -> tuple[list[str], int]:
     if not names_list:
         raise _fail(origin, "'names' is empty")
     if nc is not None and nc != len(names_list):
-        raise _fail(origin, f"'nc' is {nc} but 'names' lists {len(names_list)} classes")
+        raise _fail(origin, f"'nc' is {nc} but 'names' lists {len(names_list)} classes; make them agree (or drop 'nc')")
     return names_list, len(names_list)
 
 
@@ -156,6 +156,14 @@ def _notice_download(origin: str) -> None:
         _log.warning("%s: 'download' key ignored (fastload never downloads or runs scripts)", origin)
 
 
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """``line L, column C: <problem>`` of a YAML error (PyYAML's own message spans several lines)."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    return where + " ".join(str(problem).split())
+
+
 def load_data_config(data: str | os.PathLike | Mapping[str, Any] | DataConfig) -> DataConfig:
     """Parse a data.yaml path (or an already-loaded dict) into a :class:`DataConfig`.
 
@@ -176,8 +184,12 @@ def load_data_config(data: str | os.PathLike | Mapping[str, Any] | DataConfig) -
             raise DataConfigError(f"{origin}: data yaml not found")
         try:
             raw = yaml.safe_load(yaml_path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-            raise DataConfigError(f"{origin}: cannot parse yaml ({exc})") from None
+        except yaml.YAMLError as exc:
+            raise DataConfigError(f"{origin}: not valid YAML ({_yaml_problem(exc)}); fix the syntax there") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise DataConfigError(f"{origin}: cannot read the yaml ({exc})") from None
+        if raw is None:
+            raise DataConfigError(f"{origin}: the file is empty; a data.yaml needs 'train' and/or 'val', and 'names'")
         if not isinstance(raw, dict):
             raise DataConfigError(f"{origin}: expected a mapping of keys, got {type(raw).__name__}")
         base = yaml_path.parent

@@ -157,7 +157,8 @@ def make_synthetic_dataset(
     with an empty label file.
     """
     if nc < 1 or n_train < 0 or n_val < 0 or not (16 <= min_size <= max_size):
-        raise ValueError(f"bad synthetic dataset arguments: nc={nc} n_train={n_train} n_val={n_val} sizes={min_size}..{max_size}")
+        raise ValueError(f"bad synthetic dataset arguments: nc={nc} n_train={n_train} n_val={n_val} sizes={min_size}..{max_size} "
+                         f"(need nc >= 1, image counts >= 0, 16 <= min size <= max size)")
     out = Path(out_dir)
     for split_id, (split, n) in enumerate((("train", n_train), ("val", n_val))):
         im_dir, lb_dir = out / "images" / split, out / "labels" / split

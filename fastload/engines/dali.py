@@ -40,6 +40,7 @@ from fastload.augment.params import ParamSampler, shapes_from_array
 from fastload.engines.base import Batch, Engine, EngineOptionError, EngineSettings, Rendered, chunks, collate_targets
 from fastload.engines.dali_graph import build_pipeline
 from fastload.engines.dali_source import SampleSource, TileSlots, write_plan
+from fastload.engines.main_guard import unguarded_main_line
 from fastload.store.base import Store
 
 __all__ = ["DALIEngine", "DALIOptions", "require_dali"]
@@ -69,6 +70,18 @@ def _device_id(device: str | torch.device | None) -> tuple[int | None, torch.dev
                            f"(torch.cuda.is_available() is False); use device='cpu' for DALI's CPU-only mode or engine='cpu'")
     index = dev.index if dev.index is not None else torch.cuda.current_device()
     return index, torch.device("cuda", index)
+
+
+def _refuse_unguarded_script() -> None:
+    """Fail at once, saying what to do, where DALI's spawned workers would re-run the script and hang."""
+    unguarded = unguarded_main_line()
+    if unguarded:
+        script, line = unguarded
+        raise RuntimeError(
+            f"engine='dali' starts its reader processes with 'spawn', which runs {script} again from the top, and "
+            f"line {line} builds the loader outside `if __name__ == \"__main__\":`; move the script's work under that "
+            f"guard (docs/gpu.md, \"DALI needs a main guard\")"
+        )
 
 
 def _max_tiles(sampler: ParamSampler) -> int:
@@ -107,6 +120,7 @@ class DALIEngine(Engine):
 
     def __init__(self, store: Store, sampler: ParamSampler, settings: EngineSettings, options: DALIOptions | None = None) -> None:
         require_dali()
+        _refuse_unguarded_script()
         super().__init__(store, sampler, settings, options)
         if self.workers < 1:
             self._refuse("workers", self.workers, "samples are read in external-source worker processes (at least 1)")

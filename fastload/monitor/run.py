@@ -15,6 +15,7 @@ from __future__ import annotations
 import csv
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -94,6 +95,8 @@ def monitor(
         raise ValueError(f"interval must be positive, got {interval}")
     if command and pid is not None:
         raise ValueError("give either a command or --pid, not both")
+    if command and shutil.which(command[0]) is None:  # say so before any notice about the GPU
+        raise FileNotFoundError(f"cannot start {command[0]!r}: not an executable file and not found on PATH")
     nvml = NvmlSampler(gpus)
     if echo is not None and not nvml.available:
         print(f"fastload monitor: no GPU found ({nvml.reason}); recording CPU and memory only", file=echo)
@@ -303,7 +306,8 @@ def summarise(
     summary: dict[str, Any] = {
         "samples": len(table),
         "interval_s": float(interval),
-        "span_s": float(elapsed[-1] - elapsed[0]) if elapsed.size > 1 else 0.0,
+        # from the start of monitoring to the last sample: a job shorter than one interval still spans its run
+        "span_s": float(elapsed[-1]) if elapsed.size else 0.0,
         "gpu_found": bool(gpu_indices),
         "gpu_reason": gpu_reason,
         "gpus": devices,

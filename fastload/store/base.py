@@ -31,6 +31,19 @@ class StoreError(RuntimeError):
     """A store cannot be opened or read (missing, wrong kind, damaged); the message names the path."""
 
 
+def check_schema(path: object, meta: dict[str, Any], layout: str) -> None:
+    """Refuse metadata of another layout or schema version, saying whether fastload or the store is the older."""
+    schema = meta.get("schema")
+    if meta.get("layout") == layout and schema == SCHEMA_VERSION:
+        return
+    if meta.get("layout") == layout and isinstance(schema, int) and schema > SCHEMA_VERSION:
+        raise StoreError(
+            f"{path}: written by a newer fastload (store schema {schema}, this version reads {SCHEMA_VERSION}); "
+            f"upgrade fastload, or convert the dataset again with this version"
+        )
+    raise StoreError(f"{path}: {layout} store schema {schema!r} is not the supported {SCHEMA_VERSION}; convert the dataset again")
+
+
 class IncompleteStoreError(StoreError):
     """The store was never finished (interrupted conversion): no commit marker."""
 

@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import fcntl
-import hashlib
 import json
 import multiprocessing
 import os
@@ -37,13 +35,14 @@ import yaml
 from tqdm import tqdm
 
 from fastload._version import __version__
-from fastload.data.config import DataConfig, load_data_config
+from fastload.data.config import DataConfig, DataConfigError, load_data_config
 from fastload.data.images import decode_image, probe_shape, resize_long_side
 from fastload.data.index import DatasetIndex, build_index
 from fastload.store import shm
 from fastload.store.base import StoreError
-from fastload.store.kinds import CONVERT_KINDS, in_shm, ram_segment_path
+from fastload.store.kinds import CONVERT_KINDS, detect_kind, in_shm, ram_segment_path
 from fastload.store.lmdb_store import LmdbWriter
+from fastload.store.origin import source_fingerprint, store_source
 from fastload.store.packed import META, PackedWriter, packed_nbytes, read_meta, replace_dir
 from fastload.store.space import check_memory, check_space, fmt_bytes, tree_bytes
 
@@ -57,38 +56,28 @@ def default_workers() -> int:
 
 @contextlib.contextmanager
 def output_lock(out: Path) -> Iterator[None]:
-    """Exclusive lock on ``out`` for one converter; a second one refuses at once."""
+    """Exclusive lock on ``out`` for one converter; a second one refuses at once. The lock file is removed
+    when the holder finishes (while it still holds the lock)."""
     lock_path = out / ".convert.lock"
     try:
         out.mkdir(parents=True, exist_ok=True)
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o666)
+        fd = shm.flock_current(lock_path, wait=False)
+    except BlockingIOError as e:
+        raise StoreError(
+            f"another `fastload convert` (pid {e.args[0] or '?'}) is writing into {out}; wait for it to finish"
+        ) from None
     except OSError as e:
         raise StoreError(f"cannot write into {out} ({e.strerror or e}); choose another folder with --out") from None
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            other = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
-            raise StoreError(
-                f"another `fastload convert` (pid {other}) is writing into {out}; wait for it to finish"
-            ) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)
         yield
     finally:
+        with contextlib.suppress(OSError):
+            os.unlink(lock_path)
         os.close(fd)
 
 
-def _source_fingerprint(im_files: Sequence[str]) -> str:
-    """Hash of the source image list with sizes and mtimes (changes when the dataset changes)."""
-    h = hashlib.sha1()
-    for f in im_files:
-        try:
-            st = os.stat(f)
-            h.update(f"{f}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
-        except OSError:
-            h.update(f"{f}\0missing\n".encode())
-    return h.hexdigest()
 
 
 # ----------------------------------------------------------------------------- worker tasks
@@ -189,7 +178,7 @@ def _write_lmdb(
     """Write one LMDB store from a scan index; returns its path and the images it had to skip."""
     files = list(index.im_files)
     src_bytes = sum(os.path.getsize(f) for f in files if os.path.exists(f))
-    job = {"sources": _source_fingerprint(files), "n": len(files), "max_side": max_side, "quality": quality if max_side else None}
+    job = {"sources": source_fingerprint(files), "n": len(files), "max_side": max_side, "quality": quality if max_side else None}
     if not (resume and final.with_name(final.name + ".partial").exists()):
         check_space(final.parent, int(src_bytes * 1.1) + (16 << 20), f"LMDB store {final.name}")
     writer = LmdbWriter(final, job=job, map_size=int(src_bytes * 1.5) + (64 << 20), resume=resume)
@@ -249,7 +238,7 @@ def _write_packed(
         check_space(final.parent, needed + (16 << 20), f"{kind} store {final.name}")
     meta = {
         "kind": kind,
-        "source_hash": _source_fingerprint(files),
+        "source_hash": source_fingerprint(files),
         "source_files": len(files),
         "options": {"imgsz": imgsz},
         "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
@@ -361,6 +350,7 @@ def convert(
     max_side: int | None = None,
     quality: int = 90,
     progress: bool = True,
+    force: bool = False,
     log: Callable[[str], None] = print,
 ) -> ConvertResult:
     """Convert a dataset into stores and write ``<out>/data.yaml`` pointing at them.
@@ -374,6 +364,8 @@ def convert(
       workers: decode/encode processes (default: CPU count, at most 8).
       resume: continue an interrupted LMDB conversion instead of starting over.
       max_side, quality: re-encode LMDB images whose long side exceeds ``max_side`` as JPEG ``quality``.
+      force: ``out`` holds the stores of another dataset, or stores built before the images changed that
+        this run does not rewrite: remove them instead of refusing (a folder holds one dataset's stores).
     """
     cfg = load_data_config(data)
     kinds = _split_list(to)
@@ -396,6 +388,7 @@ def convert(
     reports: dict[str, Any] = {}
     skipped_all: list[tuple[str, str]] = []
     with output_lock(out_dir):
+        kept = _stores_of_same_dataset(out_dir, cfg, force=force, log=log)
         groups: dict[tuple[str, ...], list[str]] = {}
         for s in wanted:  # splits with identical sources share one store
             groups.setdefault(tuple(str(p) for p in cfg.splits[s]), []).append(s)
@@ -409,6 +402,8 @@ def convert(
             log(report.summary() if len(group) == 1 else f"{'/'.join(group)} (same images): {report.summary()}")
             if report.problems:
                 log(report.format())
+            _drop_stale_stores(kept, group, kinds, source_fingerprint(index.im_files), out_dir, cfg,
+                               force=force, log=log)
             for kind in kinds:
                 path, skipped = _write_kind(
                     kind, cfg, name, index, out_dir, imgsz=imgsz, workers=workers, resume=resume,
@@ -420,7 +415,9 @@ def convert(
                 for s in group:
                     stores.setdefault(s, {})[kind] = path
                 log(f"{kind} store for {'/'.join(group)}: {path}")
-        yaml_path = _write_yaml(cfg, out_dir, stores)
+        for split, by_kind in stores.items():  # what this run wrote replaces what the folder held
+            kept.setdefault(split, {}).update(by_kind)
+        yaml_path = _write_yaml(cfg, out_dir, kept)
     log(f"wrote {yaml_path}")
     return ConvertResult(yaml_path, stores, reports, skipped_all)
 
@@ -441,6 +438,10 @@ def _write_kind(kind: str, cfg: DataConfig, name: str, index: DatasetIndex, out_
     with shm.locked(seg) as reg:
         reg.prune()
         if reg.pids and shm.is_complete(seg):
+            held = store_source(seg)
+            if held is not None and held.source_hash != source_fingerprint(index.im_files):
+                raise StoreError(f"ram store {seg} holds other images than {cfg.origin} lists now and is in use by "
+                                 f"PIDs {reg.pids}; stop them (or `fastload unstage --force {seg}`) and convert again")
             log(f"ram store {seg} is in use by PIDs {reg.pids}; kept as it is")
             reg.pinned = True
             return seg, skipped
@@ -461,14 +462,10 @@ def _split_list(value: str | Sequence[str] | None) -> list[str]:
 
 
 def _write_yaml(cfg: DataConfig, out_dir: Path, stores: dict[str, dict[str, Path]]) -> Path:
-    """Write ``out_dir/data.yaml``: the original keys with absolute paths, plus the merged ``fastload:`` key."""
+    """Write ``out_dir/data.yaml``: the original keys with absolute paths, plus ``fastload: {split: {kind: path}}``
+    listing ``stores`` (the caller merges in what the folder already held)."""
     yaml_path = out_dir / "data.yaml"
     merged: dict[str, dict[str, str]] = {}
-    if yaml_path.is_file():  # converting again into the same folder adds to what is there
-        with contextlib.suppress(Exception):
-            old = yaml.safe_load(yaml_path.read_text()) or {}
-            for s, kinds in (old.get("fastload") or {}).items():
-                merged[str(s)] = {str(k): str(v) for k, v in (kinds or {}).items()}
     for s, kinds in stores.items():
         for k, p in kinds.items():
             p = Path(p)
@@ -490,3 +487,83 @@ def _write_yaml(cfg: DataConfig, out_dir: Path, stores: dict[str, dict[str, Path
     )
     os.replace(tmp, yaml_path)
     return yaml_path
+
+
+# ----------------------------------------------------------------------------- one dataset per folder
+def _dataset_key(cfg: DataConfig) -> tuple[str, dict[str, list[str]]]:
+    """What identifies a dataset: its root and the resolved sources of each split."""
+    return (str(Path(cfg.root).resolve()),
+            {s: [str(Path(p).resolve()) for p in sources] for s, sources in cfg.splits.items()})
+
+
+def _stores_of_same_dataset(out_dir: Path, cfg: DataConfig, *, force: bool,
+                            log: Callable[[str], None]) -> dict[str, dict[str, Path]]:
+    """The stores ``out_dir/data.yaml`` records, when they belong to ``cfg``'s dataset.
+
+    A folder holding another dataset's stores is refused (converting into it would mix the two), or
+    with ``force`` emptied of them. An unreadable yaml records nothing (it is rewritten).
+    """
+    yaml_path = out_dir / "data.yaml"
+    if not yaml_path.is_file():
+        return {}
+    try:
+        old = load_data_config(yaml_path)
+    except DataConfigError:
+        return {}
+    old_root, old_splits = _dataset_key(old)
+    new_root, new_splits = _dataset_key(cfg)
+    same = old_root == new_root and all(old_splits[s] == new_splits[s] for s in old_splits.keys() & new_splits.keys())
+    if same:
+        return {s: dict(kinds) for s, kinds in old.stores.items()}
+    if not force:
+        raise StoreError(
+            f"{out_dir} holds the stores of another dataset ({old_root}); converting {cfg.origin} into it would mix "
+            f"the two. Choose another --out, or pass --force to replace every store in it"
+        )
+    for kinds in old.stores.values():
+        for kind, path in kinds.items():
+            _remove_store(path, out_dir, log)
+    yaml_path.unlink()
+    return {}
+
+
+def _drop_stale_stores(kept: dict[str, dict[str, Path]], group: Sequence[str], writing: Sequence[str],
+                       source_hash: str, out_dir: Path, cfg: DataConfig, *, force: bool,
+                       log: Callable[[str], None]) -> None:
+    """Refuse (or with ``force`` remove) the stores of ``group`` that this run does not rewrite and that were
+    built from other images than the ones just scanned; ``kept`` loses them."""
+    stale: dict[str, Path] = {}
+    for split in group:
+        for kind, path in kept.get(split, {}).items():
+            src = store_source(path) if kind not in writing else None
+            if src is not None and src.source_hash != source_hash:
+                stale[kind] = path
+    if not stale:
+        return
+    if not force:
+        every = ",".join(dict.fromkeys([*writing, *stale]))
+        raise StoreError(
+            f"the {' and '.join(stale)} store(s) of {'/'.join(group)} in {out_dir} were built from other images than "
+            f"{cfg.origin} lists now (the dataset changed since); rebuild them too (--to {every}) or pass --force "
+            f"to remove them"
+        )
+    for kind, path in stale.items():
+        _remove_store(path, out_dir, log)
+        for split in group:
+            kept.get(split, {}).pop(kind, None)
+
+
+def _remove_store(path: Path, out_dir: Path, log: Callable[[str], None]) -> None:
+    """Remove one store a replaced folder recorded: a ram segment, or a store folder inside ``out_dir``."""
+    path = Path(path)
+    if in_shm(path):
+        if path.exists():
+            shm.remove(path)
+            log(f"removed ram store {path}")
+        return
+    inside = Path(os.path.abspath(path)).is_relative_to(Path(os.path.abspath(out_dir)))
+    if inside and detect_kind(path) is not None:
+        shutil.rmtree(path)
+        log(f"removed {path}")
+    elif path.exists():
+        log(f"left {path} alone (not a store inside {out_dir})")

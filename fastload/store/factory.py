@@ -3,7 +3,8 @@
 ``data`` may be a ``data.yaml`` path, a dict, a :class:`fastload.data.config.DataConfig` or a store
 directory. With ``kind="auto"`` the fastest store that ``fastload convert`` recorded for the split is
 used, in the order ram > disk > lmdb > files; decoded stores (ram, disk) only when their ``imgsz``
-equals the requested one. A ram store recorded in the yaml but absent from ``/dev/shm`` (after a
+equals the requested one; stores recorded for one split that were built from different images are refused
+(:mod:`fastload.store.origin`). A ram store recorded in the yaml but absent from ``/dev/shm`` (after a
 reboot) is rebuilt from the disk store, or from the source images when that is cheap.
 """
 from __future__ import annotations
@@ -19,6 +20,7 @@ from fastload.store.base import IncompleteStoreError, Store, StoreError
 from fastload.store.files import FileStore
 from fastload.store.kinds import AUTO_ORDER, KINDS, detect_kind, ram_segment_path, store_imgsz
 from fastload.store.lmdb_store import LmdbStore
+from fastload.store.origin import check_one_source
 from fastload.store.packed import PackedStore, RamStore
 
 LOG = logging.getLogger(__name__)
@@ -79,6 +81,8 @@ def open_store(
     recorded = {k: Path(p) for k, p in cfg.stores.get(split, {}).items()}
     if kind == "files":
         return _files(cfg, split, **kwargs)
+    # which store is picked must not change which images are loaded
+    check_one_source(recorded, split, cfg.origin)
     if kind == "ram":
         return _open_ram(cfg, split, imgsz, recorded, explicit=True)
     if kind in ("disk", "lmdb"):

@@ -17,6 +17,7 @@ from fastload.data.index import build_index
 from fastload.store import shm
 from fastload.store.factory import open_path
 from fastload.store.kinds import detect_kind, shm_root
+from fastload.store.origin import mixed_sources
 from fastload.store.space import fmt_bytes, tree_bytes
 
 # Long-side buckets of the image-size histogram.
@@ -79,6 +80,9 @@ def dataset_info(target: str | Path, splits: Sequence[str] | None = None) -> dic
             bytes=int(sum(os.path.getsize(f) for f in index.im_files if os.path.exists(f))),
             stores={k: str(p) for k, p in cfg.stores.get(split, {}).items()},
         )
+        why = mixed_sources(cfg.stores.get(split, {}))
+        if why:
+            stats["mixed_stores"] = why
         out["splits"][split] = stats
     return out
 
@@ -148,4 +152,7 @@ def format_info(info: dict[str, Any], top: int = 20) -> str:
             lines.append(f"  instances per class: {shown}{more}")
         for kind, p in (s.get("stores") or {}).items():
             lines.append(f"  store {kind}: {p}")
+        if s.get("mixed_stores"):
+            lines.append(f"  WARNING: these stores come from different datasets ({s['mixed_stores']}); loaders refuse "
+                         f"them until the dataset is converted again with --force")
     return "\n".join(lines)

@@ -28,7 +28,7 @@ import lmdb
 import msgpack
 import numpy as np
 
-from fastload.store.base import SCHEMA_VERSION, IncompleteStoreError, Store, StoreError, join_labels, split_labels
+from fastload.store.base import SCHEMA_VERSION, IncompleteStoreError, Store, StoreError, check_schema, join_labels, split_labels
 from fastload.store.packed import replace_dir
 
 META_KEY = b"__meta__"
@@ -77,9 +77,24 @@ def _acquire_env(path: Path) -> lmdb.Environment:
                 _ENVS.pop(other)[0].close()
             except lmdb.Error:
                 pass
-        entry = _ENVS[key] = [_open_env(path), 0]
+        env = _open_env(path)
+        _check_complete(env, path)
+        entry = _ENVS[key] = [env, 0]
     entry[1] += 1
     return entry[0]
+
+
+def _check_complete(env: lmdb.Environment, path: Path) -> None:
+    """A data.mdb shorter than the pages its header uses (a cut copy, a full disk) would crash the process
+    with SIGBUS on the first read of a missing page: refuse it while that is still an error."""
+    need = (int(env.info()["last_pgno"]) + 1) * int(env.stat()["psize"])
+    have = (path / "data.mdb").stat().st_size
+    if have < need:
+        env.close()
+        raise StoreError(
+            f"{path / 'data.mdb'} is truncated ({have} of {need} bytes; an incomplete copy?); copy it again or "
+            f"convert the dataset again"
+        )
 
 
 def _release_env(path: Path) -> None:
@@ -93,7 +108,7 @@ def _release_env(path: Path) -> None:
         entry[0].close()
 
 
-def _read_lmdb_meta(path: Path) -> dict[str, Any]:
+def read_lmdb_meta(path: Path) -> dict[str, Any]:
     """The committed metadata of an LMDB store, or IncompleteStoreError naming the directory."""
     path = Path(path)
     if not (path / "data.mdb").is_file():
@@ -115,8 +130,7 @@ def _read_lmdb_meta(path: Path) -> dict[str, Any]:
             f"continue it with `fastload convert ... --to lmdb --resume`"
         )
     meta = json.loads(bytes(raw))
-    if meta.get("schema") != SCHEMA_VERSION or meta.get("layout") != "lmdb":
-        raise StoreError(f"{path}: LMDB schema {meta.get('schema')!r} is not the supported {SCHEMA_VERSION}")
+    check_schema(path, meta, "lmdb")
     return meta
 
 
@@ -129,7 +143,7 @@ class LmdbStore(Store):
     def __init__(self, path: str | Path) -> None:
         super().__init__()
         self.path = str(path)
-        self.meta = _read_lmdb_meta(Path(path))
+        self.meta = read_lmdb_meta(Path(path))
         self.names = list(self.meta.get("names", []))
         self._env: lmdb.Environment | None = None
         with self._environment().begin() as txn:

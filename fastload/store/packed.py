@@ -34,6 +34,7 @@ from fastload.store.base import (
     IncompleteStoreError,
     Store,
     StoreError,
+    check_schema,
     join_labels,
     split_labels,
 )
@@ -64,11 +65,7 @@ def read_meta(path: Path) -> dict[str, Any]:
         meta = json.loads(meta_file.read_text())
     except ValueError as e:
         raise StoreError(f"damaged metadata {meta_file}: {e}") from e
-    if meta.get("schema") != SCHEMA_VERSION or meta.get("layout") != "packed":
-        raise StoreError(
-            f"{path}: packed layout schema {meta.get('schema')!r} is not the supported {SCHEMA_VERSION}; "
-            f"convert the dataset again"
-        )
+    check_schema(path, meta, "packed")
     return meta
 
 

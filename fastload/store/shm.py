@@ -74,21 +74,36 @@ class Registry:
         return dead
 
 
+def flock_current(path: Path, *, wait: bool = True) -> int:
+    """Open ``path`` (creating it) and hold its exclusive flock; returns the descriptor.
+
+    A lock file is removed by its last holder while it still holds the lock, so a lock taken on a file
+    that is no longer at ``path`` guards nothing: retry on the new one. Without ``wait``, a lock held
+    elsewhere raises BlockingIOError whose message is the file's first bytes (the holder's pid).
+    """
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip()
+            os.close(fd)
+            raise BlockingIOError(holder) from None
+        try:
+            same = os.fstat(fd).st_ino == os.stat(path).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            return fd
+        os.close(fd)
+
+
 @contextlib.contextmanager
 def locked(segment: Path) -> Iterator[Registry]:
     """Hold the segment's flock and yield its registry; changes are written back on exit."""
     hp = holders_path(segment)
     hp.parent.mkdir(parents=True, exist_ok=True)
-    while True:
-        fd = os.open(hp, os.O_RDWR | os.O_CREAT, 0o666)
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        try:  # the file may have been unlinked by the last releaser while we waited: retry on the new one
-            same = os.fstat(fd).st_ino == os.stat(hp).st_ino
-        except FileNotFoundError:
-            same = False
-        if same:
-            break
-        os.close(fd)
+    fd = flock_current(hp)
     try:
         raw = os.pread(fd, 1 << 20, 0)
         try:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import json
 import os
 import shutil
@@ -125,6 +126,8 @@ def stage(
         files, split_values = _dataset_files(cfg, wanted)
     elif source.is_dir():
         files = _store_files(source)
+    elif not source.exists():
+        raise StoreError(f"cannot stage {source}: it does not exist; give a data.yaml or a store folder")
     else:
         raise StoreError(f"cannot stage {source}: give a data.yaml or a store folder")
     if not files:
@@ -146,7 +149,12 @@ def stage(
         sums: list[tuple[Path, int, int]] = []
         with tqdm(total=total, unit="B", unit_scale=True, desc=f"stage -> {to}", disable=not progress) as bar:
             for src, rel in files:
-                size, crc = _copy_file(src, tmp / rel)
+                try:
+                    size, crc = _copy_file(src, tmp / rel)
+                except OSError as e:  # the copy so far is removed below: say where and why
+                    room = f" ({fmt_bytes(free_bytes(to.parent))} free on {to.parent})" if e.errno == errno.ENOSPC else ""
+                    raise StoreError(f"staging {source} to {to} stopped at {src}: {e.strerror or e}{room}; "
+                                     f"nothing was kept") from None
                 sums.append((rel, size, crc))
                 bar.update(size)
         os.sync()

@@ -16,6 +16,7 @@ from fastload.data.config import load_data_config
 from fastload.store.base import StoreError
 from fastload.store.factory import open_path
 from fastload.store.kinds import detect_kind
+from fastload.store.origin import mixed_sources
 
 
 @dataclasses.dataclass
@@ -71,7 +72,11 @@ def verify_store(path: str | Path, *, progress: bool = False) -> VerifyResult:
 
 
 def verify_target(target: str | Path, *, progress: bool = False) -> list[VerifyResult]:
-    """Verify a store directory, or every store a ``data.yaml`` records (each path once)."""
+    """Verify a store directory, or every store a ``data.yaml`` records (each path once).
+
+    For a yaml, also one failed result per split whose stores were built from different images, and one per
+    interrupted conversion (``*.partial``) left beside it.
+    """
     target = Path(target)
     if target.is_file() and target.suffix in (".yaml", ".yml"):
         cfg = load_data_config(target)
@@ -82,7 +87,17 @@ def verify_target(target: str | Path, *, progress: bool = False) -> list[VerifyR
                     paths.append(p)
         if not paths:
             return [VerifyResult(str(target), None, error="the yaml records no stores (run `fastload convert` first)")]
-        return [verify_store(p, progress=progress) for p in paths]
+        results = [verify_store(p, progress=progress) for p in paths]
+        for split, kinds in cfg.stores.items():
+            why = mixed_sources(kinds)
+            if why:
+                results.append(VerifyResult(str(target), None, error=(
+                    f"the {split} stores come from different datasets ({why}); convert the dataset again with --force")))
+        for partial in sorted(target.parent.glob("*.partial")):
+            results.append(VerifyResult(str(partial), detect_kind(partial), error=(
+                "an interrupted conversion (loaders never use it); finish it with `fastload convert ... --resume` "
+                "(lmdb) or convert again, or delete it")))
+        return results
     if target.is_dir() and (target / "data.yaml").is_file() and not (target / "data.mdb").exists() and not (target / "meta.json").exists():
         return verify_target(target / "data.yaml", progress=progress)
     return [verify_store(target, progress=progress)]

@@ -1,1 +1,1 @@
-"""Clean-room reference implementations used as test oracles and benchmark baselines."""
+"""Test oracles: ``stock_replay`` draws fastload's records the stock YOLOv9 way (the stock loader itself is fastload.bench.stock)."""

@@ -1,18 +1,18 @@
-"""A straightforward clean-room re-implementation of YOLOv9's stock training augmentation.
+"""The stock YOLOv9 training loader, re-implemented clean-room: the baseline fastload is measured against.
 
-Written from the documented behaviour of ``LoadImagesAndLabels`` (``load_image``,
+Written from the documented behaviour of YOLOv9's ``LoadImagesAndLabels`` (``load_image``,
 ``load_mosaic``, ``random_perspective``, ``box_candidates``, ``mixup``, ``augment_hsv``,
-``letterbox``, ``collate_fn``): a 2s x 2s canvas, one ``warpAffine``, HSV through three LUTs.
-It is the oracle of the parity tests and "the stock loader" of the loader benchmark.
-
-Two ways to drive it:
+``letterbox``, ``collate_fn``), never from its code: every sample decodes the images it draws from
+their files, pastes them on a 2s x 2s canvas, warps the canvas with one ``warpAffine`` (or
+``warpPerspective``), applies HSV through three LUTs and flips; batches are collated afresh.
 
 * :class:`StockAugmenter` draws its own random numbers (``random`` + ``np.random`` style, from a
-  private generator) exactly like the stock code: used for distribution comparisons and by
-  :class:`StockDataset`.
-* :func:`render_record` / :func:`labels_record` replay a fastload
-  :class:`~fastload.augment.params.SampleParams` record the stock way (canvas + one warp), so
-  pixel and box parity can be checked on identical geometry.
+  private generator) exactly like the stock code; the parity tests compare distributions with it.
+* :class:`StockDataset` / :func:`stock_loader`: "the stock loader" of ``fastload demo`` and of
+  ``benchmarks/loader_throughput.py``, in a torch DataLoader as the official trainer runs it.
+
+The pieces (``letterbox``, ``warp``, ``warp_boxes``, ``augment_hsv``...) are also the oracle the tests
+replay fastload's records with (``tests/reference/stock_replay.py``).
 """
 from __future__ import annotations
 
@@ -24,8 +24,10 @@ from typing import Any, Callable, Sequence
 import cv2
 import numpy as np
 import torch
+from PIL import Image
 
 from fastload.augment.hyp import load_hyp
+from fastload.data.images import loaded_shape
 
 FILL = 114
 
@@ -270,125 +272,6 @@ class StockAugmenter:
         return img, finish_labels(labels, img.shape[:2], flip_ud, flip_lr), shapes
 
 
-# ------------------------------------------------------------------------------ replaying records
-def _canvas_frame(image: Any) -> tuple[np.ndarray, list[tuple[int, int]], tuple[int, int, int, int]]:
-    """Split tile matrices ``M @ T(o_i)`` into one shared warp and integer canvas offsets.
-
-    The first tile's matrix is taken as the warp (its offset is 0); the others' offsets follow.
-    Returns (M, offsets, canvas bounds x0, y0, x1, y1 covering every tile's crop).
-    """
-    m0 = image.tiles[0].matrix
-    inv = np.linalg.inv(m0)
-    offsets = []
-    for t in image.tiles:
-        rel = inv @ t.matrix
-        o = (int(round(rel[0, 2])), int(round(rel[1, 2])))
-        assert np.allclose(rel[:2, :2], np.eye(2), atol=1e-6) and np.allclose(rel[:2, 2], o, atol=1e-4), rel
-        offsets.append(o)
-    xs0 = min(t.crop[0] + o[0] for t, o in zip(image.tiles, offsets))
-    ys0 = min(t.crop[1] + o[1] for t, o in zip(image.tiles, offsets))
-    xs1 = max(t.crop[2] + o[0] for t, o in zip(image.tiles, offsets))
-    ys1 = max(t.crop[3] + o[1] for t, o in zip(image.tiles, offsets))
-    return m0, offsets, (xs0, ys0, xs1, ys1)
-
-
-def render_image_record(image: Any, get_image: Callable[[int], np.ndarray], mosaic: bool) -> np.ndarray:
-    """Stock pixels of one ImageParams: paste tiles on a canvas, then one warp (or letterbox)."""
-    oh, ow = image.out_hw
-    if not mosaic:
-        t = image.tiles[0]
-        src = get_image(t.src)
-        for scaleup in (False, True):
-            lb, _, _ = letterbox(src, (oh, ow), scaleup=scaleup)
-            M = t.matrix @ np.linalg.inv(_letterbox_matrix(src.shape[:2], (oh, ow), scaleup))
-            if image.candidate_scale is None:
-                if np.allclose(M, np.eye(3), atol=1e-9):
-                    return lb
-            elif scaleup:
-                return warp(lb, M, (oh, ow))
-        raise AssertionError("record is not a letterbox")
-    M, offsets, (cx0, cy0, cx1, cy1) = _canvas_frame(image)
-    canvas = np.full((cy1 - cy0, cx1 - cx0, 3), image.fill, np.uint8)
-    for t, (ox, oy) in zip(image.tiles, offsets):
-        x0, y0, x1, y1 = t.crop
-        src = get_image(t.src)
-        canvas[y0 + oy - cy0 : y1 + oy - cy0, x0 + ox - cx0 : x1 + ox - cx0] = src[y0:y1, x0:x1]
-    return warp(canvas, M @ _translate(cx0, cy0), (oh, ow))
-
-
-def _translate(tx: float, ty: float) -> np.ndarray:
-    m = np.eye(3)
-    m[:2, 2] = tx, ty
-    return m
-
-
-def _letterbox_matrix(hw: tuple[int, int], out_hw: tuple[int, int], scaleup: bool) -> np.ndarray:
-    h, w = hw
-    r = min(out_hw[0] / h, out_hw[1] / w)
-    if not scaleup:
-        r = min(r, 1.0)
-    nw, nh = int(round(w * r)), int(round(h * r))
-    top, left = int(round((out_hw[0] - nh) / 2 - 0.1)), int(round((out_hw[1] - nw) / 2 - 0.1))
-    sx, sy = nw / w, nh / h
-    return np.array([[sx, 0, 0.5 * (sx - 1) + left], [0, sy, 0.5 * (sy - 1) + top], [0, 0, 1.0]])
-
-
-def render_record(params: Any, get_image: Callable[[int], np.ndarray], *, hsv: bool = True) -> np.ndarray:
-    """Stock pixels of a SampleParams record (canvas + warpAffine, floor mixup, LUT HSV, flips)."""
-    img = render_image_record(params.image, get_image, params.mosaic)
-    if params.mixup is not None:
-        img = mixup_pixels(img, render_image_record(params.mixup, get_image, True), params.mixup_ratio)
-    if hsv and any(g != 1.0 for g in params.hsv_gain):
-        augment_hsv(img, params.hsv_gain)
-    if params.flip_ud:
-        img = np.flipud(img)
-    if params.flip_lr:
-        img = np.fliplr(img)
-    return np.ascontiguousarray(img)
-
-
-def _image_labels_record(image: Any, labels: Sequence[np.ndarray], mosaic: bool) -> np.ndarray:
-    """Stock box maths of one ImageParams: canvas boxes clipped, M applied to box edges, candidates."""
-    if not mosaic:
-        t = image.tiles[0]
-        h, w = t.src_hw
-        for scaleup in (False, True):
-            L = _letterbox_matrix((h, w), image.out_hw, scaleup)
-            M = t.matrix @ np.linalg.inv(L)
-            if (image.candidate_scale is None and np.allclose(M, np.eye(3), atol=1e-9)) or (image.candidate_scale is not None and scaleup):
-                break
-        r = min(image.out_hw[0] / h, image.out_hw[1] / w) if scaleup else min(image.out_hw[0] / h, image.out_hw[1] / w, 1.0)
-        nw, nh = int(round(w * r)), int(round(h * r))
-        dw, dh = (image.out_hw[1] - nw) / 2, (image.out_hw[0] - nh) / 2
-        lab = np.asarray(labels[t.src], np.float64).reshape(-1, 5).copy()
-        if lab.size:
-            lab[:, 1:] = xywhn2xyxy(lab[:, 1:], r * w, r * h, dw, dh)
-        if image.candidate_scale is None:
-            return lab
-        return warp_boxes(lab, M, image.candidate_scale / r, image.out_hw)
-    M, offsets, _ = _canvas_frame(image)
-    parts = []
-    for t, (ox, oy) in zip(image.tiles, offsets):
-        h, w = t.src_hw
-        lab = np.asarray(labels[t.src], np.float64).reshape(-1, 5).copy()
-        if lab.size:
-            lab[:, 1:] = xywhn2xyxy(lab[:, 1:], w, h, ox, oy)
-            x0, y0, x1, y1 = t.crop
-            lab[:, [1, 3]] = lab[:, [1, 3]].clip(x0 + ox, x1 + ox)
-            lab[:, [2, 4]] = lab[:, [2, 4]].clip(y0 + oy, y1 + oy)
-        parts.append(lab)
-    lab = np.concatenate(parts, 0) if parts else np.zeros((0, 5))
-    return warp_boxes(lab, M, image.candidate_scale, image.out_hw)
-
-
-def labels_record(params: Any, labels: Sequence[np.ndarray]) -> np.ndarray:
-    """Stock labels (float32 [n, 5] xywhn) of a SampleParams record."""
-    lab = _image_labels_record(params.image, labels, params.mosaic)
-    if params.mixup is not None:
-        lab = np.concatenate((lab, _image_labels_record(params.mixup, labels, True)), 0)
-    return finish_labels(lab, params.image.out_hw, params.flip_ud, params.flip_lr)
-
-
 # ------------------------------------------------------------------------------- the stock loader
 class StockDataset(torch.utils.data.Dataset):
     """"The stock loader": files decoded with ``cv2.imread`` (BGR) on every access, resized to
@@ -402,11 +285,15 @@ class StockDataset(torch.utils.data.Dataset):
         augment: training (True) or validation (False).
         seed: seeds this dataset's generator (each worker reseeds from torch's worker seed).
         rect_shapes: per-index rect batch shape for validation.
+        loaded_shapes: int [N, 2] loaded (h, w) at ``imgsz`` (default: read from each file's header).
+        cache_ram: YOLOv9's ``--cache ram``: every loaded image decoded once, in the main process, before
+            the workers fork; samples then only augment.
     """
 
     def __init__(self, im_files: Sequence[str | Path], labels: Sequence[np.ndarray], imgsz: int = 640,
                  hyp: dict | str | None = None, *, augment: bool = True, seed: int = 0,
-                 rect_shapes: np.ndarray | None = None, loaded_shapes: np.ndarray | None = None) -> None:
+                 rect_shapes: np.ndarray | None = None, loaded_shapes: np.ndarray | None = None,
+                 cache_ram: bool = False) -> None:
         self.im_files = [str(f) for f in im_files]
         self.imgsz = imgsz
         self.augment = augment
@@ -414,25 +301,24 @@ class StockDataset(torch.utils.data.Dataset):
             loaded_shapes = np.array([self._probe(f) for f in self.im_files], np.int64).reshape(-1, 2)
         self.aug = StockAugmenter(self.load_image, labels, loaded_shapes, imgsz, load_hyp(hyp), augment=augment,
                                   seed=seed, rect_shapes=rect_shapes, bgr=True)
+        self.ims: list[np.ndarray] | None = None
+        if cache_ram:
+            self.ims = [self.load_image(i) for i in range(len(self.im_files))]
 
     def _probe(self, f: str) -> tuple[int, int]:
-        from PIL import Image
-
-        from fastload.data.images import loaded_shape
-
         with Image.open(f) as im:
             w0, h0 = im.size
         return loaded_shape(h0, w0, self.imgsz)
 
     def load_image(self, i: int) -> np.ndarray:
+        if self.ims is not None:
+            return self.ims[i]
         im = cv2.imread(self.im_files[i])
         if im is None:
             raise FileNotFoundError(f"image not found or unreadable: {self.im_files[i]}")
         h0, w0 = im.shape[:2]
         r = self.imgsz / max(h0, w0)
         if r != 1:
-            from fastload.data.images import loaded_shape
-
             h, w = loaded_shape(h0, w0, self.imgsz)
             interp = cv2.INTER_LINEAR if (self.augment or r > 1) else cv2.INTER_AREA
             im = cv2.resize(im, (w, h), interpolation=interp)
@@ -461,3 +347,16 @@ class StockDataset(torch.utils.data.Dataset):
         for i, lb in enumerate(label):
             lb[:, 0] = i
         return torch.stack(im, 0), torch.cat(label, 0), path, shapes
+
+
+def _one_opencv_thread(_worker_id: int) -> None:
+    """YOLOv9 runs ``cv2.setNumThreads(0)`` when its utils are imported; its loader workers inherit it."""
+    cv2.setNumThreads(0)
+
+
+def stock_loader(dataset: StockDataset, *, batch_size: int, workers: int, shuffle: bool = True) -> torch.utils.data.DataLoader:
+    """``dataset`` in a torch DataLoader as the official trainer runs it: ``workers`` persistent worker
+    processes, OpenCV single-threaded in each, a fresh collate per batch."""
+    return torch.utils.data.DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, num_workers=workers,
+                                       collate_fn=StockDataset.collate_fn, persistent_workers=workers > 0,
+                                       worker_init_fn=_one_opencv_thread)

@@ -1,0 +1,86 @@
+"""How the command lines (``fastload ...`` and ``python -m yolov9.train``) end: exit codes and error lines.
+
+A failure is reported as one line on stderr, ``<prog>: <what is wrong, naming the file or option, and
+what to do>``, without a traceback; ``--debug`` or ``FASTLOAD_DEBUG=1`` lets the exception propagate with
+its traceback instead. Exit codes (docs/stores.md, "Errors and exit codes"):
+
+* 0 - the command did its job (also when it skipped and counted bad records);
+* 1 - it could not (bad or missing data, a damaged store, no space, a refused conversion);
+* 2 - the command line is wrong (unknown option, a value out of range);
+* 130 - interrupted (Ctrl-C); 141 - its output pipe was closed (``fastload info | head``).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Callable, NoReturn
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+EXIT_BROKEN_PIPE = 128 + 13  # SIGPIPE, as a shell reports a writer killed by it
+
+# Exceptions that describe a problem with the input or the machine: their message is the whole report.
+# Anything else is a bug: the line names its type and asks for --debug.
+USER_ERRORS: tuple[type[BaseException], ...] = (OSError, ValueError, LookupError, ImportError)
+
+
+class UsageError(ValueError):
+    """An option value that cannot work (found after parsing, e.g. by looking at the machine): exit 2."""
+
+
+def debug_enabled(flag: bool = False) -> bool:
+    """True when ``--debug`` was given or ``FASTLOAD_DEBUG`` is set to anything but ``""``/``0``."""
+    return bool(flag) or os.environ.get("FASTLOAD_DEBUG", "").strip() not in ("", "0")
+
+
+def describe(exc: BaseException) -> str:
+    """One line for ``exc``: its message (with the file an OSError names), newlines folded."""
+    text = str(exc)
+    if isinstance(exc, OSError) and exc.strerror:
+        # `[Errno 28] No space left on device` says nothing about where; name the file when the error does
+        where = exc.filename if exc.filename is not None else None
+        text = exc.strerror + (f": {where}" if where and str(where) not in text else "")
+    text = " ".join(text.split())
+    if not (isinstance(exc, USER_ERRORS) or type(exc).__module__.startswith("fastload")):
+        text = f"unexpected {type(exc).__name__}: {text} (rerun with --debug or FASTLOAD_DEBUG=1 for the traceback, and report it)"
+    return text or type(exc).__name__
+
+
+def run_reported(prog: str, fn: Callable[[], int | None], *, debug: bool = False) -> int:
+    """Run ``fn`` and turn its exceptions into one stderr line and an exit code (see the module doc)."""
+    try:
+        rc = int(fn() or 0)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit handler
+        return rc
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # The reader went away (`| head`): nothing more to say. Point stdout at /dev/null so that
+        # the interpreter's final flush does not raise again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
+    except SystemExit:
+        raise
+    except Exception as exc:
+        if debug_enabled(debug):
+            raise
+        print(f"{prog}: {describe(exc)}", file=sys.stderr)
+        return EXIT_USAGE if isinstance(exc, UsageError) else EXIT_FAILED
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An argparse parser whose usage errors are one line (the option, the problem, where help is) and exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
+def add_debug_flag(parser: argparse.ArgumentParser, *, top: bool = False) -> None:
+    """``--debug`` on ``parser``; sub-command parsers leave it unset when absent so that a top-level one counts."""
+    parser.add_argument("--debug", action="store_true", default=False if top else argparse.SUPPRESS,
+                        help="show the full traceback of an error (same as FASTLOAD_DEBUG=1)")
