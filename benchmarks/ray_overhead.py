@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
-import psutil
+
+from fastload.bench.stages import CpuClock
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from loader_throughput import COCO128, make_repeated, time_batches  # noqa: E402  (a sibling script)
@@ -79,30 +80,17 @@ def spilled_mib() -> float:
     return float(m.group(1)) if m else 0.0
 
 
-def tree_cpu_seconds() -> dict[int, float]:
-    """CPU seconds of this process and all its descendants, by pid."""
-    out = {}
-    me = psutil.Process()
-    for p in [me, *me.children(recursive=True)]:
-        try:
-            t = p.cpu_times()
-            out[p.pid] = t.user + t.system
-        except psutil.Error:
-            continue
-    return out
-
-
 def run(yaml_path: Path, seconds: float, *, min_epochs: int = 0, **kw: Any) -> dict[str, Any]:
-    """A loader timed by loader_throughput.time_batches; ``cpu_ms_per_image`` counts this whole process tree:
-    the loader's workers, and Ray's own processes and actors (children of the process that started the local
-    instance). Processes that end while timed drop out of the count (Ray's idle workers: idle)."""
+    """A loader timed by loader_throughput.time_batches; ``cpu_ms_per_image`` counts this whole process tree
+    (fastload bench's clock): the loader's workers, and Ray's own processes and actors (children of the
+    process that started the local instance). Processes that end while timed drop out of the count."""
     from fastload.fastloader import loader
 
     with loader(yaml_path, **kw) as fl:
-        before = tree_cpu_seconds()
+        clock, t0 = CpuClock(), time.perf_counter()
         res = time_batches(lambda: fl, seconds, min_epochs=min_epochs)
-        after = tree_cpu_seconds()
-    used = sum(v - before.get(pid, 0.0) for pid, v in after.items())
+        elapsed = time.perf_counter() - t0
+        used = clock.cores_since(elapsed)["cpu_loader_cores"] * elapsed
     res["cpu_ms_per_image"] = used / max(res["images_per_s"] * res["seconds"], 1) * 1e3  # warm-up batch included
     return res
 

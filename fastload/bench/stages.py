@@ -249,7 +249,7 @@ def measure_augment(
     )
 
 
-class _CpuClock:
+class CpuClock:
     """CPU time of this process tree (the loader and its workers, plus ``pids``) and of the whole machine since creation.
 
     :meth:`cores_since` turns the differences into average busy cores: ``cpu_loader_cores`` (ours)
@@ -330,7 +330,7 @@ def measure_loader(
     samples = nbytes = 0
     first_batch_s = None
     t0 = None
-    cpu0: _CpuClock | None = None
+    cpu0: CpuClock | None = None
     epoch = 0
     try:
         while True:
@@ -346,7 +346,7 @@ def measure_loader(
                     first_batch_s = now - t_start
                     t0 = now
                     # Ray actors are not our children: their CPU time counts as the loader's too
-                    cpu0 = _CpuClock(ld.stats()["worker_pids"] if engine == "ray" else ())
+                    cpu0 = CpuClock(ld.stats()["worker_pids"] if engine == "ray" else ())
                 else:
                     samples += int(imgs.shape[0])
                     nbytes += int(imgs.numel() * imgs.element_size())
