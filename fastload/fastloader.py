@@ -9,18 +9,18 @@ from __future__ import annotations
 import logging
 import os
 import warnings
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 import torch
 
 from fastload import order as _order
 from fastload.augment.hyp import load_hyp
-from fastload.augment.params import ParamSampler, per_index_shapes, rect_batch_shapes
+from fastload.augment.params import ParamSampler, image_of, per_index_shapes, rect_batch_shapes, visit_ids
 from fastload.data.images import loaded_shape
 from fastload.data.labels import img2label_path
 from fastload.engines.base import Batch, Engine, EngineSettings, HSVMode, Layout
-from fastload.engines.factory import engine_class, resolve_options
+from fastload.engines.factory import SAMPLE_ID_ENGINES, engine_class, resolve_options
 from fastload.store.base import Store
 from fastload.store.factory import open_store
 from fastload.store.view import StoreView
@@ -35,7 +35,10 @@ class LoaderDataset:
         labels: ``float32 [n, 5]`` (cls, xc, yc, w, h) per image, after ``min_items`` / ``single_cls``.
         shapes: ``int [N, 2]`` original image sizes as **(w, h)**, YOLOv9's order (``hw`` has (h, w)).
         im_files, label_files: source image and label path per image.
-        n: number of images; names: class names; indices: ``range(n)``.
+        n: number of images; names: class names.
+        indices: YOLOv9's image table, ``range(n)`` unless set: ``dataset.indices = table`` (what
+            ``--image-weights`` does before every epoch) draws image ``table[p]`` at every position ``p``
+            of the epochs that follow (see :meth:`FastLoader.set_image_table`).
         batch_shapes: rect mode's ``int [nb, 2]`` (h, w) per batch, else None.
         mosaic: YOLOv9's switch; ``dataset.mosaic = False`` closes mosaic (as ``--close-mosaic`` does).
     """
@@ -49,7 +52,6 @@ class LoaderDataset:
         self.im_files = list(view.im_files)
         self.label_files = [img2label_path(f) for f in self.im_files]
         self.n = len(self.im_files)
-        self.indices = range(self.n)
         self.names = list(view.names)
         self.img_size = img_size
         self.augment = augment
@@ -62,6 +64,15 @@ class LoaderDataset:
 
     def __len__(self) -> int:
         return self.n
+
+    @property
+    def indices(self) -> Sequence[int]:
+        table = self._owner.image_table
+        return range(self.n) if table is None else table.tolist()
+
+    @indices.setter
+    def indices(self, value: Sequence[int] | np.ndarray | None) -> None:
+        self._owner.set_image_table(value)
 
     @property
     def mosaic(self) -> bool:
@@ -94,7 +105,8 @@ class _EpochSampler:
         return len(self._owner._indices(self._owner.epoch))
 
     def __iter__(self) -> Iterator[int]:
-        return iter(self._owner._indices(self._owner.epoch).tolist())
+        """The image indices of the current epoch, in order (this rank's part)."""
+        return iter(image_of(self._owner._indices(self._owner.epoch), self._owner.n).tolist())
 
 
 class FastLoader:
@@ -127,19 +139,54 @@ class FastLoader:
         self.epochs = epochs
         self.epoch = 0
         self.mosaic_closed = False
+        self.image_table: np.ndarray | None = None  # set_image_table()
         self.sampler = _EpochSampler(self)
         self._epoch_set = False
         self._closed = False
 
     # -- order --------------------------------------------------------------------------------------------
     def _indices(self, epoch: int) -> np.ndarray:
+        """What the engine renders in ``epoch``: image indices, or sample ids when an image table repeats images."""
         if self._rect_batches is not None:
             return np.concatenate(self._rect_batches) if self._rect_batches else np.zeros(0, np.int64)
         idx = _order.epoch_indices(self.n, epoch, seed=self.seed, shuffle=self.shuffle, rank=self.rank,
                                    world_size=self.world_size, drop_last=self.drop_last)
         if self.drop_last:
             idx = idx[: len(idx) // self.batch_size * self.batch_size]
+        if self.image_table is not None:  # positions -> the images drawn there, each visit its own draws
+            idx = visit_ids(self.image_table[idx], self.n)
         return idx
+
+    def set_image_table(self, images: Sequence[int] | np.ndarray | None) -> None:
+        """Draw image ``images[p]`` wherever position ``p`` comes up, from the next iteration on.
+
+        This is YOLOv9's ``dataset.indices``, which ``--image-weights`` replaces before every epoch with
+        ``random.choices(range(n), weights, k=n)``: the order (shuffle, DDP shards) still runs over the
+        ``n`` positions and each position shows the image the table holds there. An image that appears
+        several times gets its own augmentation draws each time (:func:`~fastload.augment.params.visit_ids`),
+        so batches stay a function of the seed, the epoch and the table, for any number of workers.
+        Mosaic partners are drawn from all images, as without a table (YOLOv9 draws them from the
+        table). ``None`` or ``range(n)`` restores the plain order. Needs an engine that takes sample ids
+        (:attr:`~fastload.engines.base.Engine.takes_sample_ids`: ``cpu``, ``ray``); not with ``rect`` (YOLOv9's
+        own loader cannot collate rect images taken out of their batches either).
+        """
+        if images is None:
+            self.image_table = None
+            return
+        table = np.asarray(images, np.int64).reshape(-1)
+        if len(table) != self.n:
+            raise ValueError(f"dataset.indices needs one image index per position ({self.n}), got {len(table)}")
+        if len(table) and (table.min() < 0 or table.max() >= self.n):
+            raise ValueError(f"dataset.indices holds indices outside [0, {self.n})")
+        if np.array_equal(table, np.arange(self.n)):
+            self.image_table = None
+            return
+        if self._rect_batches is not None:
+            raise ValueError("dataset.indices (--image-weights) cannot reorder rect batches; drop --rect or the weights")
+        if not self.engine.takes_sample_ids:
+            able = " or ".join(map(repr, SAMPLE_ID_ENGINES))
+            raise ValueError(f"dataset.indices (--image-weights) needs engine={able}, this loader uses {self.engine.name!r}")
+        self.image_table = table
 
     def __len__(self) -> int:
         if self._rect_batches is not None:
@@ -166,6 +213,11 @@ class FastLoader:
             return
         self.mosaic_closed = True
         self.engine.close_mosaic()
+
+    @property
+    def num_workers(self) -> int:
+        """Worker processes rendering batches (0: the calling process); DataLoader's name, read by YOLOv9."""
+        return int(self.engine.workers)
 
     # -- iteration ------------------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Batch]:
@@ -283,7 +335,10 @@ def loader(
         batch_size: images per batch (per rank).
         hyp: augmentation hyper-parameters: yaml path, dict or None (YOLOv9 ``hyp.scratch-high``).
         augment: apply training augmentation (mosaic, mixup, perspective, HSV, flips). False:
-            letterbox only (validation).
+            letterbox only (validation). As in YOLOv9's ``load_image``, every engine shrinks images
+            from encoded stores (files, lmdb) with INTER_LINEAR in training and INTER_AREA in
+            validation; decoded stores (disk, ram, gpu) hold images shrunk once, with INTER_AREA
+            (disk/ram record it: ``store.meta["shrink"]``).
         store: ``auto`` (the fastest store ``fastload convert`` recorded for this split and imgsz:
             ram > disk > lmdb > files), one of ``files | lmdb | disk | ram``, ``gpu`` (decoded images
             resident on ``device``; ``engine="gpu"`` only), or a ``Store``.

@@ -18,6 +18,7 @@ from fastload.data.images import (
     probe_shape,
     read_image_file,
     resize_long_side,
+    shrink_filter,
     sniff_format,
 )
 
@@ -123,8 +124,11 @@ def test_read_image_file_names_the_file(tmp_path):
 
 @pytest.mark.parametrize(
     "h0,w0,imgsz,expected",
-    [(480, 640, 640, (480, 640)), (480, 640, 320, (240, 320)), (313, 97, 640, (640, 198)), (97, 313, 64, (20, 64)),
-     (1, 1000, 640, (1, 640)), (333, 333, 640, (640, 640))],
+    [(480, 640, 640, (480, 640)), (480, 640, 320, (240, 320)), (313, 97, 640, (640, 198)), (97, 313, 64, (19, 64)),
+     (1, 1000, 640, (1, 640)), (333, 333, 640, (640, 640)),
+     # YOLOv9 truncates int(w0 * r): 302x500 -> 386x640 (rounding gave 387), and 77 * (640 / 77) is
+     # 639.999... in float64, so that long side becomes 639 in the official loader too
+     (302, 500, 640, (386, 640)), (77, 50, 640, (639, 415))],
 )
 def test_loaded_shape(h0, w0, imgsz, expected):
     assert loaded_shape(h0, w0, imgsz) == expected
@@ -139,6 +143,12 @@ def test_resize_long_side_follows_loaded_shape_and_interpolation():
     down = resize_long_side(img, 100)
     assert down.shape[:2] == loaded_shape(313, 97, 100)
     assert (down == cv2.resize(img, (down.shape[1], down.shape[0]), interpolation=cv2.INTER_AREA)).all()
+    # YOLOv9 training (augment=True) shrinks with INTER_LINEAR
+    down_train = resize_long_side(img, 100, shrink=shrink_filter(True))
+    assert (down_train == cv2.resize(img, (down.shape[1], down.shape[0]), interpolation=cv2.INTER_LINEAR)).all()
+    assert not (down_train == down).all()
+    with pytest.raises(ValueError, match="shrink"):
+        resize_long_side(img, 100, shrink="cubic")
 
 
 def test_reduced_decode_keeps_enough_pixels_and_loaded_shape_is_exact():

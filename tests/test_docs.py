@@ -11,10 +11,10 @@ README_MAX_LINES = 250
 # The exact pattern .ci/run greps from README.md to find the test command it runs.
 CI_TEST_LINE = re.compile(r"^pip install .* && python3 -m pytest")
 
-# Pages other branches are writing (issue #12: the official trainer fed by fastload; issue #18: the clean-room
-# trainer against the official one). Links to them are allowed only while they are absent: once a page lands,
-# its links and anchors are checked like any other. Remove an entry when its page is merged.
-PENDING_PAGES = {DOCS / "official-trainer.md", DOCS / "trainer-parity.md"}
+# Pages other branches are writing (issue #18: the clean-room trainer against the official one). Links to them
+# are allowed only while they are absent: once a page lands, its links and anchors are checked like any other.
+# Remove an entry when its page is merged.
+PENDING_PAGES = {DOCS / "trainer-parity.md"}
 
 FENCE = re.compile(r"^\s*(```|~~~)")
 LINK = re.compile(r"(?<!\\)\[(?:[^\]\\]|\\.)*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")

@@ -106,21 +106,24 @@ def test_resize_loaded_matches_store_load():
     rng = np.random.default_rng(1)
     for (h0, w0), (h, w) in [((300, 200), (128, 85)), ((97, 313), (40, 128)), ((50, 60), (107, 128)), ((64, 64), (64, 64))]:
         img = cv2.GaussianBlur((rng.random((h0, w0, 3)) * 255).astype(np.uint8), (0, 0), 1.0)
-        ref = resize_to(img, (h, w))
-        got = resize_loaded(torch.from_numpy(img).permute(2, 0, 1), (h, w)).permute(1, 2, 0).numpy()
-        assert got.shape == ref.shape
-        assert np.abs(got.astype(int) - ref).max() <= 1
+        for shrink in ("area", "linear"):  # YOLOv9 validation, training
+            ref = resize_to(img, (h, w), shrink=shrink)
+            got = resize_loaded(torch.from_numpy(img).permute(2, 0, 1), (h, w), shrink=shrink).permute(1, 2, 0).numpy()
+            assert got.shape == ref.shape
+            assert np.abs(got.astype(int) - ref).max() <= 1
 
 
 # ---------------------------------------------------------------------------------- through the loader
-@pytest.mark.parametrize("store,max_diff", [("lmdb", 3), ("ram", 3)])
-def test_gpu_engine_matches_cpu_engine_without_hsv(converted, store, max_diff):
+@pytest.mark.parametrize("store,max_diff,mean_diff", [("lmdb", 4, 0.15), ("ram", 3, 0.1)])
+def test_gpu_engine_matches_cpu_engine_without_hsv(converted, store, max_diff, mean_diff):
     """Same records -> identical boxes, paths and shapes. Pixels: OpenCV's fixed-point rounding
     gives up to 1 level in the tile resize, 1 more in the loaded resize (encoded stores only) and
-    mixup's truncation can add 1."""
+    mixup's truncation can add 1. Training shrinks encoded images with INTER_LINEAR (as YOLOv9 does),
+    whose OpenCV fixed point rounds twice where the torch kernel rounds once: ~12 % of loaded pixels
+    1 level apart (INTER_AREA: almost none), so the two mixup partners can each bring 1 level."""
     ref = batches(converted, "cpu", store=store, hyp=no_hsv())
     got = batches(converted, "gpu", store=store, hyp=no_hsv(), device="cpu")
-    assert_same_boxes_close_pixels(ref, got, max_diff=max_diff, mean_diff=0.1)
+    assert_same_boxes_close_pixels(ref, got, max_diff=max_diff, mean_diff=mean_diff)
 
 
 def test_gpu_engine_matches_cpu_engine_with_hsv(converted):

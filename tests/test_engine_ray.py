@@ -108,6 +108,18 @@ def test_same_batches_whatever_the_number_of_actors_and_store(stores, cpu_refere
     assert_same(load(stores, "cpu", workers=0, **val)[0], load(stores, "ray", **val)[0])
 
 
+def test_an_image_table_gives_the_cpu_engine_s_batches(stores):
+    """YOLOv9's --image-weights: positions show the table's images, repeats with their own draws."""
+    table = np.random.default_rng(0).integers(0, 24, 24)
+    got = {}
+    for engine, kw in (("cpu", {"workers": 0}), ("ray", {"engine_options": {"actors": 2}})):
+        with fastload.loader(stores, imgsz=IMGSZ, batch_size=BATCH, store="disk", engine=engine, seed=11, **kw) as fl:
+            fl.set_image_table(table)
+            got[engine] = [[(i.clone(), t.clone(), p, s) for i, t, p, s in fl]]
+    assert_same(got["cpu"], got["ray"])
+    assert len({p for b in got["ray"][0] for p in b[2]}) == len(set(table.tolist())) < 24  # images repeat
+
+
 def test_a_killed_actor_is_replaced_and_its_batches_rendered_again(stores, cpu_reference):
     got = []
     with fastload.loader(stores, imgsz=IMGSZ, batch_size=BATCH, store="disk", engine="ray", seed=11, close_mosaic=1,

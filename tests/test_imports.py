@@ -40,7 +40,7 @@ def module_name(path: Path) -> str:
 
 
 MODULES = {module_name(p): p for p in sorted(PKG.rglob("*.py"))}
-IMPORTABLE = sorted(m for m in MODULES if m != "fastload.__main__")  # importing __main__ runs the CLI
+IMPORTABLE = sorted(m for m in MODULES if not m.endswith(".__main__"))  # importing a __main__ runs its program
 
 
 def layer(name: str) -> int:

@@ -265,3 +265,43 @@ def test_hsv_consumer_and_defer_match_worker(synth_yaml):
 def batches_nohsv(synth_yaml, kw):
     with loader(synth_yaml, workers=0, hsv_on="defer", **kw) as fl:
         return batches(fl, 1)[0][0]
+
+
+def test_image_table_repeats_images_with_their_own_draws_for_any_worker_count(synth_yaml):
+    """dataset.indices (YOLOv9 --image-weights): position p shows image table[p]; a repeated image gets
+    its own augmentation; the batches are the same for 0 and 2 workers."""
+    kw = dict(imgsz=64, batch_size=4, seed=3, store="files")
+    runs = []
+    for workers in (0, 2):
+        with loader(synth_yaml, workers=workers, **kw) as fl:
+            assert fl.num_workers == workers
+            n = fl.dataset.n
+            assert list(fl.dataset.indices) == list(range(n))
+            table = [1] * (n // 2) + list(range(n - n // 2))  # image 1 at least n/2 + 1 times
+            fl.dataset.indices = table
+            assert fl.dataset.indices == table
+            got = batches(fl)
+            runs.append(got)
+    a, b = runs
+    for x, y in zip(a, b):
+        assert torch.equal(x[0], y[0]) and torch.equal(x[1], y[1]) and x[2] == y[2]
+    paths = [p for batch in a for p in batch[2]]
+    with loader(synth_yaml, workers=0, **kw) as fl:
+        files = fl.dataset.im_files
+    assert sorted(paths) == sorted(files[i] for i in table)  # the table's multiset, shuffled
+    ones = [k for k, p in enumerate(paths) if p == files[1]]
+    imgs = torch.cat([batch[0] for batch in a])
+    assert len(ones) > 1 and not torch.equal(imgs[ones[0]], imgs[ones[1]])  # repeats are augmented anew
+
+
+def test_image_table_errors(synth_yaml):
+    with loader(synth_yaml, imgsz=64, batch_size=4, workers=0, store="files") as fl:
+        with pytest.raises(ValueError, match="one image index per position"):
+            fl.dataset.indices = [0, 1]
+        with pytest.raises(ValueError, match="outside"):
+            fl.dataset.indices = [fl.dataset.n] * fl.dataset.n
+        fl.dataset.indices = range(fl.dataset.n)  # the plain order again
+        assert fl.image_table is None
+    with loader(synth_yaml, imgsz=64, batch_size=4, workers=0, store="files", rect=True, augment=False) as fl:
+        with pytest.raises(ValueError, match="rect"):
+            fl.dataset.indices = [0] * fl.dataset.n

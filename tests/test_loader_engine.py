@@ -43,7 +43,7 @@ class ArrayStore(Store):
     def read_image(self, i: int):
         return self._imgs[i]
 
-    def load(self, i: int, imgsz: int | None = None, *, reduced: bool = False) -> np.ndarray:
+    def load(self, i: int, imgsz: int | None = None, *, reduced: bool = False, shrink: str = "area") -> np.ndarray:
         self.loads += 1
         return self._imgs[i]
 
@@ -67,6 +67,7 @@ class FakeSampler:
 
     imgsz = IMGSZ
     max_out_hw = (IMGSZ, IMGSZ)
+    augment = True  # engines pick the loaded-image shrink filter from it
 
     def __init__(self, n: int, seed: int = 0, die_on: int | None = None, fail_on: int | None = None) -> None:
         self.n, self.seed, self.closed = n, seed, False

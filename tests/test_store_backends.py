@@ -99,6 +99,24 @@ def test_incomplete_packed_store_refused(stores, tmp_path):
         PackedStore(broken)
 
 
+def test_packed_store_records_its_shrink_filter_and_old_schema_is_refused(stores, tmp_path):
+    """Decoded stores say how their pixels were made; one written before loaded sizes followed YOLOv9's
+    truncation (schema 1) is refused with a rebuild message instead of being read with wrong sizes."""
+    import json
+    import shutil
+
+    src = Path(stores.stores["val"]["disk"])
+    with PackedStore(src) as s:
+        assert s.meta["shrink"] == "area" and s.meta["schema"] == 2
+    old = tmp_path / "old.disk"
+    shutil.copytree(src, old)
+    meta = json.loads((old / "meta.json").read_text())
+    meta["schema"] = 1
+    (old / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(StoreError, match="older fastload.*convert the dataset again"):
+        PackedStore(old)
+
+
 def test_max_side_reencode(synth_yaml, tmp_path):
     out = tmp_path / "small"
     res = convert(synth_yaml, "lmdb", out=out, splits="val", max_side=64, quality=80, **QUIET)

@@ -28,12 +28,13 @@ def coco(coco128_yaml, tmp_path_factory):
 
 
 def independent_loaded(path: str, imgsz: int = 640) -> np.ndarray:
-    """cv2.imread (EXIF applied) + YOLOv9's resize rule, written out here without fastload helpers."""
+    """cv2.imread (EXIF applied) + YOLOv9's validation resize rule (truncated sizes, INTER_AREA when
+    shrinking: what decoded stores hold), written out here without fastload helpers."""
     img = cv2.cvtColor(cv2.imread(path), cv2.COLOR_BGR2RGB)
     h0, w0 = img.shape[:2]
     r = imgsz / max(h0, w0)
     if r != 1:
-        size = (min(imgsz, max(1, round(w0 * r))), min(imgsz, max(1, round(h0 * r))))
+        size = (int(w0 * r), int(h0 * r))
         img = cv2.resize(img, size, interpolation=cv2.INTER_LINEAR if r > 1 else cv2.INTER_AREA)
     return img
 
@@ -76,8 +77,8 @@ def test_auto_prefers_ram_then_falls_back_by_imgsz(coco):
     with open_store(result.yaml_path, "train", imgsz=320) as store:  # decoded stores are for 640
         assert store.kind == "lmdb"
         assert store.load(0, 320).shape[:2] == (
-            round(store.shapes[0][0] * 320 / store.shapes[0].max()),
-            round(store.shapes[0][1] * 320 / store.shapes[0].max()),
+            int(store.shapes[0][0] * (320 / store.shapes[0].max())),
+            int(store.shapes[0][1] * (320 / store.shapes[0].max())),
         )
 
 

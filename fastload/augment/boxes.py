@@ -8,7 +8,9 @@ w-pixel image spans ``[0, w]``), while tile matrices use the warpAffine *centre*
 Boxes are therefore moved with ``E = T(+0.5) @ M @ T(-0.5)``, which keeps every box edge on the
 image edge it was drawn on (YOLOv9 applies ``M`` to box edges directly, a shift of at most
 ``0.5 * |1 - scale|`` px; its letterbox also shifts boxes by the float pad ``dw`` while the
-pixels move by ``round(dw - 0.1)``: up to 0.5 px more).
+pixels move by ``round(dw - 0.1)``: up to 0.5 px more). Validation is the exception: there a tile's
+``box_matrix`` reproduces YOLOv9's float pad, so that targets (and val.py's mapping back through
+``shapes``) are the official ones.
 """
 from __future__ import annotations
 
@@ -64,7 +66,7 @@ def _boxes(
             labs.append(np.asarray(lab).reshape(-1, 5))
             counts.append(len(labs[-1]))
             consts.append((x0, y0, x0, y0, x1, y1, x1, y1, w, h, cand))
-            mats.append(tile.matrix)
+            mats.append(tile.matrix if tile.box_matrix is None else tile.box_matrix)
             tile_owner.append(owner)
             persp = persp or not tile.is_affine
     if not labs:

@@ -34,6 +34,8 @@ __all__ = [
     "translation",
     "shapes_to_array",
     "shapes_from_array",
+    "visit_ids",
+    "image_of",
 ]
 
 class Rect(NamedTuple):
@@ -69,17 +71,26 @@ class TileParams:
         matrix: float64 [3, 3], loaded-image pixel -> output pixel (warpAffine convention; the
             last row is ``(0, 0, 1)`` unless the sample uses perspective). Read-only.
         src_hw: ``(h, w)`` of the loaded image (boxes are normalised to it); set by the sampler.
+        box_matrix: the matrix boxes move with when it is not ``matrix`` (same convention), else None.
+            Validation letterboxes: YOLOv9 moves the pixels by the rounded pad ``round(dw - 0.1)`` but
+            the boxes by the float pad ``dw`` (and its ``shapes`` entry, which val.py maps predictions
+            back with, holds ``dw``), so validation targets follow the boxes' rule to stay the official ones.
     """
 
     src: int
     crop: Rect
     matrix: np.ndarray
     src_hw: tuple[int, int] | None = None
+    box_matrix: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         m = np.array(self.matrix, dtype=np.float64).reshape(3, 3)
         m.setflags(write=False)
         object.__setattr__(self, "matrix", m)
+        if self.box_matrix is not None:
+            b = np.array(self.box_matrix, dtype=np.float64).reshape(3, 3)
+            b.setflags(write=False)
+            object.__setattr__(self, "box_matrix", b)
         object.__setattr__(self, "src", int(self.src))
         object.__setattr__(self, "crop", Rect(*(int(v) for v in self.crop)))
         if self.src_hw is not None:
@@ -93,6 +104,8 @@ class TileParams:
             and self.crop == other.crop
             and self.src_hw == other.src_hw
             and np.array_equal(self.matrix, other.matrix)
+            and (self.box_matrix is None) == (other.box_matrix is None)
+            and (self.box_matrix is None or np.array_equal(self.box_matrix, other.box_matrix))
         )
 
     def __hash__(self) -> int:
@@ -231,6 +244,33 @@ def per_index_shapes(order: np.ndarray, batch_shapes: np.ndarray, batch_size: in
     return out
 
 
+# ----------------------------------------------------------------------------------------- sample ids
+def visit_ids(images: np.ndarray, n: int) -> np.ndarray:
+    """Sample ids for an ordered list of image indices that may repeat: ``k * n + i`` for the
+    ``(k + 1)``-th visit of image ``i`` (``int64``, same length and order).
+
+    YOLOv9's ``--image-weights`` draws an epoch's images with replacement. The first visit of an image
+    keeps its index as id (a list without repeats comes back unchanged); :meth:`ParamSampler.sample`
+    seeds its draws with the id, so every repeat gets its own augmentation, and the ids depend only on
+    the list, not on which process renders it.
+    """
+    images = np.asarray(images, np.int64).reshape(-1)
+    if len(images) and (images.min() < 0 or images.max() >= n):
+        raise ValueError(f"image indices must be in [0, {n}), got {int(images.min())}..{int(images.max())}")
+    by_image = np.argsort(images, kind="stable")
+    ranked = images[by_image]
+    starts = np.r_[0, np.flatnonzero(np.diff(ranked)) + 1] if len(images) else np.zeros(0, np.int64)
+    run_start = np.repeat(starts, np.diff(np.r_[starts, len(images)]))
+    visit = np.empty(len(images), np.int64)
+    visit[by_image] = np.arange(len(images)) - run_start
+    return visit * n + images
+
+
+def image_of(ids: np.ndarray, n: int) -> np.ndarray:
+    """The image index of each sample id from :func:`visit_ids` (an id below ``n`` is the image)."""
+    return np.asarray(ids, np.int64) % n
+
+
 # ----------------------------------------------------------------------------------------- sampler
 class ParamSampler:
     """Draws :class:`SampleParams` with YOLOv9's augmentation distributions.
@@ -305,12 +345,18 @@ class ParamSampler:
 
     # -- the record --------------------------------------------------------------------------------
     def sample(self, epoch: int, index: int) -> SampleParams:
-        """The record of output sample ``index`` in ``epoch`` (pure function of seed, epoch, index)."""
-        index = int(index)
+        """The record of output sample ``index`` in ``epoch`` (pure function of seed, epoch, index).
+
+        ``index`` is an image index, or a sample id ``k * n + i`` from :func:`visit_ids`
+        (the ``(k + 1)``-th visit of image ``i`` in an epoch that repeats images): the draws are
+        seeded by the id, the record's ``index`` is the image.
+        """
+        sample_id = int(index)
         n = len(self.loaded_shapes)
-        if not 0 <= index < n:
-            raise IndexError(f"index {index} out of range for {n} images")
-        rng = make_rng(self.seed, epoch, index)
+        if sample_id < 0:
+            raise IndexError(f"index {sample_id} out of range for {n} images")
+        index = sample_id % n
+        rng = make_rng(self.seed, epoch, sample_id)
         hyp = self.hyp
         mosaic = bool(self.augment and self.mosaic_prob > 0 and rng.random() < self.mosaic_prob)
         mixup, ratio, shapes = None, 1.0, None
@@ -401,14 +447,16 @@ class ParamSampler:
         sx, sy = nw / w, nh / h
         # cv2.resize maps pixel centres x -> sx * (x + 0.5) - 0.5; then the border offset.
         lb = np.array([[sx, 0.0, 0.5 * (sx - 1) + left], [0.0, sy, 0.5 * (sy - 1) + top], [0.0, 0.0, 1.0]])
-        cand = None
+        cand = box = None
         if self.augment:
             m, scale = self._perspective(rng, (oh, ow), (oh, ow))
             lb = m @ lb
             cand = scale * r
+        else:  # YOLOv9 validation boxes: x * r + dw in edge coordinates (see TileParams.box_matrix)
+            box = np.array([[r, 0.0, 0.5 * (r - 1) + dw], [0.0, r, 0.5 * (r - 1) + dh], [0.0, 0.0, 1.0]])
         h0, w0 = (int(v) for v in self.orig_shapes[index])
         shapes = ((h0, w0), ((h / h0, w / w0), (dw, dh)))
-        return ImageParams((TileParams(index, (0, 0, w, h), lb, (h, w)),), (oh, ow), 114, cand), shapes
+        return ImageParams((TileParams(index, (0, 0, w, h), lb, (h, w), box),), (oh, ow), 114, cand), shapes
 
 
 Placement = tuple[Rect | None, tuple[int, int]]

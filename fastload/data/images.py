@@ -19,6 +19,7 @@ from __future__ import annotations
 import io
 import os
 from pathlib import Path
+from typing import Literal
 
 import cv2
 import numpy as np
@@ -42,6 +43,9 @@ __all__ = [
     "loaded_shape",
     "resize_long_side",
     "resize_to",
+    "shrink_filter",
+    "ShrinkFilter",
+    "SHRINK_FILTERS",
 ]
 
 # File suffixes that count as images when a folder is scanned (YOLOv5/v9 list).
@@ -392,18 +396,20 @@ def decode_image_reduced(buf: bytes, imgsz: int, path: str | None = None) -> np.
     return _decode(buf, path, _reduce_factor(h0, w0, imgsz))[0]
 
 
-def decode_loaded(buf: bytes, imgsz: int, path: str | None = None, *, reduced: bool = True) -> np.ndarray:
+def decode_loaded(buf: bytes, imgsz: int, path: str | None = None, *, reduced: bool = True,
+                  shrink: ShrinkFilter = "area") -> np.ndarray:
     """Decode and resize to the *loaded* shape ``loaded_shape(h0, w0, imgsz)`` in one call.
 
     With ``reduced=True`` large JPEGs use a reduced-scale DCT decode first; the output shape is
-    identical either way (pixel values differ slightly from a full decode + INTER_AREA).
+    identical either way (pixel values differ slightly from a full decode + the same resize).
+    ``shrink``: the filter when the image shrinks (see :func:`resize_to`).
     """
     buf = _as_bytes(buf)
     _, h0, w0, orientation = probe_header(buf, path)
     factor = _reduce_factor(h0, w0, imgsz) if reduced and sniff_format(buf) == "jpeg" else 1
     img = _decode(buf, path, factor)[0]
     oh, ow = (w0, h0) if orientation >= 5 else (h0, w0)
-    return resize_to(img, loaded_shape(oh, ow, imgsz), enlarge=max(oh, ow) < imgsz)
+    return resize_to(img, loaded_shape(oh, ow, imgsz), enlarge=max(oh, ow) < imgsz, shrink=shrink)
 
 
 def read_image_file(path: str | os.PathLike) -> np.ndarray:
@@ -417,33 +423,53 @@ def read_image_file(path: str | os.PathLike) -> np.ndarray:
 
 
 # ----------------------------------------------------------------------------- YOLOv9 load_image resize
+# The filter YOLOv9's ``load_image`` shrinks with: INTER_AREA for validation, INTER_LINEAR in training
+# (``augment=True``); enlarging is always INTER_LINEAR.
+ShrinkFilter = Literal["area", "linear"]
+SHRINK_FILTERS: dict[str, int] = {"area": cv2.INTER_AREA, "linear": cv2.INTER_LINEAR}
+
+
+def shrink_filter(augment: bool) -> ShrinkFilter:
+    """The name (``"linear"`` / ``"area"``) of the filter YOLOv9 shrinks loaded images with."""
+    return "linear" if augment else "area"
+
+
 def loaded_shape(h0: int, w0: int, imgsz: int) -> tuple[int, int]:
     """``(h, w)`` of the YOLOv9 *loaded* image: long side ``imgsz``, aspect kept.
 
-    ``r = imgsz / max(h0, w0)``; ``(round(h0*r), round(w0*r))`` clamped to ``[1, imgsz]``;
+    Exactly YOLOv9's ``load_image`` sizes: ``r = imgsz / max(h0, w0)``, then ``int(h0 * r)`` and
+    ``int(w0 * r)`` (truncated float64 products, as the official code computes them; at least 1);
     unchanged when ``r == 1``.
     """
     h0, w0 = int(h0), int(w0)
     if max(h0, w0) == imgsz:
         return h0, w0
     r = imgsz / max(h0, w0)
-    return (max(1, min(imgsz, round(h0 * r))), max(1, min(imgsz, round(w0 * r))))
+    return max(1, int(h0 * r)), max(1, int(w0 * r))
 
 
-def resize_to(img: np.ndarray, hw: tuple[int, int], *, enlarge: bool | None = None) -> np.ndarray:
-    """Resize to exactly ``hw`` with INTER_AREA when shrinking and INTER_LINEAR when enlarging."""
+def resize_to(img: np.ndarray, hw: tuple[int, int], *, enlarge: bool | None = None,
+              shrink: ShrinkFilter = "area") -> np.ndarray:
+    """Resize to exactly ``hw``: INTER_LINEAR when enlarging, the ``shrink`` filter otherwise.
+
+    ``shrink``: ``"area"`` (INTER_AREA, YOLOv9 validation) or ``"linear"`` (INTER_LINEAR, YOLOv9
+    training); see :func:`shrink_filter`.
+    """
     h, w = hw
     if img.shape[0] == h and img.shape[1] == w:
         return img
     if enlarge is None:
         enlarge = h * w > img.shape[0] * img.shape[1]
-    interp = cv2.INTER_LINEAR if enlarge else cv2.INTER_AREA
+    try:
+        interp = cv2.INTER_LINEAR if enlarge else SHRINK_FILTERS[shrink]
+    except KeyError:
+        raise ValueError(f"shrink must be one of {', '.join(SHRINK_FILTERS)}, got {shrink!r}") from None
     return cv2.resize(img, (w, h), interpolation=interp)
 
 
-def resize_long_side(img: np.ndarray, imgsz: int) -> np.ndarray:
+def resize_long_side(img: np.ndarray, imgsz: int, *, shrink: ShrinkFilter = "area") -> np.ndarray:
     """Resize an original image to its loaded shape (see :func:`loaded_shape`); no-op when r == 1."""
     h0, w0 = img.shape[:2]
     if max(h0, w0) == imgsz:
         return img
-    return resize_to(img, loaded_shape(h0, w0, imgsz), enlarge=max(h0, w0) < imgsz)
+    return resize_to(img, loaded_shape(h0, w0, imgsz), enlarge=max(h0, w0) < imgsz, shrink=shrink)

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torchvision.io import ImageReadMode, decode_jpeg
 
-from fastload.data.images import CorruptImageError, decode_image, jpeg_is_complete, probe_header
+from fastload.data.images import SHRINK_FILTERS, CorruptImageError, ShrinkFilter, decode_image, jpeg_is_complete, probe_header
 
 __all__ = ["decode_on_device", "resize_loaded", "resize_weights"]
 
@@ -69,10 +69,11 @@ def resize_weights(n_in: int, n_out: int, *, area: bool) -> np.ndarray:
     return _weights(int(n_in), int(n_out), bool(area))
 
 
-def resize_loaded(img: torch.Tensor, hw: Sequence[int]) -> torch.Tensor:
+def resize_loaded(img: torch.Tensor, hw: Sequence[int], *, shrink: ShrinkFilter = "area") -> torch.Tensor:
     """Resize a CHW uint8 tensor to ``hw`` as :meth:`fastload.store.base.Store.load` does with OpenCV.
 
-    INTER_AREA unless the image grows, INTER_LINEAR when it does; ``img`` itself when the size
+    INTER_LINEAR when the image grows; when it shrinks INTER_AREA (``shrink="area"``, YOLOv9
+    validation) or INTER_LINEAR (``"linear"``, YOLOv9 training); ``img`` itself when the size
     already matches. Two float32 matrix products with separable weights, then rounding: equal to
     OpenCV up to 1 grey level (its fixed-point rounding).
     """
@@ -80,7 +81,9 @@ def resize_loaded(img: torch.Tensor, hw: Sequence[int]) -> torch.Tensor:
     h0, w0 = int(img.shape[-2]), int(img.shape[-1])
     if (h0, w0) == (h, w):
         return img
-    area = h * w <= h0 * w0  # as fastload.data.images.resize_to: INTER_AREA unless enlarging
+    if shrink not in SHRINK_FILTERS:
+        raise ValueError(f"shrink must be one of {', '.join(SHRINK_FILTERS)}, got {shrink!r}")
+    area = shrink == "area" and h * w <= h0 * w0  # as fastload.data.images.resize_to
     dev = img.device
     wy = torch.from_numpy(resize_weights(h0, h, area=area).astype(np.float32)).to(dev, non_blocking=True)
     wx = torch.from_numpy(resize_weights(w0, w, area=area).astype(np.float32)).to(dev, non_blocking=True)
@@ -134,6 +137,8 @@ def decode_on_device(
     paths: Sequence[str | None],
     loaded_hw: Sequence[Sequence[int]] | None,
     device: torch.device | str,
+    *,
+    shrink: ShrinkFilter = "area",
 ) -> list[torch.Tensor]:
     """Decode encoded images to RGB CHW uint8 tensors on ``device`` (EXIF orientation applied).
 
@@ -144,6 +149,7 @@ def decode_on_device(
             None keeps the decoded size.
         device: where the images go; JPEGs are decoded there (nvJPEG on CUDA), other formats on the
             CPU and uploaded.
+        shrink: the filter when an image shrinks, ``"area"`` or ``"linear"`` (see :func:`resize_loaded`).
 
     Raises :class:`fastload.data.images.CorruptImageError` naming the file of an undecodable image.
     """
@@ -172,6 +178,6 @@ def decode_on_device(
     for k, img in enumerate(out):
         assert img is not None
         if loaded_hw is not None:
-            img = resize_loaded(img, loaded_hw[k])
+            img = resize_loaded(img, loaded_hw[k], shrink=shrink)
         result.append(img)
     return result

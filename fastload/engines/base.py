@@ -14,8 +14,9 @@ What an engine is told comes in two parts:
 * the engine's own options, a frozen dataclass declared beside it (``CPUOptions``,
   ``TorchGPUOptions``, ``DALIOptions``) whose fields document themselves.
 
-Derived data (loaded shapes, the largest output size) is read from the sampler, the same way by
-every engine; the world size comes with the settings.
+Derived data (loaded shapes, the largest output size, the filter loaded images shrink with:
+:attr:`Engine.shrink`) is read from the sampler, the same way by every engine; the world size comes
+with the settings.
 
 The last steps of every batch are shared (:meth:`Engine.iter_batches`): HSV gains an engine left
 unapplied are applied to the whole batch (``hsv_on="consumer"``, by
@@ -33,6 +34,7 @@ import torch
 
 from fastload.augment.functional.torch_ops import apply_hsv_batch
 from fastload.augment.params import ParamSampler
+from fastload.data.images import ShrinkFilter, shrink_filter
 from fastload.store.base import Store
 
 HSVMode = Literal["worker", "consumer", "defer"]
@@ -132,6 +134,10 @@ class Engine(abc.ABC):
     :meth:`_refuse`) and implement :meth:`_render_batches`; they may extend :meth:`stats`,
     :meth:`close_mosaic`, :meth:`expect_next` and :meth:`_release`.
 
+    ``shrink`` is the filter images from encoded stores are shrunk to their loaded size with, as
+    YOLOv9's ``load_image`` picks it: ``"linear"`` when the sampler augments (training), ``"area"``
+    otherwise (validation). Decoded stores hold pixels shrunk once, at conversion.
+
     Args:
         store: the loader's store view (indices are loader indices).
         sampler: the parameter sampler, built for the same indices.
@@ -142,6 +148,9 @@ class Engine(abc.ABC):
     name: ClassVar[str] = ""
     Options: ClassVar[type]
     default_workers: ClassVar[int] = 0  # loader(workers=None) means this
+    # True when iter_batches also takes sample ids (fastload.augment.params.visit_ids): an epoch that
+    # shows an image more than once, each visit with its own draws (YOLOv9's --image-weights)
+    takes_sample_ids: ClassVar[bool] = False
 
     def __init__(self, store: Store, sampler: ParamSampler, settings: EngineSettings, options: Any = None) -> None:
         if options is None:
@@ -150,6 +159,7 @@ class Engine(abc.ABC):
             raise EngineOptionError(f"engine {self.name!r} takes {self.Options.__name__} options, got {type(options).__name__}")
         self.store = store
         self.sampler = sampler
+        self.shrink: ShrinkFilter = shrink_filter(sampler.augment)
         self.settings = settings
         self.options = options
         self.batch_size = int(settings.batch_size)
@@ -166,7 +176,8 @@ class Engine(abc.ABC):
 
     # -- the interface ---------------------------------------------------------------------------
     def iter_batches(self, epoch: int, indices: np.ndarray) -> Iterator[Batch]:
-        """Yield the batches of ``indices`` (loader indices, already ordered and sharded) for ``epoch``."""
+        """Yield the batches of ``indices`` (loader indices, already ordered and sharded) for ``epoch``;
+        an engine whose :attr:`takes_sample_ids` is True also takes sample ids there."""
         self._check_open()
         return self._finished(self._render_batches(int(epoch), np.asarray(indices, np.int64)))
 

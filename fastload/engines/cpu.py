@@ -22,7 +22,7 @@ import psutil
 import torch
 
 from fastload.augment.functional.tiles import AXIS_KERNELS, AxisKernel
-from fastload.augment.params import ParamSampler, shapes_from_array
+from fastload.augment.params import ParamSampler, image_of, shapes_from_array
 from fastload.engines.base import Batch, Engine, EngineOptionError, EngineSettings, Rendered, chunks
 from fastload.engines.cpu_render import BatchRenderer
 from fastload.engines.cpu_workers import WorkerPool, default_start_method_ok
@@ -110,6 +110,7 @@ class CPUEngine(Engine):
     name = "cpu"
     Options = CPUOptions
     default_workers = 8
+    takes_sample_ids = True
 
     def __init__(self, store: Store, sampler: ParamSampler, settings: EngineSettings, options: CPUOptions | None = None) -> None:
         super().__init__(store, sampler, settings, options)
@@ -132,7 +133,7 @@ class CPUEngine(Engine):
         self.cache = cache
         self.renderer = BatchRenderer(
             store, sampler, cache=cache, hsv_in_worker=(settings.hsv_on == "worker"), layout=self.layout,
-            reduced_decode=opts.decode_scale == "reduced", axis_kernel=opts.axis_kernel,
+            reduced_decode=opts.decode_scale == "reduced", axis_kernel=opts.axis_kernel, shrink=self.shrink,
         )
         n_slots = self.workers * self.prefetch + self.keep if self.workers else self.keep
         self.ring = SlotRing(n_slots, self.batch_size * self.max_hw[0] * self.max_hw[1] * 3)
@@ -189,7 +190,7 @@ class CPUEngine(Engine):
         imgs = self.ring.tensor(slot, len(idx), h, w, self.layout)
         if self.device is not None and self.device.type != "cpu":
             imgs = imgs.to(self.device, non_blocking=False)
-        paths = tuple(self.store.im_files[int(i)] for i in idx)
+        paths = tuple(self.store.im_files[i] for i in image_of(idx, len(self.store)).tolist())
         batch = Batch(imgs, torch.from_numpy(targets), paths, tuple(shapes))
         return Rendered(batch, None if gains is None else torch.from_numpy(gains))
 

@@ -16,6 +16,7 @@ from fastload.augment.boxes import batch_targets
 from fastload.augment.functional.tiles import AxisKernel, check_axis_kernel
 from fastload.augment.params import ParamSampler
 from fastload.augment.pipeline import render_sample
+from fastload.data.images import ShrinkFilter
 from fastload.engines.shm_cache import SharedDecodeCache
 from fastload.store.base import Store
 
@@ -46,6 +47,8 @@ class BatchRenderer:
         reduced_decode: decode large JPEGs at a reduced DCT scale (see :meth:`Store.load`).
         axis_kernel: ``"warp"``, ``"resize"`` or None (the faster for the installed OpenCV), see
             :func:`fastload.augment.functional.tiles.default_axis_kernel`.
+        shrink: the filter encoded stores are shrunk to the loaded size with, ``"area"`` or ``"linear"``
+            (see :meth:`Store.load`).
     """
 
     def __init__(
@@ -58,6 +61,7 @@ class BatchRenderer:
         layout: Layout = "nhwc",
         reduced_decode: bool = False,
         axis_kernel: AxisKernel | None = None,
+        shrink: ShrinkFilter = "area",
     ) -> None:
         self.store = store
         self.sampler = sampler
@@ -67,12 +71,13 @@ class BatchRenderer:
         self.layout = layout
         self.reduced_decode = bool(reduced_decode)
         self.axis_kernel = check_axis_kernel(axis_kernel)
+        self.shrink = shrink
         self.labels: Sequence[np.ndarray] = store.labels
         self._scratch: np.ndarray | None = None
 
     # -- images ---------------------------------------------------------------------------------------
     def _load(self, i: int) -> np.ndarray:
-        return self.store.load(int(i), self.imgsz, reduced=self.reduced_decode)
+        return self.store.load(int(i), self.imgsz, reduced=self.reduced_decode, shrink=self.shrink)
 
     def get_image(self, i: int) -> np.ndarray:
         """Loaded RGB HWC uint8 image of loader index ``i`` (decoded stores: a zero-copy view)."""

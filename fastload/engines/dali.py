@@ -23,7 +23,8 @@ pipeline.
 Tolerance against the CPU reference (see ``tests/test_engine_dali.py``): boxes identical; pixels
 from decoded stores within a few levels at tile seams (DALI's float bilinear vs OpenCV's fixed
 point, renormalised edge taps); from encoded stores DALI's antialiased linear resize replaces
-INTER_AREA (a small mean difference, larger on noisy images than on photos; the test states the bounds).
+validation's INTER_AREA (a small mean difference, larger on noisy images than on photos; the test states
+the bounds); training shrinks with plain linear interpolation, as YOLOv9's INTER_LINEAR.
 """
 from __future__ import annotations
 
@@ -148,7 +149,7 @@ class DALIEngine(Engine):
         self._drop_pipe()
         pipe = build_pipeline(self._source, batch_size=self.batch_size, device_id=self.device_id,
                               workers=self.workers, threads=self.threads, prefetch=self.prefetch,
-                              layout=self.settings.layout)
+                              layout=self.settings.layout, antialias=self.shrink == "area")
         try:
             with warnings.catch_warnings():
                 # decoded stores do not use the slots' loaded-size outputs (encoded ones do)

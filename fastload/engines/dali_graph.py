@@ -32,14 +32,16 @@ __all__ = ["build_pipeline"]
 _EPS = 1e-6
 
 
-def _canvas(fn: Any, types: Any, dmath: Any, slots: list[tuple], out_hw: Any, fill: Any, *, encoded: bool, dev: str) -> Any:
+def _canvas(fn: Any, types: Any, dmath: Any, slots: list[tuple], out_hw: Any, fill: Any, *, encoded: bool, dev: str,
+            antialias: bool) -> Any:
     """Paint one composed image (float HWC) from its slots."""
     canvas = None
     for image, loaded_hw, part_box, crop_box, part_m, crop_m, kind, weight in slots:
         if encoded:
             decoded = fn.decoders.image(image, device="mixed" if dev == "gpu" else "cpu", output_type=types.RGB)
-            # the YOLOv9 loaded resize; DALI has no INTER_AREA: antialiased linear (triangle) filter
-            loaded = fn.resize(decoded, size=loaded_hw, interp_type=types.INTERP_LINEAR, antialias=True)
+            # the YOLOv9 loaded resize; DALI has no INTER_AREA: antialiased linear (triangle) filter stands
+            # for it (validation), plain linear is training's INTER_LINEAR
+            loaded = fn.resize(decoded, size=loaded_hw, interp_type=types.INTERP_LINEAR, antialias=antialias)
         else:
             loaded = image.gpu() if dev == "gpu" else image
         part = fn.slice(loaded, fn.cast(part_box[0:2], dtype=types.INT32), fn.cast(part_box[2:4], dtype=types.INT32),
@@ -73,9 +75,14 @@ def build_pipeline(
     prefetch: int,
     layout: Layout,
     seed: int = 0,
+    antialias: bool = True,
 ) -> Any:
     """The DALI pipeline (not yet built) whose outputs are ``HEAD`` (CPU) then the uint8 images
-    (HWC for ``layout="nhwc"``, CHW for ``"nchw"``)."""
+    (HWC for ``layout="nhwc"``, CHW for ``"nchw"``).
+
+    ``antialias``: shrink encoded images with the antialiased linear filter (INTER_AREA's stand-in,
+    YOLOv9 validation) or, False, with plain linear interpolation (YOLOv9 training's INTER_LINEAR).
+    """
     # optional dependency: only an engine="dali" loader builds a pipeline (DALIEngine checked it is installed)
     from nvidia.dali import fn, pipeline_def, types
     import nvidia.dali.math as dmath
@@ -92,10 +99,12 @@ def build_pipeline(
         tile_slots = [tuple(outs[len(HEAD) + PER_SLOT * k : len(HEAD) + PER_SLOT * (k + 1)]) for k in range(slots.total)]
         out_hw = head["out_hw"]
         fill = head["fill"]
-        main = _canvas(fn, types, dmath, tile_slots[: slots.main], out_hw, fill, encoded=encoded, dev=dev)
+        main = _canvas(fn, types, dmath, tile_slots[: slots.main], out_hw, fill, encoded=encoded, dev=dev,
+                       antialias=antialias)
         main = dmath.floor(main + 0.5)
         if slots.mixup:
-            other = _canvas(fn, types, dmath, tile_slots[slots.main :], out_hw, fill, encoded=encoded, dev=dev)
+            other = _canvas(fn, types, dmath, tile_slots[slots.main :], out_hw, fill, encoded=encoded, dev=dev,
+                            antialias=antialias)
             other = dmath.floor(other + 0.5)
             r = head["ratio"]
             main = dmath.floor(main * r + other * (1.0 - r) + 1e-4)

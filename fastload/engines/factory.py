@@ -16,6 +16,8 @@ from fastload.engines.gpu import GPUEngine
 from fastload.engines.ray_engine import RayEngine
 
 ENGINES: dict[str, type[Engine]] = {"cpu": CPUEngine, "gpu": GPUEngine, "dali": DALIEngine, "ray": RayEngine}
+# the engines that render epochs which repeat images (Engine.takes_sample_ids: YOLOv9's --image-weights)
+SAMPLE_ID_ENGINES: tuple[str, ...] = tuple(name for name, cls in ENGINES.items() if cls.takes_sample_ids)
 
 
 def engine_class(name: str) -> type[Engine]:

@@ -143,7 +143,7 @@ class GPUEngine(Engine):
         slot = {s: k for k, s in enumerate(srcs)}
         hw = self.loaded_hw[srcs]
         if self.store.decoded or self.decode_on == "cpu":
-            arrays = [np.asarray(self.store.load(i, self.imgsz)) for i in srcs]
+            arrays = [np.asarray(self.store.load(i, self.imgsz, shrink=self.shrink)) for i in srcs]
             for i, a in zip(srcs, arrays):
                 if a.shape[:2] != tuple(self.loaded_hw[i]):
                     raise ValueError(f"{self.store.im_files[i]}: loaded image is {a.shape[:2]}, expected {tuple(self.loaded_hw[i])}")
@@ -158,7 +158,8 @@ class GPUEngine(Engine):
             offsets = np.concatenate(([0], np.cumsum(sizes // 3)[:-1])).astype(np.int64)
             return ImageBank(pixels, offsets, hw), slot
         bufs = [bytes(self.store.read_image(i)) for i in srcs]
-        imgs = decode_on_device(bufs, [self.store.im_files[i] for i in srcs], [tuple(v) for v in hw], self.device)
+        imgs = decode_on_device(bufs, [self.store.im_files[i] for i in srcs], [tuple(v) for v in hw], self.device,
+                                shrink=self.shrink)
         pixels = torch.cat([chw_to_rows(im) for im in imgs], 0)
         sizes = hw[:, 0] * hw[:, 1]
         offsets = np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64)

@@ -25,6 +25,7 @@ import numpy as np
 from fastload._version import __version__
 from fastload.augment.functional.tiles import AxisKernel
 from fastload.augment.params import ParamSampler, shapes_to_array
+from fastload.data.images import ShrinkFilter
 from fastload.engines.cpu_render import BatchRenderer
 from fastload.store.base import Store, StoreError, split_labels
 from fastload.store.factory import open_path
@@ -72,6 +73,7 @@ class RenderSpec:
     layout: Layout
     reduced_decode: bool
     axis_kernel: AxisKernel
+    shrink: ShrinkFilter
     max_batch_bytes: int
     threads: int
 
@@ -141,7 +143,7 @@ class RenderActor:
             return
         self.renderer = BatchRenderer(store, sampler, cache=None, hsv_in_worker=render.hsv_in_worker,
                                       layout=render.layout, reduced_decode=render.reduced_decode,
-                                      axis_kernel=render.axis_kernel)
+                                      axis_kernel=render.axis_kernel, shrink=render.shrink)
         # one reused buffer: Ray copies the returned pixels into its object store before the next task runs
         self.buffer = np.empty(render.max_batch_bytes, np.uint8)
 
@@ -150,7 +152,7 @@ class RenderActor:
         return {"node": self.where, "pid": os.getpid(), "error": self.error, "versions": versions()}
 
     def render(self, epoch: int, indices: np.ndarray, mosaic_closed: bool) -> tuple[Any, ...]:
-        """Render one batch: ``(imgs uint8 [B, H, W, 3] or [B, 3, H, W], targets float32 [N, 6],
+        """Render one batch (``indices``: loader indices, or sample ids of an image table): ``(imgs uint8 [B, H, W, 3] or [B, 3, H, W], targets float32 [N, 6],
         shapes float64 [B, 6], HSV gains float32 [B, 3] or None, this process's pid)``."""
         if self.renderer is None:
             raise StoreError(self.error)

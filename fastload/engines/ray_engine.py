@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from fastload.augment.functional.tiles import AXIS_KERNELS, AxisKernel, check_axis_kernel
-from fastload.augment.params import ParamSampler, shapes_from_array
+from fastload.augment.params import ParamSampler, image_of, shapes_from_array
 from fastload.engines.base import Batch, Engine, EngineOptionError, EngineSettings, Rendered, WorkerError, chunks
 from fastload.engines.ray_actor import RenderActor, RenderSpec, StoreSpec, versions
 from fastload.store.base import Store, StoreError, join_labels
@@ -185,6 +185,7 @@ class RayEngine(Engine):
     name = "ray"
     Options = RayOptions
     default_workers = 0
+    takes_sample_ids = True  # the actors' renderer draws sample ids as the CPU engine's does
 
     def __init__(self, store: Store, sampler: ParamSampler, settings: EngineSettings, options: RayOptions | None = None) -> None:
         super().__init__(store, sampler, settings, options)
@@ -212,8 +213,8 @@ class RayEngine(Engine):
         spec = store_spec(store, opts.store_path)
         render = RenderSpec(
             hsv_in_worker=settings.hsv_on == "worker", layout=settings.layout, reduced_decode=opts.decode_scale == "reduced",
-            axis_kernel=check_axis_kernel(opts.axis_kernel), max_batch_bytes=self.batch_size * int(np.prod(sampler.max_out_hw)) * 3,
-            threads=max(1, int(opts.cpus_per_actor)),
+            axis_kernel=check_axis_kernel(opts.axis_kernel), shrink=self.shrink,
+            max_batch_bytes=self.batch_size * int(np.prod(sampler.max_out_hw)) * 3, threads=max(1, int(opts.cpus_per_actor)),
         )
         # Replacing dead actors is done here, not by Ray's max_restarts: Ray would need the constructor's
         # arguments kept in its object store and warns on every start; the engine keeps them itself.
@@ -337,7 +338,7 @@ class RayEngine(Engine):
         imgs_t = pixels.permute(0, 3, 1, 2) if self.settings.layout == "nhwc" else pixels
         if self.device is not None and self.device.type != "cpu":
             imgs_t = imgs_t.to(self.device)
-        paths = tuple(self.store.im_files[int(i)] for i in task.indices)
+        paths = tuple(self.store.im_files[i] for i in image_of(task.indices, len(self.store)).tolist())
         batch = Batch(imgs_t, torch.from_numpy(np.array(targets, np.float32)), paths,
                       tuple(shapes_from_array(a) for a in shapes))
         return Rendered(batch, None if gains is None else torch.from_numpy(np.array(gains, np.float32)))

@@ -16,32 +16,41 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Union
 
 import numpy as np
 
-from fastload.data.images import decode_image, decode_image_reduced, loaded_shape, resize_to
+from fastload.data.images import ShrinkFilter, decode_image, decode_image_reduced, loaded_shape, resize_to
 
 if TYPE_CHECKING:  # torch is needed only by stores whose images live on a device
     import torch
 
 Sample = Union[bytes, np.ndarray]
 
-# Bumped whenever an on-disk layout changes incompatibly; open refuses other versions.
+# Bumped whenever the LMDB layout changes incompatibly; open refuses other versions.
 SCHEMA_VERSION = 1
+# The same for packed (disk/ram) stores, whose version also says what their pixels mean. 2: loaded
+# sizes are YOLOv9's truncated ``int(w0 * r)`` (1 rounded them: some images were one pixel larger than
+# the official loader's) and ``meta["shrink"]`` names the filter images were shrunk with.
+PACKED_SCHEMA = 2
 
 
 class StoreError(RuntimeError):
     """A store cannot be opened or read (missing, wrong kind, damaged); the message names the path."""
 
 
-def check_schema(path: object, meta: dict[str, Any], layout: str) -> None:
-    """Refuse metadata of another layout or schema version, saying whether fastload or the store is the older."""
+def check_schema(path: object, meta: dict[str, Any], layout: str, version: int = SCHEMA_VERSION, *,
+                 older: str | None = None) -> None:
+    """Refuse metadata of another layout or schema ``version``, saying whether fastload or the store is
+    the older; ``older``: why this version cannot read a store of an older schema (said when it is)."""
     schema = meta.get("schema")
-    if meta.get("layout") == layout and schema == SCHEMA_VERSION:
+    if meta.get("layout") == layout and schema == version:
         return
-    if meta.get("layout") == layout and isinstance(schema, int) and schema > SCHEMA_VERSION:
+    if meta.get("layout") == layout and isinstance(schema, int) and schema > version:
         raise StoreError(
-            f"{path}: written by a newer fastload (store schema {schema}, this version reads {SCHEMA_VERSION}); "
+            f"{path}: written by a newer fastload (store schema {schema}, this version reads {version}); "
             f"upgrade fastload, or convert the dataset again with this version"
         )
-    raise StoreError(f"{path}: {layout} store schema {schema!r} is not the supported {SCHEMA_VERSION}; convert the dataset again")
+    if meta.get("layout") == layout and isinstance(schema, int) and older is not None:
+        raise StoreError(f"{path} was written by an older fastload ({older}); convert the dataset again "
+                         f"(`fastload convert ... --to {meta.get('kind', layout)}`)")
+    raise StoreError(f"{path}: {layout} store schema {schema!r} is not the supported {version}; convert the dataset again")
 
 
 class IncompleteStoreError(StoreError):
@@ -105,7 +114,8 @@ class Store(abc.ABC):
         return None
 
     # -- helpers shared by all backends ----------------------------------------------------------
-    def load(self, i: int, imgsz: int | None = None, *, reduced: bool = False) -> np.ndarray:
+    def load(self, i: int, imgsz: int | None = None, *, reduced: bool = False,
+             shrink: ShrinkFilter = "area") -> np.ndarray:
         """The loaded RGB HWC uint8 image ``i`` whose long side is ``imgsz`` (default: the store's).
 
         The result always has exactly ``fastload.data.images.loaded_shape(h0, w0, imgsz)``, the shape
@@ -113,6 +123,9 @@ class Store(abc.ABC):
         ``reduced``: a JPEG whose stored long side is at least twice ``imgsz`` is decoded at 1/2, 1/4
         or 1/8 scale by the DCT (still >= ``imgsz``) before the same final resize: cheaper, pixels
         within a few grey levels of the full decode (``benchmarks/reduced_decode.py`` measures both).
+        ``shrink``: the filter when the image shrinks, ``"area"`` (YOLOv9 validation) or ``"linear"``
+        (YOLOv9 training). A decoded store returns its stored pixels at its own ``imgsz`` whatever
+        ``shrink`` says: they were shrunk once, with the filter its ``meta["shrink"]`` records.
         """
         target = imgsz or self.imgsz
         sample = self.read_image(i)
@@ -125,8 +138,8 @@ class Store(abc.ABC):
         if target is None:
             return img
         h0, w0 = (int(v) for v in self.shapes[i])
-        # YOLOv9 picks the interpolation from the original size (area when shrinking).
-        return resize_to(img, loaded_shape(h0, w0, target), enlarge=max(h0, w0) < target)
+        # YOLOv9 decides between enlarging and shrinking from the original size
+        return resize_to(img, loaded_shape(h0, w0, target), enlarge=max(h0, w0) < target, shrink=shrink)
 
     def nbytes(self, i: int) -> int:
         """Bytes of sample ``i`` as stored (for throughput figures)."""

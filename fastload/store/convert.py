@@ -36,7 +36,7 @@ from tqdm import tqdm
 
 from fastload._version import __version__
 from fastload.data.config import DataConfig, DataConfigError, load_data_config
-from fastload.data.images import decode_image, probe_shape, resize_long_side
+from fastload.data.images import ShrinkFilter, decode_image, probe_shape, resize_long_side
 from fastload.data.index import DatasetIndex, build_index
 from fastload.store import shm
 from fastload.store.base import StoreError
@@ -46,6 +46,11 @@ from fastload.store.origin import source_fingerprint, store_source
 from fastload.store.packed import META, PackedWriter, packed_nbytes, read_meta, replace_dir
 from fastload.store.space import check_memory, check_space, fmt_bytes, tree_bytes
 
+# Decoded (disk/ram) stores hold images shrunk once, with YOLOv9 validation's INTER_AREA: validation
+# batches from them are the official ones bit for bit. YOLOv9 training shrinks with INTER_LINEAR, so
+# training batches read from a decoded store differ slightly from the stock loader's (encoded stores
+# are shrunk per mode, exactly as the official loader does). Recorded as meta["shrink"].
+DECODED_SHRINK: ShrinkFilter = "area"
 COMMIT_EVERY = 64  # records per LMDB transaction: the most a kill can lose
 
 
@@ -113,7 +118,7 @@ def _decoded_task(task: tuple[int, str, int]) -> tuple[int, np.ndarray | None, s
     i, path, imgsz = task
     try:
         buf = Path(path).read_bytes()
-        img = np.ascontiguousarray(resize_long_side(decode_image(buf, path), imgsz))
+        img = np.ascontiguousarray(resize_long_side(decode_image(buf, path), imgsz, shrink=DECODED_SHRINK))
     except Exception as e:
         return i, None, str(e), 0
     return i, img, None, len(buf)
@@ -241,6 +246,7 @@ def _write_packed(
         "source_hash": source_fingerprint(files),
         "source_files": len(files),
         "options": {"imgsz": imgsz},
+        "shrink": DECODED_SHRINK,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "fastload_version": __version__,
     }

@@ -9,6 +9,8 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from fastload.store.base import PACKED_SCHEMA
+
 if TYPE_CHECKING:
     from fastload.data.config import DataConfig
 
@@ -61,8 +63,9 @@ def store_imgsz(path: str | Path) -> int | None:
 
 
 def ram_segment_path(cfg: DataConfig, split: str, imgsz: int) -> Path:
-    """The shared-memory folder of a split's ram store, stable for the same sources and imgsz."""
+    """The shared-memory folder of a split's ram store, stable for the same sources, imgsz and packed schema."""
     sources = [str(Path(p).resolve()) for p in cfg.splits.get(split, [])]
-    digest = hashlib.sha1(json.dumps([sources, imgsz]).encode()).hexdigest()[:10]
+    # the schema is part of the name: a segment an older fastload left behind is never picked up
+    digest = hashlib.sha1(json.dumps([sources, imgsz, PACKED_SCHEMA]).encode()).hexdigest()[:10]
     slug = re.sub(r"[^A-Za-z0-9_.]+", "_", Path(cfg.root).name or "data")[:32]
     return shm_root() / f"{SHM_PREFIX}{slug}-{digest}-{imgsz}"

@@ -30,7 +30,7 @@ import numpy as np
 from fastload.data.images import loaded_shape
 from fastload.store import shm
 from fastload.store.base import (
-    SCHEMA_VERSION,
+    PACKED_SCHEMA,
     IncompleteStoreError,
     Store,
     StoreError,
@@ -65,7 +65,9 @@ def read_meta(path: Path) -> dict[str, Any]:
         meta = json.loads(meta_file.read_text())
     except ValueError as e:
         raise StoreError(f"damaged metadata {meta_file}: {e}") from e
-    check_schema(path, meta, "packed")
+    check_schema(path, meta, "packed", PACKED_SCHEMA,
+                 older="its loaded image sizes are rounded where YOLOv9 truncates them: some images one pixel "
+                       "larger than the official loader's")
     return meta
 
 
@@ -187,7 +189,7 @@ class PackedWriter:
         (self.tmp / "files.json").write_text(json.dumps(self.files))
         meta = {
             **self.extra,
-            "schema": SCHEMA_VERSION,
+            "schema": PACKED_SCHEMA,
             "layout": "packed",
             "imgsz": self.imgsz,
             "names": self.names,

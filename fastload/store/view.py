@@ -10,6 +10,7 @@ from typing import Sequence
 
 import numpy as np
 
+from fastload.data.images import ShrinkFilter
 from fastload.store.base import ResidentImages, Sample, Store
 
 
@@ -53,8 +54,9 @@ class StoreView(Store):
     def read_image(self, i: int) -> Sample:
         return self.base.read_image(int(self.base_indices[self.check_index(i)]))
 
-    def load(self, i: int, imgsz: int | None = None, *, reduced: bool = False) -> np.ndarray:
-        return self.base.load(int(self.base_indices[self.check_index(i)]), imgsz, reduced=reduced)
+    def load(self, i: int, imgsz: int | None = None, *, reduced: bool = False,
+             shrink: ShrinkFilter = "area") -> np.ndarray:
+        return self.base.load(int(self.base_indices[self.check_index(i)]), imgsz, reduced=reduced, shrink=shrink)
 
     def nbytes(self, i: int) -> int:
         return self.base.nbytes(int(self.base_indices[self.check_index(i)]))

@@ -1,0 +1,220 @@
+"""``create_dataloader`` with the official signature, backed by :func:`fastload.loader`."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+
+from fastload.compat.yolov9.options import CompatOptions
+from fastload.data.config import DataConfig, load_data_config
+from fastload.engines.factory import SAMPLE_ID_ENGINES
+from fastload.fastloader import loader as make_loader
+from fastload.store.base import Store
+from fastload.store.factory import open_store
+from fastload.store.kinds import KINDS
+
+LOG = logging.getLogger(__name__)
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def _data_config(path: Any) -> DataConfig:
+    """A DataConfig whose ``train`` split is the image folder / list file(s) YOLOv9 passes."""
+    sources = [Path(p) for p in (path if isinstance(path, (list, tuple)) else [path])]
+    for p in sources:
+        if not p.exists():
+            raise FileNotFoundError(f"create_dataloader: {p} does not exist (expected an image folder or a .txt list)")
+    root = sources[0].parent if sources else Path.cwd()
+    # the class count is unknown here (YOLOv9 checks labels against nc in the trainer): accept any class id
+    return DataConfig(yaml_path=None, root=root, splits={"train": sources}, names=[], nc=2**31 - 1)
+
+
+def _converted_split(converted: DataConfig, sources: list[Path]) -> str:
+    """The split of a ``fastload convert`` config whose image sources are the ones the trainer passes."""
+    want = sorted(str(p.resolve()) for p in sources)
+    for split, paths in converted.splits.items():
+        if sorted(str(Path(p).resolve()) for p in paths) == want:
+            return split
+    have = ", ".join(f"{s}: {[str(p) for p in ps]}" for s, ps in converted.splits.items())
+    raise ValueError(f"fastload.compat.yolov9: store={converted.origin} has no split with the images "
+                     f"{[str(p) for p in sources]} (it has {have})")
+
+
+def _open_store(path: Any, cache: Any, imgsz: int, store: str) -> Store:
+    cfg = _data_config(path)
+    ram = cache is True or str(cache).lower() == "ram"
+    if store == "auto" or store in KINDS:
+        kind = ("ram" if ram else "auto") if store == "auto" else store
+        return open_store(cfg, "train", kind=kind, imgsz=imgsz)
+    target = Path(store)
+    if target.is_dir():
+        target = target / "data.yaml"
+    if not target.is_file():
+        raise ValueError(f"fastload.compat.yolov9: store={store!r} is neither a store kind (auto, {', '.join(KINDS)}) "
+                         f"nor a data.yaml written by `fastload convert`")
+    converted = load_data_config(target)
+    split = _converted_split(converted, cfg.splits["train"])
+    return open_store(converted, split, kind="ram" if ram else "auto", imgsz=imgsz)
+
+
+def _device(opts: CompatOptions) -> torch.device | None:
+    """Where batches go: a CUDA device when there is one (``auto``), the CPU without a copy (None), or as asked."""
+    if opts.device is None:
+        return None
+    if opts.device == "auto":
+        # called after the official select_device(), which hides CUDA for --device cpu
+        return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
+    return torch.device(opts.device)
+
+
+def create_dataloader(
+    path: Any,
+    imgsz: int,
+    batch_size: int,
+    stride: int,
+    single_cls: bool = False,
+    hyp: Any = None,
+    augment: bool = False,
+    cache: Any = False,
+    pad: float = 0.0,
+    rect: bool = False,
+    rank: int = -1,
+    workers: int = 8,
+    image_weights: bool = False,
+    close_mosaic: bool = False,
+    quad: bool = False,
+    min_items: int = 0,
+    prefix: str = "",
+    shuffle: bool = False,
+    **fastload_options: Any,
+) -> tuple[Any, Any]:
+    """YOLOv9's ``utils.dataloaders.create_dataloader`` backed by :func:`fastload.loader`.
+
+    Returns ``(loader, dataset)``. The official arguments keep their meaning: ``path`` is the
+    split's image folder or ``.txt`` list; ``rank`` is YOLOv9's ``LOCAL_RANK`` (sharding follows the
+    environment's ``RANK``/``WORLD_SIZE``, as ``DistributedSampler``); ``workers`` bounds the worker
+    count as upstream; ``cache='ram'``/``True`` serves a shared-memory ram store (one copy per
+    machine for all ranks and workers), other values the fastest store available plus the decoded-image
+    cache (no ``.npy`` files); ``image_weights`` works through ``dataset.indices``
+    (:meth:`fastload.fastloader.FastLoader.set_image_table`); ``close_mosaic`` only chose the
+    DataLoader class upstream (``dataset.mosaic = False`` closes mosaic). ``quad=True`` is refused.
+
+    What the trainer touches works: ``len(loader)``, ``loader.num_workers``,
+    ``loader.sampler.set_epoch(epoch)``, ``dataset.labels``/``shapes``/``n``/``im_files``/``indices``,
+    ``dataset.mosaic = False``.
+
+    ``fastload_options`` (each also a ``FASTLOAD_*`` environment variable, used when the keyword is
+    absent; see :data:`fastload.compat.yolov9.options.OPTIONS`): ``engine``, ``store``, ``hsv``,
+    ``seed``, ``num_workers``, ``device``, ``reduced_decode``, ``batch_log``. By default, when CUDA is
+    available, batches are delivered on the current CUDA device with HSV applied there (the CPU
+    workers do the geometry only): the official trainer never applies HSV itself.
+    """
+    opts = CompatOptions.resolve(fastload_options)
+    if quad:
+        raise ValueError("fastload.compat.yolov9: --quad (quad=True) is not supported; drop the flag")
+    if image_weights and opts.engine not in SAMPLE_ID_ENGINES:  # dataset.indices would refuse it later
+        able = " or ".join(map(repr, SAMPLE_ID_ENGINES))
+        raise ValueError(f"fastload.compat.yolov9: --image-weights needs engine={able} (engine={opts.engine!r})")
+    if rect and shuffle:
+        LOG.warning("%s--rect is incompatible with shuffle, setting shuffle=False", prefix)
+        shuffle = False
+    device = _device(opts)
+    hsv = opts.hsv if opts.hsv != "auto" else ("consumer" if device is not None else "worker")
+    if not augment:  # validation draws no HSV gains: nothing to apply anywhere
+        hsv = "worker"
+    store = _open_store(path, cache, imgsz, opts.store)
+    try:
+        n = len(store)
+        batch_size = max(1, min(batch_size, n))
+        nd = torch.cuda.device_count()
+        nw = opts.num_workers
+        if nw is None and opts.engine != "gpu":  # the official rule (the gpu engine's host side is one thread: no workers)
+            nw = min((os.cpu_count() or 1) // max(nd, 1), batch_size if batch_size > 1 else 0, workers)
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        global_rank = int(os.environ.get("RANK", rank)) if rank != -1 else -1
+        fl = make_loader(
+            store,
+            imgsz=imgsz,
+            batch_size=batch_size,
+            hyp=hyp,
+            augment=augment,
+            engine=opts.engine,
+            workers=nw,
+            shuffle=shuffle,
+            rect=rect,
+            stride=int(stride),
+            pad=pad,
+            seed=opts.seed,
+            rank=global_rank,
+            world_size=world if global_rank != -1 else 1,
+            min_items=min_items,
+            single_cls=single_cls,
+            device=device,
+            hsv_on=hsv,
+            # a CPU-engine option: another engine refuses it (EngineOptionError) rather than dropping it
+            engine_options={"decode_scale": "reduced"} if opts.reduced_decode else None,
+        )
+    except BaseException:
+        store.close()
+        raise
+    ds = fl.dataset
+    if not ds.names or single_cls:
+        top = max((int(lb[:, 0].max()) for lb in ds.labels if len(lb)), default=0)
+        ds.names = ["item"] if single_cls else [str(i) for i in range(top + 1)]
+    LOG.info("%sfastload: %d images, %d batches of %d, %d workers, %s store, %s engine, HSV %s, batches on %s",
+             prefix, ds.n, len(fl), batch_size, fl.num_workers, store.kind, opts.engine, hsv if augment else "off",
+             device if device is not None else "cpu")
+    if opts.batch_log:
+        return BatchLog(fl, opts.batch_log, prefix=_ANSI.sub("", prefix).strip().rstrip(":")), ds
+    return fl, ds
+
+
+class LoaderWrapper:
+    """A loader seen through a wrapper: ``len()`` and every attribute (``dataset``, ``sampler``,
+    ``num_workers``...) are the wrapped loader's; subclasses redefine ``__iter__``."""
+
+    def __init__(self, loader: Any) -> None:
+        self._loader = loader
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._loader)
+
+    def __len__(self) -> int:
+        return len(self._loader)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name == "_loader":
+            raise AttributeError(name)
+        return getattr(self._loader, name)
+
+
+class BatchLog(LoaderWrapper):
+    """The loader, appending one JSON line per batch it yields to ``path`` (``batch_log`` option).
+
+    Each line: ``split`` (the official prefix, e.g. ``train``), ``pid``, ``rank``, ``augment``, ``epoch``,
+    ``batch``, ``hw`` (the batch's height and width), ``n`` (images), ``mosaic`` (how many samples are
+    mosaics: their ``shapes`` entry is None), ``images`` (file names, in order) and ``device``. Written
+    in the process that iterates, so it shows what the trainer received. Everything else is the loader's.
+    """
+
+    def __init__(self, loader: Any, path: str, *, prefix: str = "") -> None:
+        super().__init__(loader)
+        self.path = str(path)
+        self.prefix = prefix
+
+    def __iter__(self) -> Iterator[Any]:
+        fl = self._loader
+        epoch = fl.epoch
+        fields = {"split": self.prefix, "pid": os.getpid(), "rank": int(os.environ.get("RANK", -1)),
+                  "augment": bool(fl.dataset.augment), "epoch": epoch}
+        with open(self.path, "a", buffering=1) as f:
+            for k, batch in enumerate(fl):
+                imgs, _, paths, shapes = batch
+                f.write(json.dumps(dict(fields, batch=k, hw=[int(imgs.shape[2]), int(imgs.shape[3])], n=len(paths),
+                                        mosaic=sum(s is None for s in shapes), images=[Path(p).name for p in paths],
+                                        device=str(imgs.device))) + "\n")
+                yield batch

@@ -1,0 +1,163 @@
+"""The official YOLOv9 scripts (../shared/upstream/yolov9) run with fastload's loader, on the CPU.
+
+A temporary copy of the official repository gets the README's one-line switch in train_dual.py,
+train.py, val_dual.py and val.py; a second, unmodified copy runs through the no-edit launcher
+(``python -m fastload.compat.yolov9``, and under torchrun). Eight coco128 images at --img 64,
+batch 4, the smallest models. Every run writes fastload's batch log (one JSON line per batch the
+trainer received), from which the tests read what happened inside (mosaic or not, which images).
+
+All runs start once for the module, two at a time (two cores), validation runs after the
+training runs whose weights they load. Skipped only where ../shared is absent.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from official_helpers import Run, coco_subset, copy_upstream, official_env, python, run_all
+
+pytestmark = pytest.mark.slow
+
+SWITCHED = ("train_dual.py", "train.py", "val_dual.py", "val.py")
+N_IMAGES = 8
+COMMON = ["--img", "64", "--batch", "4", "--device", "cpu", "--noplots", "--hyp", "data/hyps/hyp.scratch-high.yaml",
+          "--weights", ""]
+
+
+@pytest.fixture(scope="module")
+def runs(coco128_yaml, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("official")
+    edited = copy_upstream(tmp / "yolov9_edited", switch_import=SWITCHED)
+    stock = copy_upstream(tmp / "yolov9_unmodified")
+    data = str(coco_subset(Path(coco128_yaml).parent, tmp / "data", N_IMAGES))
+    shm = tmp / "shm"  # ram stores of --cache ram go here, not to the machine's /dev/shm
+    shm.mkdir()
+    project = tmp / "runs"
+
+    def run(name: str, cwd: Path, argv: list[str], **env: str) -> Run:
+        batch_log = str(tmp / f"{name}.jsonl")
+        return Run(name, argv, cwd, official_env(tmp, FASTLOAD_BATCH_LOG=batch_log, FASTLOAD_SHM_DIR=str(shm), **env))
+
+    def train(name: str, *extra: str) -> list[str]:
+        return ["--data", data, "--project", str(project), "--name", name, "--exist-ok", *COMMON, *extra]
+
+    dual = ["--cfg", "models/detect/yolov9-t.yaml"]
+    training = [
+        run("dual", edited, [python(), "train_dual.py", *train("dual", *dual, "--epochs", "2", "--close-mosaic", "1",
+                                                                "--workers", "2")]),
+        run("launcher", stock, [python(), "-m", "fastload.compat.yolov9", "train_dual.py",
+                                *train("launcher", *dual, "--epochs", "2", "--close-mosaic", "1", "--workers", "2",
+                                       "--cache", "ram", "--image-weights", "--seed", "3"),
+                                "--fastload-workers", "1", "--fastload-batch-log", str(tmp / "launcher_flag.jsonl")]),
+        # --img 128: at 64 every coco128 aspect rounds to a 64x64 rect batch
+        run("rect", edited, [python(), "train_dual.py", *train("rect", *dual, "--epochs", "1", "--rect", "--workers", "1",
+                                                                "--noval", "--img", "128")]),
+        run("gelan", edited, [python(), "train.py", *train("gelan", "--cfg", "models/detect/gelan-t.yaml", "--epochs", "1",
+                                                            "--workers", "1", "--noval")]),
+        run("torchrun", stock, [python(), "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                                "-m", "fastload.compat.yolov9", "train_dual.py",
+                                *train("ddp", *dual, "--epochs", "1", "--workers", "1"), "--fastload-workers", "0"]),
+    ]
+    weights = {name: str(project / name / "weights" / "best.pt") for name in ("dual", "gelan")}
+    validation = [
+        run("val_dual", edited, [python(), "val_dual.py", "--data", data, "--weights", weights["dual"], "--img", "64",
+                                 "--batch", "8", "--device", "cpu", "--workers", "1", "--project", str(project),
+                                 "--name", "val_dual", "--exist-ok"]),
+        run("val", edited, [python(), "val.py", "--data", data, "--weights", weights["gelan"], "--img", "64",
+                            "--batch", "8", "--device", "cpu", "--workers", "1", "--project", str(project),
+                            "--name", "val", "--exist-ok"]),
+    ]
+    run_all([training, validation], tmp / "logs")
+    result = {r.name: r for r in training + validation}
+    result["tmp"] = tmp  # type: ignore[assignment]
+    yield result
+    shutil.rmtree(shm, ignore_errors=True)
+
+
+def batch_log(runs, name: str) -> list[dict]:
+    path = Path(runs["tmp"]) / f"{name}.jsonl"
+    assert path.is_file(), f"{name}: no batch log, fastload's loader was not used"
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def train_epochs(lines: list[dict]) -> dict[int, list[dict]]:
+    out: dict[int, list[dict]] = {}
+    for x in lines:
+        if x["split"] == "train":
+            out.setdefault(x["epoch"], []).append(x)
+    return out
+
+
+def test_train_dual_with_the_readme_import_closes_mosaic(runs):
+    """train_dual.py, import switched: 2 epochs, --close-mosaic 1; its per-epoch validation also comes from
+    fastload (the same import serves val_dual.run)."""
+    out = runs["dual"].check()
+    assert "Closing dataloader mosaic" in out and "Using 2 dataloader workers" in out
+    lines = batch_log(runs, "dual")
+    epochs = train_epochs(lines)
+    assert sorted(epochs) == [0, 1]
+    assert all(x["mosaic"] == x["n"] for x in epochs[0])  # scratch-high: every sample a mosaic
+    last = epochs[1]
+    assert sum(x["mosaic"] for x in last) == 0, "mosaic samples in the close-mosaic epoch"
+    assert sorted(i for x in last for i in x["images"]) == sorted({i for x in last for i in x["images"]})
+    assert sum(x["n"] for x in last) == N_IMAGES
+    val = [x for x in lines if x["split"] == "val"]
+    assert not any(x["augment"] for x in val) and len({x["epoch"] for x in val}) >= 2  # every epoch, then best.pt
+    assert all(x["hw"][0] % 32 == 0 and x["hw"][1] % 32 == 0 for x in val)
+
+
+def test_launcher_runs_an_unmodified_train_dual_with_cache_ram_and_image_weights(runs):
+    """No file edited: python -m fastload.compat.yolov9 train_dual.py ... with --cache ram, --image-weights
+    and --close-mosaic 1; the --fastload-* flags reach the loader and not the script."""
+    out = runs["launcher"].check()
+    assert "train_dual.py with fastload's create_dataloader" in out
+    assert "Using 1 dataloader workers" in out  # --fastload-workers 1
+    assert "ram store" in out  # --cache ram -> a shared-memory ram store
+    assert not (Path(runs["tmp"]) / "launcher.jsonl").exists()  # the flag won over FASTLOAD_BATCH_LOG
+    epochs = train_epochs(batch_log(runs, "launcher_flag"))
+    assert sorted(epochs) == [0, 1]
+    assert sum(x["mosaic"] for x in epochs[0]) > 0 and sum(x["mosaic"] for x in epochs[1]) == 0
+    # --image-weights: each epoch draws its images with replacement (the official trainer sets dataset.indices)
+    draws = [Counter(i for x in epochs[e] for i in x["images"]) for e in (0, 1)]
+    assert all(sum(c.values()) == N_IMAGES for c in draws)
+    assert any(max(c.values()) > 1 for c in draws), draws
+
+
+def test_train_dual_rect(runs):
+    out = runs["rect"].check()
+    lines = batch_log(runs, "rect")
+    train = [x for x in lines if x["split"] == "train"]
+    assert train and all(x["mosaic"] == 0 for x in train)  # rect: letterboxed, never mosaic
+    assert any(x["hw"][0] != x["hw"][1] for x in train)  # rectangular batch shapes
+    assert "Closing dataloader mosaic" not in out
+
+
+def test_train_py_gelan(runs):
+    runs["gelan"].check()
+    epochs = train_epochs(batch_log(runs, "gelan"))
+    assert list(epochs) == [0] and sum(x["n"] for x in epochs[0]) == N_IMAGES
+
+
+@pytest.mark.parametrize("name", ["val_dual", "val"])
+def test_standalone_validation_on_saved_weights(runs, name):
+    out = runs[name].check()
+    assert "all" in out  # the metrics row
+    lines = batch_log(runs, name)
+    assert lines and all(x["split"] == "val" and not x["augment"] for x in lines)
+    assert sum(x["n"] for x in lines) == N_IMAGES
+
+
+def test_torchrun_starts_the_launcher_in_every_rank(runs):
+    """Under torchrun each rank runs the launcher, which passes its rank on to the official script
+    (whose DDP path then asserts CUDA devices: this is a CPU machine)."""
+    r = runs["torchrun"]
+    out = r.output
+    for rank in (0, 1):
+        assert f"(RANK {rank}, LOCAL_RANK {rank}, WORLD_SIZE 2)" in out, out[-4000:]
+    assert "insufficient CUDA devices for DDP command" in out, out[-4000:]
+    assert "batch_size=4" in out and "unrecognized arguments" not in out  # official flags in, fastload's out
+    assert r.returncode != 0
