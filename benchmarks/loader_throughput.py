@@ -3,15 +3,23 @@
 Dataset: coco128 repeated to ``--images`` (512) images (symlinks, so every repeat is its own file),
 converted to lmdb, disk and ram stores. Each configuration is timed for ``--seconds`` after a
 warm-up batch, in one run, so the ratios hold even when other work shares the machine. Printed:
-images/s, ratio to the matching stock baseline, machine ceilings (single-core JPEG decode,
-memcpy of a 640x640x3 image), the PSS of a ram-store run (one copy shared by workers and ranks),
-and a JSON file with everything.
+images/s, ratio to the matching stock baseline, JPEG decodes per output image, machine ceilings
+(single-core JPEG decode, memcpy of a 640x640x3 image), the PSS of a ram-store run (one copy shared
+by workers and ranks), and a JSON file with everything.
+
+The decode-bound case (issue #16: JPEG files or LMDB, a dataset larger than the decoded-image cache,
+stood for by ``decode_cache_mb=0``) is measured beside the same with the cache on, each with
+``partners="batch"``; ``--decode-bound`` runs only those rows, the stock baseline, the decodes per
+output image of every engine (cpu, gpu on CPU tensors, dali in CPU mode, at ``--count-imgsz``) and
+the 2-rank x 2-worker shared decoded cache (decodes per epoch machine-wide, PSS of its segment).
 
     python benchmarks/loader_throughput.py --seconds 5 --json loader_throughput.json
+    python benchmarks/loader_throughput.py --decode-bound --seconds 12 --rounds 4
 """
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import platform
@@ -180,7 +188,8 @@ def run_stock(yaml_path: Path, seconds: float, *, imgsz: int, batch: int, worker
 
 # ----------------------------------------------------------------------------------------- memory
 def pss_of_tree(pids: list[int], segment: str | None) -> dict[str, float]:
-    """Sum of PSS (MiB) over ``pids`` and the part of it that maps the ram store ``segment``."""
+    """Sum of PSS (MiB) over ``pids`` and the part of it that maps files under ``segment`` (a ram store
+    or a decoded-image cache)."""
     total = seg = 0.0
     for pid in pids:
         try:
@@ -200,30 +209,42 @@ def pss_of_tree(pids: list[int], segment: str | None) -> dict[str, float]:
                         seg += int(line.split()[1]) * 1024
         except OSError:
             pass
-    return {"pss_total_MiB": total / 2**20, "pss_ram_store_MiB": seg / 2**20}
+    return {"pss_total_MiB": total / 2**20, "pss_segment_MiB": seg / 2**20}
 
 
-def _pss_rank(rank: int, yaml_path: str, out_dir: str, world: int, batch: int) -> None:
+def _pss_rank(rank: int, yaml_path: str, out_dir: str, world: int, batch: int, store: str, epochs: int) -> None:
+    """One DDP rank: ``epochs`` epochs of ``store`` (ram: the first 4 batches), then rank 0 sums the PSS of
+    every rank's processes and of the mapping that holds the images (the ram store, or the decoded cache)."""
     import torch.distributed as dist
 
     dist.init_process_group("gloo", init_method=f"file://{out_dir}/rdv", rank=rank, world_size=world)
     from fastload.fastloader import loader
 
-    with loader(yaml_path, store="ram", batch_size=batch, workers=2, rank=rank, world_size=world) as fl:
-        for k, _ in enumerate(fl):
-            if k == 3:
-                break
-        dist.barrier()
-        if rank == 0:
-            pids = []
-            for f in Path(out_dir).glob("pids*.json"):
-                pids += json.loads(f.read_text())
-        Path(out_dir, f"pids{rank}.json").write_text(json.dumps([os.getpid()] + fl.stats()["worker_pids"]))
+    decodes = []
+    with loader(yaml_path, store=store, batch_size=batch, workers=2, rank=rank, world_size=world) as fl:
+        for epoch in range(epochs):
+            fl.set_epoch(epoch)
+            for k, _ in enumerate(fl):
+                if store == "ram" and k == 3:
+                    break
+            decodes.append(fl.stats()["decodes"])  # this rank's total so far
+            dist.barrier()
+        stats = fl.stats()
+        Path(out_dir, f"pids{rank}.json").write_text(json.dumps([os.getpid()] + stats["worker_pids"]))
+        Path(out_dir, f"decodes{rank}.json").write_text(json.dumps(decodes))
         dist.barrier()
         if rank == 0:
             pids = [p for f in Path(out_dir).glob("pids*.json") for p in json.loads(f.read_text())]
-            res = pss_of_tree(pids, fl.store.path)
-            res["ram_store_MiB"] = sum(p.stat().st_size for p in Path(fl.store.path).rglob("*") if p.is_file()) / 2**20
+            if store == "ram":
+                res = pss_of_tree(pids, fl.store.path)
+                res["ram_store_MiB"] = sum(p.stat().st_size for p in Path(fl.store.path).rglob("*") if p.is_file()) / 2**20
+            else:
+                res = pss_of_tree(pids, stats["decode_cache_segment"])
+                res["decoded_cache_reserved_MiB"] = stats["decode_cache_bytes"] / 2**20
+                res["decoded_cache_images_held"] = [stats["decode_cache_filled"], stats["decode_cache_images"]]
+                ranks = [json.loads(Path(out_dir, f"decodes{k}.json").read_text()) for k in range(world)]
+                total = [sum(r[e] for r in ranks) for e in range(epochs)]
+                res["machine_decodes_per_epoch"] = [total[0]] + [total[e] - total[e - 1] for e in range(1, epochs)]
             res["ring_MiB_per_rank"] = fl.engine.ring.n_slots * fl.engine.ring.slot_bytes / 2**20
             res["processes"] = len(pids)
             Path(out_dir, "pss.json").write_text(json.dumps(res))
@@ -231,12 +252,50 @@ def _pss_rank(rank: int, yaml_path: str, out_dir: str, world: int, batch: int) -
     dist.destroy_process_group()
 
 
-def measure_pss(yaml_path: Path, batch: int, world: int = 2) -> dict[str, Any]:
+def measure_pss(yaml_path: Path, batch: int, world: int = 2, *, store: str = "ram", epochs: int = 1) -> dict[str, Any]:
     import torch.multiprocessing as tmp
 
     with tempfile.TemporaryDirectory() as d:
-        tmp.spawn(_pss_rank, args=(str(yaml_path), d, world, batch), nprocs=world, join=True)
+        tmp.spawn(_pss_rank, args=(str(yaml_path), d, world, batch, store, epochs), nprocs=world, join=True)
         return json.loads(Path(d, "pss.json").read_text())
+
+
+COUNTED_ENGINES = ("cpu", "gpu", "dali", "ray")
+
+
+def decode_counts(yaml_path: Path, imgsz: int, batch: int, workers: int, batches: int) -> list[dict[str, Any]]:
+    """Decodes per output image of every engine and ``partners`` over the first ``batches`` batches
+    from files and lmdb (the CPU and Ray engines without their decoded caches: what a dataset larger
+    than the cache costs)."""
+    from fastload.fastloader import loader
+
+    rows = []
+    for engine in COUNTED_ENGINES:
+        for store in ("files", "lmdb"):
+            for partners in ("dataset", "batch"):
+                kw: dict[str, Any] = dict(imgsz=imgsz, batch_size=batch, store=store, engine=engine, partners=partners)
+                if engine == "cpu":
+                    kw.update(workers=workers, engine_options={"decode_cache_mb": 0})
+                elif engine == "ray":  # a local Ray instance on this machine's CPUs
+                    kw["engine_options"] = {"actors": workers, "decode_cache_mb": 0}
+                else:
+                    kw["device"] = "cuda" if torch.cuda.is_available() else "cpu"
+                    kw["workers"] = 0 if engine == "gpu" else workers
+                    if engine == "gpu":
+                        kw["prefetch"] = 0  # no background batch left rendering when the count stops
+                row = {"engine": engine, "store": store, "partners": partners}
+                try:
+                    with loader(yaml_path, **kw) as fl:
+                        for _ in itertools.islice(fl, batches):
+                            pass
+                        st = fl.stats()
+                    row.update(decodes=st["decodes"], images=st["images"], decodes_per_image=st["decodes_per_image"])
+                except Exception as e:  # DALI not installed, ...
+                    row["error"] = f"{type(e).__name__}: {e}"
+                rows.append(row)
+                print(f"  decodes per output image: {engine:4s} {store:5s} partners={partners:7s} "
+                      f"{row.get('decodes_per_image', float('nan')):5.2f} {row.get('error', '')}", flush=True)
+    return rows
 
 
 def cell(v: float, width: int, fmt: str) -> str:
@@ -252,7 +311,15 @@ GOALS = (
     ("lmdb/files >= 500 img/s and >= 5x stock files",
      ("cpu lmdb", "cpu lmdb, HSV deferred to device", "cpu files", "cpu files, HSV deferred to device"), 500.0, 5.0),
     ("validation within 2x of the decode ceiling", ("val rect files, no cache",), 0.0, 0.5),
+    # issue #16: the decode-bound case, partners="batch", decoded cache off (larger than memory) and on
+    ("decode-bound, partners batch, HSV in workers >= 3.5x stock files",
+     ("cpu files, batch partners, no decode cache", "cpu lmdb, batch partners, no decode cache",
+      "cpu files, batch partners", "cpu lmdb, batch partners"), 0.0, 3.5),
+    ("decode-bound, partners batch, HSV deferred >= 6x stock files",
+     ("cpu files, batch partners, no decode cache, HSV deferred", "cpu lmdb, batch partners, no decode cache, HSV deferred",
+      "cpu files, batch partners, HSV deferred", "cpu lmdb, batch partners, HSV deferred"), 0.0, 6.0),
 )
+DECODES_GOAL = 1.05  # issue #16: JPEG decodes per output image with partners="batch"
 
 
 def check_goals(configs: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
@@ -281,7 +348,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default="loader_throughput.json")
     ap.add_argument("--quick", action="store_true", help="only the headline configurations")
     ap.add_argument("--no-stock", action="store_true", help="skip the stock baseline")
-    ap.add_argument("--no-pss", action="store_true", help="skip the 2-rank PSS measurement")
+    ap.add_argument("--no-pss", action="store_true", help="skip the 2-rank PSS measurements")
+    ap.add_argument("--decode-bound", action="store_true",
+                    help="only the decode-bound rows (files/lmdb, partners, decoded cache off and on), stock files, "
+                         "the decodes per output image of every engine and the 2-rank shared decoded cache")
+    ap.add_argument("--count-imgsz", type=int, default=320, help="imgsz of the per-engine decode counts (counts do not depend on it)")
+    ap.add_argument("--count-batches", type=int, default=4, help="batches per engine and setting the decode counts run")
     args = ap.parse_args(argv)
     if not (COCO128 / "coco128.yaml").is_file():
         print(f"coco128 not found at {COCO128} (set FASTLOAD_COCO128)")
@@ -305,8 +377,8 @@ def main(argv: list[str] | None = None) -> int:
 
         src = make_repeated(COCO128 / "coco128.yaml", work / "data", args.images)
         t0 = time.perf_counter()
-        conv = convert(src, to="lmdb,disk,ram", out=work / "stores", imgsz=args.imgsz, splits="train",
-                       progress=False, log=lambda *_: None)
+        conv = convert(src, to="lmdb" if args.decode_bound else "lmdb,disk,ram", out=work / "stores", imgsz=args.imgsz,
+                       splits="train", progress=False, log=lambda *_: None)
         results["convert_seconds"] = time.perf_counter() - t0
         y = conv.yaml_path
         results["ceilings"] = ceil = ceilings(src, min(args.seconds, 3.0))
@@ -328,6 +400,18 @@ def main(argv: list[str] | None = None) -> int:
             ("cpu files", "stock files", lambda t: run_fastload(y, t, store="files", min_epochs=2, **common)),
             ("cpu files, HSV deferred to device", "stock files", lambda t: run_fastload(y, t, store="files", hsv_on="defer", min_epochs=2, **common)),
             ("cpu files, no decode cache", "stock files", lambda t: run_fastload(y, t, store="files", engine_options={"decode_cache_mb": 0}, **common)),
+            ("cpu lmdb, no decode cache", "stock files", lambda t: run_fastload(y, t, store="lmdb", engine_options={"decode_cache_mb": 0}, **common)),
+        ]
+        # the decode-bound case: partners from the batch, decoded cache off (a dataset larger than it) and on
+        for st in ("files", "lmdb"):
+            for cache in (False, True):
+                for defer in (False, True):
+                    name = f"cpu {st}, batch partners" + ("" if cache else ", no decode cache") + (", HSV deferred" if defer else "")
+                    kw = dict(store=st, partners="batch", hsv_on="defer" if defer else "worker", **common)
+                    if not cache:
+                        kw["engine_options"] = {"decode_cache_mb": 0}
+                    configs.append((name, "stock files", lambda t, kw=kw, cache=cache: run_fastload(y, t, min_epochs=2 if cache else 0, **kw)))
+        configs += [
             ("stock val rect files", "-", lambda t: run_stock(src, t, imgsz=args.imgsz, batch=args.batch, workers=args.workers, cache=False, augment=False, rect=True)),
             ("val rect files, no cache", "decode ceiling", lambda t: run_fastload(y, t, store="files", augment=False, rect=True, pad=0.5, engine_options={"decode_cache_mb": 0}, **common)),
             ("val rect ram", "decode ceiling", lambda t: run_fastload(y, t, store="ram", augment=False, rect=True, pad=0.5, **common)),
@@ -342,6 +426,8 @@ def main(argv: list[str] | None = None) -> int:
                 ("lever: ram, workers 0", "cpu ram", lambda t: run_fastload(y, t, store="ram", **{**common, "workers": 0})),
                 ("lever: ram, workers 1", "cpu ram", lambda t: run_fastload(y, t, store="ram", **{**common, "workers": 1})),
             ]
+        if args.decode_bound:
+            configs = [c for c in configs if c[0] == "stock files" or "batch partners" in c[0] or "no decode cache" in c[0]]
         if args.no_stock:
             configs = [c for c in configs if not c[0].startswith("stock")]
 
@@ -363,6 +449,8 @@ def main(argv: list[str] | None = None) -> int:
             if ok:
                 res["images_per_s"] = float(np.median([x["images_per_s"] for x in ok]))
                 res["cpu_ms_per_image"] = float(np.median([x["cpu_ms_per_image"] for x in ok]))
+                if all("decodes_per_image" in x for x in ok):
+                    res["decodes_per_image"] = float(np.median([x["decodes_per_image"] for x in ok]))
                 firsts = [x["first_epoch_images_per_s"] for x in ok if "first_epoch_images_per_s" in x]
                 if firsts:
                     res["first_epoch_images_per_s"] = float(np.median(firsts))
@@ -388,16 +476,23 @@ def main(argv: list[str] | None = None) -> int:
                          if "images_per_s" in a and b.get("images_per_s")]
                 if pairs:
                     r["ratio"] = float(np.median(pairs))
-            rows.append((name, ips, base, r["ratio"], r.get("cpu_ms_per_image", float("nan"))))
+            rows.append((name, ips, base, r["ratio"], r.get("cpu_ms_per_image", float("nan")), r.get("decodes_per_image", float("nan"))))
             if "first_epoch_images_per_s" in r:
                 cold = r["first_epoch_images_per_s"]
                 r["first_epoch_ratio"] = cold / ref if ref == ref and ref else float("nan")
-                rows.append((f"{name}, 1st epoch (cold cache)", cold, base, r["first_epoch_ratio"], float("nan")))
+                rows.append((f"{name}, 1st epoch (cold cache)", cold, base, r["first_epoch_ratio"], float("nan"), float("nan")))
+        if args.decode_bound or not args.quick:
+            print(f"decodes per output image, first {args.count_batches} batches at imgsz {args.count_imgsz} "
+                  "(cpu without its decoded cache):", flush=True)
+            results["decode_counts"] = decode_counts(y, args.count_imgsz, args.batch, args.workers, args.count_batches)
         if not args.no_pss:
-            try:
-                results["pss_2ranks_2workers"] = measure_pss(y, args.batch)
-            except Exception as e:
-                results["pss_2ranks_2workers"] = {"error": f"{type(e).__name__}: {e}"}
+            for key, store, epochs in (("pss_2ranks_2workers", "ram", 1), ("shared_decode_cache_2ranks_2workers", "files", 3)):
+                if args.decode_bound and store == "ram":
+                    continue
+                try:
+                    results[key] = measure_pss(y, args.batch, store=store, epochs=epochs)
+                except Exception as e:
+                    results[key] = {"error": f"{type(e).__name__}: {e}"}
         results["machine"]["loadavg_pss_end"] = os.getloadavg()
 
         print(f"\nfastload loader throughput: {args.images} images (coco128 x{args.images // 128}), batch {args.batch}, "
@@ -406,17 +501,36 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ceilings (1 core): decode {ceil['decode_1core']:.0f} img/s, decode+resize {ceil['decode_resize_1core']:.0f} img/s, "
               f"memcpy 640x640x3 {ceil['memcpy_640_1core']:.0f} img/s ({ceil['memcpy_GBps']:.1f} GB/s); "
               f"decode ceiling with {args.workers} workers: {decode_ceiling:.0f} img/s")
-        print(f"| {'configuration':38s} | {'img/s':>8s} | {'vs':24s} | {'ratio':>6s} | {'CPU ms/img':>10s} | {'2-core bound':>12s} |")
-        print(f"|{'-' * 40}|{'-' * 10}|{'-' * 26}|{'-' * 8}|{'-' * 12}|{'-' * 14}|")
+        w = max(38, *(len(row[0]) for row in rows))
+        print(f"| {'configuration':{w}s} | {'img/s':>8s} | {'vs':24s} | {'ratio':>6s} | {'CPU ms/img':>10s} | {'2-core bound':>12s} | {'decodes/img':>11s} |")
+        print(f"|{'-' * (w + 2)}|{'-' * 10}|{'-' * 26}|{'-' * 8}|{'-' * 12}|{'-' * 14}|{'-' * 13}|")
         ncpu = min(os.cpu_count() or 1, max(args.workers, 1))
-        for name, ips, base, ratio, cpu in rows:
+        for name, ips, base, ratio, cpu, dec in rows:
             bound = ncpu * 1e3 / cpu if cpu == cpu and cpu > 0 else float("nan")
-            print(f"| {name:38s} | {ips:8.1f} | {base:24s} | {cell(ratio, 6, '.2f')} | {cell(cpu, 10, '.2f')} | {cell(bound, 12, '.0f')} |")
+            print(f"| {name:{w}s} | {ips:8.1f} | {base:24s} | {cell(ratio, 6, '.2f')} | {cell(cpu, 10, '.2f')} | "
+                  f"{cell(bound, 12, '.0f')} | {cell(dec, 11, '.2f')} |")
         results["goals"] = goals = check_goals(results["configs"])
         for g in goals:
             print(f"goal {g['goal']}: {g['config']} {g['images_per_s']:.0f} img/s, {g['ratio']:.2f}x -> {'MET' if g['met'] else 'missed'}")
+        for row in results.get("decode_counts", []):
+            if row["partners"] == "batch" and "decodes_per_image" in row:
+                dpi = row["decodes_per_image"]
+                print(f"goal decodes per output image <= {DECODES_GOAL} with partners batch: {row['engine']} {row['store']} "
+                      f"{dpi:.2f} -> {'MET' if dpi <= DECODES_GOAL else 'missed'}")
+        if results.get("decode_counts"):
+            print("| engine | store | decodes/img, partners dataset | decodes/img, partners batch |")
+            print("|---|---|---:|---:|")
+            counts = {(r["engine"], r["store"], r["partners"]): r for r in results["decode_counts"]}
+            for engine in COUNTED_ENGINES:
+                for st in ("files", "lmdb"):
+                    cells = [counts.get((engine, st, p), {}) for p in ("dataset", "batch")]
+                    print(f"| {engine} | {st} | " + " | ".join(
+                        f"{c['decodes_per_image']:.2f}" if "decodes_per_image" in c else c.get("error", "-")[:40] for c in cells) + " |")
         if "pss_2ranks_2workers" in results:
             print(f"PSS, 2 ranks x (main + 2 workers), ram store: {json.dumps(results['pss_2ranks_2workers'])}")
+        if "shared_decode_cache_2ranks_2workers" in results:
+            print("shared decoded cache, 2 ranks x (main + 2 workers), files, partners dataset, 3 epochs: "
+                  f"{json.dumps(results['shared_decode_cache_2ranks_2workers'])}")
         print(f"load average start {results['machine']['loadavg_start']}, end {results['machine']['loadavg_end']}")
         Path(args.json).write_text(json.dumps(results, indent=1, default=float))
         print(f"wrote {args.json}")

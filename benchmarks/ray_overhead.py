@@ -138,11 +138,13 @@ def main(argv: list[str] | None = None) -> int:
             "ray disk": ("cpu disk", lambda t: run(y, t, store="disk", **rayk)),
             "cpu disk, HSV deferred": ("-", lambda t: run(y, t, store="disk", hsv_on="defer", **cpu)),
             "ray disk, HSV deferred": ("cpu disk, HSV deferred", lambda t: run(y, t, store="disk", hsv_on="defer", **rayk)),
-            # actors keep no decoded-image cache: the fair pair has none either; the cpu default beside it
+            # encoded store: every read decodes (a dataset larger than the cache), then the machine's decoded cache
             "cpu lmdb, no decode cache": ("-", lambda t: run(
                 y, t, store="lmdb", **{**cpu, "engine_options": {"decode_cache_mb": 0}})),
-            "ray lmdb": ("cpu lmdb, no decode cache", lambda t: run(y, t, store="lmdb", **rayk)),
+            "ray lmdb, no decode cache": ("cpu lmdb, no decode cache", lambda t: run(
+                y, t, store="lmdb", **{**rayk, "engine_options": {"actors": args.workers, "decode_cache_mb": 0}})),
             "cpu lmdb (decode cache)": ("-", lambda t: run(y, t, store="lmdb", min_epochs=2, **cpu)),
+            "ray lmdb (decode cache)": ("cpu lmdb (decode cache)", lambda t: run(y, t, store="lmdb", min_epochs=2, **rayk)),
             "render, 1 core (cpu, workers 0)": ("-", lambda t: run(y, t, store="disk", **{**cpu, "workers": 0})),
         }
         rounds: dict[str, list[dict]] = {name: [] for name in configs}

@@ -16,7 +16,9 @@ import torch
 
 from fastload import order as _order
 from fastload.augment.hyp import load_hyp
-from fastload.augment.params import ParamSampler, image_of, per_index_shapes, rect_batch_shapes, visit_ids
+from fastload.augment.params import (
+    PARTNERS, ParamSampler, Partners, image_of, per_index_shapes, rect_batch_shapes, visit_ids,
+)
 from fastload.data.images import loaded_shape
 from fastload.data.labels import img2label_path
 from fastload.engines.base import Batch, Engine, EngineSettings, HSVMode, Layout
@@ -166,9 +168,10 @@ class FastLoader:
         several times gets its own augmentation draws each time (:func:`~fastload.augment.params.visit_ids`),
         so batches stay a function of the seed, the epoch and the table, for any number of workers.
         Mosaic partners are drawn from all images, as without a table (YOLOv9 draws them from the
-        table). ``None`` or ``range(n)`` restores the plain order. Needs an engine that takes sample ids
-        (:attr:`~fastload.engines.base.Engine.takes_sample_ids`: ``cpu``, ``ray``); not with ``rect`` (YOLOv9's
-        own loader cannot collate rect images taken out of their batches either).
+        table); with ``partners="batch"`` from the images the batch shows. ``None`` or ``range(n)``
+        restores the plain order. Needs an engine that takes sample ids
+        (:attr:`~fastload.engines.base.Engine.takes_sample_ids`: ``cpu``, ``ray``); not with ``rect``
+        (YOLOv9's own loader cannot collate rect images taken out of their batches either).
         """
         if images is None:
             self.image_table = None
@@ -243,8 +246,9 @@ class FastLoader:
 
     def stats(self) -> dict[str, Any]:
         """Counters for benchmarks: ``store`` (its kind) plus the engine's :meth:`~fastload.engines.base.Engine.stats`
-        (every engine: ``engine``, ``batches``, ``images``, ``worker_pids``; the CPU engine adds its
-        decoded-cache hits/misses and the next epoch's batches rendered early, used / dropped)."""
+        (every engine: ``engine``, ``batches``, ``images``, ``worker_pids``, ``partners``, ``decodes``,
+        ``decodes_per_image``; the CPU engine adds its decoded cache's hits/misses and machine-wide
+        state and the next epoch's batches rendered early, used / dropped)."""
         return {"store": self.store.kind, **self.engine.stats()}
 
     def close(self) -> None:
@@ -313,6 +317,7 @@ def loader(
     hsv_on: HSVMode = "worker",
     layout: Layout = "nhwc",
     prefetch: int = 2,
+    partners: Partners | None = None,
     engine_options: Any = None,
 ) -> FastLoader:
     """Build a YOLOv9-compatible loader.
@@ -322,7 +327,7 @@ def loader(
     normalised, ``paths`` tuple of str, ``shapes`` tuple (None for mosaic samples, else
     ``((h0, w0), ((h / h0, w / w0), (padw, padh)))``).
 
-    The keywords up to ``prefetch`` mean the same for every engine (an engine that cannot honour
+    The keywords up to ``partners`` mean the same for every engine (an engine that cannot honour
     one refuses it with :class:`~fastload.engines.base.EngineOptionError`); what only one engine
     has goes in ``engine_options``.
 
@@ -379,6 +384,15 @@ def loader(
         prefetch: batches prepared ahead of the one being consumed (per worker for ``cpu``; by the
             background thread for ``gpu``, 0: none; DALI's queue depth, >= 1, for ``dali``; per actor,
             >= 1, for ``ray``).
+        partners: where a mosaic's three partners (and the mixup image with its partners) come from:
+            ``"dataset"`` (YOLOv9: drawn uniformly from all images) or ``"batch"`` (drawn uniformly
+            from the images of the same batch, so a batch decodes each of its ``B`` images once,
+            about 1 decode per output image instead of 4.6; each image's expected uses per epoch
+            are unchanged, but a batch's tiles come from its own ``B`` images only). ``None``: the
+            engine's default (``"dataset"`` for ``cpu``, ``gpu`` and ``ray``, ``"batch"`` for ``dali``;
+            each engine's docstring says why). Only training batches with mosaic have partners: passing
+            ``"batch"`` to a loader that draws no mosaic (``augment=False``, ``rect=True``, hyp
+            ``mosaic: 0``) raises ``ValueError``.
         engine_options: what only the chosen engine has: a :class:`~fastload.CPUOptions`,
             :class:`~fastload.TorchGPUOptions`, :class:`~fastload.DALIOptions` or
             :class:`~fastload.RayOptions`, or a dict of its
@@ -403,6 +417,8 @@ def loader(
     rank, world_size = _resolve_world(rank, world_size)
     settings = EngineSettings(batch_size=batch_size, workers=cls.default_workers if workers is None else int(workers),
                               device=device, hsv_on=hsv_on, layout=layout, prefetch=prefetch, world_size=world_size)
+    if partners is not None and partners not in PARTNERS:
+        raise ValueError(f"partners must be None or one of {', '.join(PARTNERS)}, got {partners!r}")
     owns_store = not isinstance(data, Store) and not isinstance(store, Store)
     if isinstance(data, Store):
         base = data
@@ -428,7 +444,10 @@ def loader(
             rect_shapes = per_index_shapes(order_idx, batch_shapes, batch_size)
             rect_batches = _order.rect_order(order_idx, batch_size, rank=rank, world_size=world_size)
         sampler = ParamSampler(loaded_hw, hyp_d, imgsz, augment=augment, seed=seed, rect_shapes=rect_shapes,
-                               orig_shapes=view.shapes)
+                               orig_shapes=view.shapes, partners=partners or cls.default_partners)
+        if partners == "batch" and not sampler.draws_mosaics:
+            raise ValueError("partners='batch' applies to mosaic training batches only, and this loader draws no mosaic "
+                             f"(augment={augment}, rect={rect}, hyp mosaic={hyp_d['mosaic']}); leave partners unset")
         eng = cls(view, sampler, settings, options)
     except BaseException:
         if owns_store:

@@ -2,6 +2,8 @@
 distributions compared with the stock algorithm's own draws."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -197,3 +199,72 @@ def test_batched_perspective_draws_equal_scalar_uniform_draws():
         sh = np.array([[1, math.tan(math.radians(shx)), 0], [math.tan(math.radians(shy)), 1, 0], [0, 0, 1.0]])
         t = np.array([[1, 0, tx * 640], [0, 1, ty * 640], [0, 0, 1.0]])
         assert np.array_equal(m, t @ sh @ r @ p @ c)
+
+
+# ----------------------------------------------------------------------- partners="batch"
+def _epoch_use_counts(sampler: ParamSampler, n: int, batch_size: int, epoch: int = 0) -> np.ndarray:
+    """How often each image is drawn (as any tile, main or mixup) over one shuffled epoch."""
+    from fastload.order import epoch_indices
+
+    counts = np.zeros(n, np.int64)
+    order = epoch_indices(n, epoch, seed=sampler.seed, shuffle=True, rank=-1, world_size=1, drop_last=False)
+    for start in range(0, n, batch_size):
+        for rec in sampler.sample_batch(epoch, order[start : start + batch_size]):
+            np.add.at(counts, list(rec.sources), 1)
+    return counts
+
+
+def _mean_var_se(c: np.ndarray) -> tuple[float, float, float, float]:
+    """Sample mean and variance of the use counts with their standard errors (from the sample's own
+    second and fourth central moments)."""
+    n = len(c)
+    x = c - c.mean()
+    var = float((x**2).sum() / (n - 1))
+    m4 = float((x**4).mean())
+    se_var = math.sqrt(max(m4 - var**2 * (n - 3) / (n - 1), 0.0) / n)
+    return float(c.mean()), var, math.sqrt(var / n), se_var
+
+
+def test_batch_partners_use_each_image_as_often_as_dataset_partners():
+    """Over an epoch, the mean and the spread of the number of times each image is used match
+    YOLOv9's dataset-wide draw within 4 standard errors of the two estimates (the errors come from
+    the counts themselves); a draw biased toward some images of each batch lies far outside."""
+    n, b = 512, 16
+    shapes = np.random.default_rng(0).integers(200, 640, (n, 2))
+    hyp = {"mixup": 0.15}  # scratch-high otherwise
+    stats = {}
+    for partners in ("dataset", "batch"):
+        stats[partners] = _mean_var_se(_epoch_use_counts(ParamSampler(shapes, hyp, 640, seed=5, partners=partners), n, b))
+    (m_d, v_d, sm_d, sv_d), (m_b, v_b, sm_b, sv_b) = stats["dataset"], stats["batch"]
+    assert 4.0 < m_d < 5.2 and v_d > 2.0  # ~4.6 uses per image (4 tiles + mixup's), Poisson-like spread
+    assert abs(m_b - m_d) < 4 * math.hypot(sm_d, sm_b), (m_d, m_b)
+    assert abs(v_b - v_d) < 4 * math.hypot(sv_d, sv_b), (v_d, v_b)
+
+    # negative control: partners always the first images of the batch -> the spread explodes
+    biased = ParamSampler(shapes, hyp, 640, seed=5, partners="batch")
+    biased._draw = lambda rng, n_, pool, k: pool[:k].tolist() if pool is not None else [0] * k  # type: ignore[method-assign]
+    _, v_x, _, sv_x = _mean_var_se(_epoch_use_counts(biased, n, b))
+    assert abs(v_x - v_d) > 4 * math.hypot(sv_d, sv_x)
+
+
+def test_batch_partners_come_from_the_batch_and_depend_on_it():
+    shapes = np.random.default_rng(1).integers(100, 640, (64, 2))
+    s = ParamSampler(shapes, {"mixup": 1.0}, 320, seed=2, partners="batch")
+    batch = np.arange(8, 24)
+    recs = s.sample_batch(3, batch)
+    assert all(set(r.sources) <= set(batch.tolist()) and r.mixup is not None for r in recs)
+    assert recs == s.sample_batch(3, batch)  # a pure function of (seed, epoch, index, batch)
+    assert [s.sample(3, int(i), batch=batch) for i in batch] == recs
+    other = s.sample_batch(3, np.concatenate([batch[:8], np.arange(40, 48)]))
+    assert [r.sources for r in other[:8]] != [r.sources for r in recs[:8]]  # another batch, other partners
+    assert [r.hsv_gain for r in other[:8]] == [r.hsv_gain for r in recs[:8]]  # the rest of the draw is the sample's
+    with pytest.raises(ValueError, match="partners='batch' draws from the sample's batch"):
+        s.sample(3, 8)
+    with pytest.raises(ValueError, match="partners must be one of dataset, batch"):
+        ParamSampler(shapes, None, 320, partners="epoch")  # type: ignore[arg-type]
+    # dataset mode ignores the batch: YOLOv9's records, unchanged
+    d = ParamSampler(shapes, None, 320, seed=2)
+    assert d.sample_batch(3, batch) == [d.sample(3, int(i)) for i in batch]
+    # letterbox records (validation) have no partners: identical under both settings
+    v = [ParamSampler(shapes, None, 320, augment=False, partners=p) for p in ("dataset", "batch")]
+    assert v[0].sample_batch(0, batch) == v[1].sample_batch(0, batch)

@@ -208,6 +208,11 @@ def test_analysis_names_each_bottleneck():
     assert decode["bottleneck"] == "decode"
     assert "decode-bound" in decode["sentence"] and "4.6 decodes per mosaic image" in decode["sentence"]
     assert decode["configs"]["files"]["limit_samples_per_s"] == pytest.approx(100 * 8 / 4.6)
+    # the decode-bound case names its remedy and what it would reach: one decode per output image
+    assert "does not fit the machine's decoded-image cache" in decode["sentence"]
+    assert 'partners="batch"' in decode["sentence"] and "ceiling ~800 samples/s" in decode["sentence"]
+    half = _analyse(_ms(5000, 50000, 100, 200, None), cache=5 * 10**8)  # half the decoded set fits the cache
+    assert "ceiling ~1600 samples/s" in half["sentence"]
     read = _analyse(_ms(50, 50000, 1000, 200, 10), big=True)  # bigger than RAM: cold reads count
     assert read["bottleneck"] == "read" and "fastload stage" in read["sentence"]
     aug = _analyse(_ms(5000, 50000, 1000, 20, 150), cache=10**10)  # whole set in the decode cache

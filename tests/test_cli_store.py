@@ -137,7 +137,7 @@ def test_unstage_lists_and_removes_stale_shm(synth_yaml, shm_root, capsys):
     listing = capsys.readouterr().out
     assert seg in listing and "stale" in listing
     assert run_cli(["unstage", "--stale"]) == 0
-    assert f"removed stale ram store {seg}" in capsys.readouterr().out
+    assert f"removed stale segment {seg}" in capsys.readouterr().out
     assert not Path(seg).exists()
 
 

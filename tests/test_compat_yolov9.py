@@ -84,6 +84,22 @@ def test_options_reach_the_loader(synth_yaml, monkeypatch):
         loader.close()
 
 
+def test_partners_env_switch(synth_yaml, monkeypatch):
+    """FASTLOAD_PARTNERS reaches the training loader's sampler; validation loaders draw no partners."""
+    train_path = str(Path(synth_yaml).parent / "images" / "train")
+    monkeypatch.setenv("FASTLOAD_PARTNERS", "batch")
+    train, _ = create_dataloader(train_path, 64, 4, 32, augment=True, workers=0)
+    val, _ = create_dataloader(train_path, 64, 4, 32, augment=False, rect=True, workers=0)
+    try:
+        assert train.engine.sampler.partners == "batch" and val.engine.sampler.partners == "dataset"
+    finally:
+        train.close()
+        val.close()
+    monkeypatch.setenv("FASTLOAD_PARTNERS", "epoch")
+    with pytest.raises(ValueError, match="FASTLOAD_PARTNERS='epoch'"):
+        create_dataloader(train_path, 64, 4, 32, augment=True, workers=0)
+
+
 def test_val_loader_rect(synth_yaml):
     val_path = Path(synth_yaml).parent / "images" / "val"
     loader = create_dataloader(str(val_path), 96, 4, 32, False, hyp=None, cache=None, rect=True, rank=-1,

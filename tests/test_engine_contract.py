@@ -2,8 +2,10 @@
 PyTorch engine on CPU tensors), dali (its CPU-only mode, when installed) and ray (2 actors on a local
 Ray instance, when installed).
 
-Batch format, the three HSV modes, both layouts, unknown and inapplicable options, stats keys,
-close-mosaic, set_epoch and determinism. A tiny synthetic set at a small imgsz keeps it fast.
+Batch format, the three HSV modes, both layouts, unknown and inapplicable options, stats keys (the
+decode counters among them), close-mosaic, set_epoch and determinism, with both ``partners``
+(``"dataset"``: YOLOv9's draw; ``"batch"``: partners from the batch, one decode per image). A tiny
+synthetic set at a small imgsz keeps it fast.
 """
 from __future__ import annotations
 
@@ -35,8 +37,9 @@ ENGINES = [
                  marks=pytest.mark.skipif(not HAS_RAY, reason='Ray is not installed (pip install "fastload[ray]")')),
 ]
 # every engine's options class and one field it has
-OPTIONS = {"cpu": (CPUOptions, "decode_cache_mb"), "gpu": (TorchGPUOptions, "max_elements"), "dali": (DALIOptions, "threads"),
+OPTIONS = {"cpu": (CPUOptions, "keep"), "gpu": (TorchGPUOptions, "max_elements"), "dali": (DALIOptions, "threads"),
            "ray": (RayOptions, "actors")}
+PARTNERS = ["dataset", "batch"]
 # settings each engine cannot honour (refused, never dropped)
 REFUSED = {"cpu": [], "gpu": [dict(workers=2)], "dali": [dict(workers=0), dict(prefetch=0)],
            "ray": [dict(workers=2), dict(prefetch=0)]}
@@ -79,9 +82,10 @@ def assert_identical(a, b):
         assert torch.equal(x[0], y[0]) and torch.equal(x[1], y[1]) and x[2] == y[2] and x[3] == y[3]
 
 
+@pytest.mark.parametrize("partners", PARTNERS)
 @pytest.mark.parametrize("engine,run", ENGINES)
-def test_batch_format_and_stats(data, engine, run):
-    with make(data, engine, run) as fl:
+def test_batch_format_and_stats(data, engine, run, partners):
+    with make(data, engine, run, partners=partners) as fl:
         got = epoch(fl)
         stats = fl.stats()
         assert fl.hsv_gains is None  # only hsv_on="defer" hands gains over
@@ -100,11 +104,15 @@ def test_batch_format_and_stats(data, engine, run):
         for s in shapes:
             assert s is None or (len(s) == 2 and len(s[0]) == 2 and len(s[1]) == 2)
     assert any(s is None for b in got for s in b[3])  # scratch-high training: mosaics
-    assert {"engine", "store", "batches", "images", "worker_pids"} <= set(stats)
-    assert stats["engine"] == engine and stats["store"] == "files"
+    assert {"engine", "store", "batches", "images", "worker_pids", "partners", "decodes", "decodes_per_image"} <= set(stats)
+    assert stats["engine"] == engine and stats["store"] == "files" and stats["partners"] == partners
     assert stats["batches"] == len(got) and stats["images"] == fl.n
+    # JPEG/PNG files: the first epoch decodes; with partners="batch" at most once per output image
+    assert stats["decodes_per_image"] == stats["decodes"] / fl.n > 0
+    if partners == "batch":
+        assert stats["decodes"] <= fl.n
     assert len(stats["worker_pids"]) == {"cpu": run.get("workers", 0), "ray": 2}.get(engine, 0)
-    if engine == "cpu":
+    if engine in ("cpu", "ray"):
         assert {"decode_cache_hits", "decode_cache_misses", "early_batches_used", "early_batches_dropped"} <= set(stats)
 
 
@@ -134,9 +142,10 @@ def test_hsv_modes_and_layouts(data, engine, run):
     assert_identical(worker, again)
 
 
+@pytest.mark.parametrize("partners", PARTNERS)
 @pytest.mark.parametrize("engine,run", ENGINES)
-def test_set_epoch_and_close_mosaic(data, engine, run):
-    with make(data, engine, run, close_mosaic=1, epochs=3) as fl:
+def test_set_epoch_and_close_mosaic(data, engine, run, partners):
+    with make(data, engine, run, close_mosaic=1, epochs=3, partners=partners) as fl:
         fl.set_epoch(0)
         first = epoch(fl)
         fl.set_epoch(0)
@@ -177,7 +186,14 @@ def test_unknown_and_inapplicable_options_are_refused(data, engine, run):
         make(data, engine, run, layout="chw")
     with pytest.raises(ValueError, match="hsv_on"):
         make(data, engine, run, hsv_on="gpu")
-    with make(data, engine, run, engine_options={field: None}) as fl:  # a field of its own is taken
+    with pytest.raises(ValueError, match="partners must be None or one of dataset, batch"):
+        make(data, engine, run, partners="epoch")
+    for no_mosaic in (dict(augment=False), dict(rect=True), dict(hyp={"mosaic": 0.0})):
+        with pytest.raises(ValueError, match="partners='batch' applies to mosaic training batches only"):
+            make(data, engine, run, partners="batch", **no_mosaic)
+    with make(data, engine, run, augment=False, rect=True) as fl:  # the engine's default is taken silently
+        assert fl.stats()["partners"] == fl.engine.default_partners
+    with make(data, engine, run, engine_options={field: getattr(cls(), field)}) as fl:  # a field of its own is taken
         assert isinstance(fl.engine.options, cls)
 
 

@@ -34,14 +34,15 @@ def converted(small_yaml, tmp_path_factory):
         yield yaml_path
 
 
-def run(data, engine, epochs=1, **kw):
+def run(data, engine, epochs=1, with_stats=False, **kw):
     args = dict(imgsz=IMGSZ, batch_size=4, workers=1, seed=11, store="lmdb")
     args.update(kw)
     out = []
     with loader(data, engine=engine, **args) as fl:
         for _ in range(epochs):
             out.append([(b[0].cpu().clone(), b[1].cpu().clone(), b[2], b[3]) for b in fl])
-    return out
+        stats = fl.stats()
+    return (out, stats) if with_stats else out
 
 
 def hyp_no_hsv() -> dict:
@@ -64,19 +65,29 @@ def compare(ref, got, *, mean_diff: float, frac_over_3: float):
             assert float((d > 3).float().mean()) <= frac_over_3
 
 
-@pytest.mark.parametrize("store", ["lmdb", "ram"])
-def test_dali_cpu_matches_cpu_engine(converted, store):
-    """Two epochs (plan files, pipeline reset), mosaic + mixup + flips, without HSV."""
-    ref = run(converted, "cpu", epochs=2, store=store, hyp=hyp_no_hsv(), workers=0)
-    got = run(converted, "dali", epochs=2, store=store, hyp=hyp_no_hsv(), device="cpu")
+@pytest.mark.parametrize("store,partners", [("lmdb", "dataset"), ("lmdb", "batch"), ("ram", "batch")])
+def test_dali_cpu_matches_cpu_engine(converted, store, partners):
+    """Two epochs (plan files, pipeline reset), mosaic + mixup + flips, without HSV; with
+    partners="batch" the graph gathers the tiles from the batch (fn.permute_batch) and decodes
+    each sample's own image once, padded last batch included (10 images, batches of 4)."""
+    ref = run(converted, "cpu", epochs=2, store=store, hyp=hyp_no_hsv(), workers=0, partners=partners)
+    got, stats = run(converted, "dali", epochs=2, store=store, hyp=hyp_no_hsv(), device="cpu", partners=partners,
+                     with_stats=True)
     compare(ref, got, mean_diff=0.6, frac_over_3=0.02)
+    assert stats["partners"] == partners and stats["images"] == 20
+    if store == "ram":
+        assert stats["decodes"] == 0  # decoded store: nothing to decode
+    elif partners == "batch":
+        assert stats["decodes"] == 2 * 12  # one per sample of 3 batches of 4 (the last padded), per epoch
+    else:
+        assert stats["decodes"] > 3 * 20  # every tile of every sample (4 per mosaic, + 4 with mixup)
 
 
 def test_dali_validation_letterbox_and_hsv(converted):
     """Letterboxed validation batches (rect shapes) and full HSV on the training path."""
     kw = dict(augment=False, rect=True, shuffle=False, pad=0.5, store="ram")
     compare(run(converted, "cpu", workers=0, **kw), run(converted, "dali", device="cpu", **kw), mean_diff=0.3, frac_over_3=0.01)
-    ref = run(converted, "cpu", store="ram", workers=0)
+    ref = run(converted, "cpu", store="ram", workers=0, partners="batch")  # DALI's default partners
     got = run(converted, "dali", store="ram", device="cpu")
     compare(ref, got, mean_diff=1.0, frac_over_3=0.05)
 

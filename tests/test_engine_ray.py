@@ -120,6 +120,44 @@ def test_an_image_table_gives_the_cpu_engine_s_batches(stores):
     assert len({p for b in got["ray"][0] for p in b[2]}) == len(set(table.tolist())) < 24  # images repeat
 
 
+@pytest.mark.parametrize("partners", ["dataset", "batch"])
+def test_partners_give_the_cpu_engine_s_batches_and_decode_counts(stores, partners):
+    """Both partner draws on an encoded store, without decoded caches: the same batches as engine="cpu",
+    and the decodes the actors report add up to the CPU engine's (one epoch: no early batches dropped)."""
+    kw = dict(store="lmdb", epochs=(0,), partners=partners)
+    cpu, cpu_stats = load(stores, "cpu", workers=0, engine_options={"decode_cache_mb": 0}, **kw)
+    ray, ray_stats = load(stores, "ray", engine_options={"actors": 2, "decode_cache_mb": 0}, **kw)
+    assert_same(cpu, ray)
+    assert ray_stats["partners"] == cpu_stats["partners"] == partners
+    assert ray_stats["decodes"] == cpu_stats["decodes"] and ray_stats["decode_cache_hits"] == 0
+    assert ray_stats["decodes_per_image"] == ray_stats["decodes"] / 24
+    if partners == "batch":
+        assert ray_stats["decodes"] == 24  # each image once, in its own batch
+    else:
+        assert ray_stats["decodes"] > 2 * 24  # mosaic partners and mixup read other images too
+
+
+def test_the_actors_of_a_node_share_its_decoded_cache(stores):
+    """Encoded store, the default cache: the two actors fill one segment of this machine, so two epochs
+    decode far less than one epoch without it; close() removes the segment."""
+    from fastload.engines.shm_cache import PREFIX
+    from fastload.store.shm import list_segments
+
+    without = load(stores, "ray", store="lmdb", epochs=(0,), engine_options={"actors": 2, "decode_cache_mb": 0})[1]
+    with fastload.loader(stores, imgsz=IMGSZ, batch_size=BATCH, store="lmdb", engine="ray", seed=11,
+                         engine_options={"actors": 2}) as fl:
+        for epoch in (0, 1):
+            fl.set_epoch(epoch)
+            for _ in fl:
+                pass
+        stats = fl.stats()
+        held = [s for s in list_segments(prefix=PREFIX) if set(s.live) & set(stats["worker_pids"])]
+        assert len(held) == 1 and set(stats["worker_pids"]) <= set(held[0].live)
+    assert 24 <= stats["decodes"] < without["decodes"] / 2  # every image decoded at least once, then read
+    assert stats["decode_cache_hits"] > 0
+    assert not held[0].path.exists()  # the actors closed it before they were killed
+
+
 def test_a_killed_actor_is_replaced_and_its_batches_rendered_again(stores, cpu_reference):
     got = []
     with fastload.loader(stores, imgsz=IMGSZ, batch_size=BATCH, store="disk", engine="ray", seed=11, close_mosaic=1,

@@ -55,17 +55,43 @@ def test_len_epochs_and_drop_last(synth_yaml):
         assert all(len(b[2]) == 5 for b in batches(fl))
 
 
-def test_same_seed_same_batches_for_0_1_2_workers(synth_yaml):
+@pytest.mark.parametrize("partners", ["dataset", "batch"])
+def test_same_seed_same_batches_for_0_1_2_workers(synth_yaml, partners):
+    """With partners="batch" a record also depends on its batch's composition, which depends on the
+    seed, the epoch and the batch size only: the same for any worker count (there with the decode
+    cache off: every worker decodes what its batches read, at most once per output image)."""
     runs = []
+    options = {"decode_cache_mb": 0} if partners == "batch" else None
     for w in (0, 1, 2):
-        with loader(synth_yaml, imgsz=IMGSZ, batch_size=6, workers=w, seed=3, store="files") as fl:
+        with loader(synth_yaml, imgsz=IMGSZ, batch_size=6, workers=w, seed=3, store="files", partners=partners,
+                    engine_options=options) as fl:
             runs.append(batches(fl))
+            stats = fl.stats()
+            assert stats["partners"] == partners
+            if partners == "batch":
+                assert 0 < stats["decodes"] <= stats["images"] == fl.dataset.n
     for other in runs[1:]:
         assert len(other) == len(runs[0])
         for a, b in zip(runs[0], other):
             assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) and a[2] == b[2] and a[3] == b[3]
-    with loader(synth_yaml, imgsz=IMGSZ, batch_size=6, workers=0, seed=4, store="files") as fl:
+    with loader(synth_yaml, imgsz=IMGSZ, batch_size=6, workers=0, seed=4, store="files", partners=partners) as fl:
         assert not torch.equal(batches(fl, 1)[0][0], runs[0][0][0])
+
+
+def test_batch_partners_with_an_image_table(synth_yaml):
+    """--image-weights' table repeats images (sample ids): partners come from the images the batch
+    shows, each loaded once, the same for 0 and 2 workers."""
+    runs = []
+    for w in (0, 2):
+        with loader(synth_yaml, imgsz=IMGSZ, batch_size=6, workers=w, seed=3, store="files", partners="batch",
+                    engine_options={"decode_cache_mb": 0}) as fl:
+            table = np.random.default_rng(0).integers(0, fl.n, fl.n)  # with repeats
+            fl.set_image_table(table)
+            runs.append(batches(fl))
+            stats = fl.stats()
+            assert 0 < stats["decodes"] <= stats["images"]  # at most once per batch image, repeats included
+    for a, b in zip(*runs):
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) and a[2] == b[2]
 
 
 @pytest.mark.parametrize("shuffle", [True, False])

@@ -67,6 +67,7 @@ class FakeSampler:
 
     imgsz = IMGSZ
     max_out_hw = (IMGSZ, IMGSZ)
+    partners = "dataset"
     augment = True  # engines pick the loaded-image shrink filter from it
 
     def __init__(self, n: int, seed: int = 0, die_on: int | None = None, fail_on: int | None = None) -> None:
@@ -83,6 +84,9 @@ class FakeSampler:
         partner = int(rng.integers(self.n))
         shapes = None if not self.closed else ((IMGSZ, IMGSZ), ((1.0, 1.0), (0.0, 0.0)))
         return FakeParams(index * 1000 + partner, epoch, FakeImage((IMGSZ, IMGSZ)), (1.0, 1.0, float(rng.uniform(0.5, 1.5))), shapes)
+
+    def sample_batch(self, epoch: int, indices) -> list[FakeParams]:
+        return [self.sample(epoch, int(i)) for i in indices]
 
     def close_mosaic(self) -> None:
         self.closed = True
@@ -246,6 +250,7 @@ def test_closed_engine_refuses_to_iterate(workers):
         collect(eng, 0, np.arange(4))
 
 
+@pytest.mark.usefixtures("shm_root")
 def test_shared_decode_cache_decodes_each_image_once_across_workers_and_epochs():
     n = 16
     with make_engine(n=n, workers=2, encoded=True) as eng:
@@ -260,13 +265,20 @@ def test_shared_decode_cache_decodes_each_image_once_across_workers_and_epochs()
     assert_same(first, second)
 
 
+@pytest.mark.usefixtures("shm_root")
 def test_decode_cache_bound_and_off():
-    hw = np.full((10, 2), 4)
-    c = SharedDecodeCache(hw, 4 * 4 * 3 * 3 + 5)  # room for 3 images
-    assert c.n_cached == 3
-    img = np.ones((4, 4, 3), np.uint8)
-    assert c.get(2, lambda i: img).base is not None and c.get(2, lambda i: 1 / 0).sum() == 48
-    assert c.get(7, lambda i: img) is img  # beyond the bound: loaded, not cached
+    store = StoreView(ArrayStore(10, encoded=True))
+    c = SharedDecodeCache.open(store, IMGSZ, "test", IMGSZ * IMGSZ * 3 * 3 + 5)  # room for 3 images
+    try:
+        assert c.slots == 3 and c.stats()["decode_cache_images"] == 10
+        img = np.ones((IMGSZ, IMGSZ, 3), np.uint8)
+        got = c.get(2, lambda i: img)
+        assert not got.flags.writeable and c.get(2, lambda i: 1 / 0).sum() == img.sum()  # the second read: a hit
+        assert c.get(7, lambda i: img) is img  # beyond the bound: loaded, not cached
+        assert len(c) == 1 and (c.hits, c.misses) == (1, 2)
+    finally:
+        c.close()
+    assert not c.segment.exists()  # its only holder left
     with make_engine(n=8, encoded=True, decode_cache_mb=0) as eng:
         assert eng.cache is None
 

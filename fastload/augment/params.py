@@ -6,7 +6,9 @@ image, the HSV gains and the flips.  :class:`ParamSampler` draws records with YO
 distributions (``LoadImagesAndLabels.__getitem__``, ``load_mosaic``, ``load_mosaic9``,
 ``random_perspective``, ``mixup``, ``augment_hsv``, ``letterbox``) from a generator seeded by
 ``SeedSequence([seed, epoch, index])`` only, so a record is a pure function of those three numbers
-and every engine (CPU workers, torch, DALI) draws the same sample for the same index.
+(with ``partners="batch"``: and of the batch the index belongs to, itself a pure function of the
+seed, the epoch, the rank, the world size and the batch size) and every engine (CPU workers, torch,
+DALI) draws the same sample for the same index.
 
 Coordinates: "loaded" pixels are those of the image resized to ``imgsz`` on its long side
 (:func:`fastload.data.images.loaded_shape`); matrices are float64 3x3 in the OpenCV warpAffine
@@ -16,13 +18,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Mapping, NamedTuple, Sequence
+from typing import Any, Literal, Mapping, NamedTuple, Sequence, get_args
 
 import numpy as np
 
 from fastload.augment.hyp import load_hyp
 
 __all__ = [
+    "Partners",
+    "PARTNERS",
     "Rect",
     "TileParams",
     "ImageParams",
@@ -37,6 +41,14 @@ __all__ = [
     "visit_ids",
     "image_of",
 ]
+
+#: Where a mosaic's partners (and the mixup image with its partners) are drawn from:
+#: ``"dataset"``: uniformly from the whole dataset (YOLOv9's ``random.choices(self.indices, k=3)``);
+#: ``"batch"``: uniformly from the images of the sample's own batch, so that a batch reads only its
+#: own ``B`` source images (one decode each) instead of about ``4.6 B``.
+Partners = Literal["dataset", "batch"]
+PARTNERS: tuple[str, ...] = get_args(Partners)
+
 
 class Rect(NamedTuple):
     """A half-open pixel rectangle ``[x0, x1) x [y0, y1)``: the one rectangle convention of the
@@ -285,6 +297,13 @@ class ParamSampler:
             mosaic is off as in YOLOv9). See :func:`rect_batch_shapes` / :func:`per_index_shapes`.
         mosaic9: use YOLOv9's 9-tile mosaic instead of the 4-tile one.
         orig_shapes: int [N, 2] original ``(h0, w0)`` for the ``shapes`` entry (default: loaded).
+        partners: where mosaic partners and the mixup image come from (:data:`Partners`):
+            ``"dataset"`` (YOLOv9: uniform over all ``N`` images, with replacement, the sample's
+            own image included) or ``"batch"`` (uniform over the ``B`` images of the sample's batch,
+            with replacement, its own image included). Each image's expected number of uses per
+            epoch is the same either way (a batch is a uniform sample of the dataset); what changes
+            is which images share a batch: its tiles come from its ``B`` images only. Letterbox
+            samples (validation, rect, closed mosaic) draw no partners and are the same either way.
     """
 
     def __init__(
@@ -298,7 +317,11 @@ class ParamSampler:
         rect_shapes: np.ndarray | None = None,
         mosaic9: bool = False,
         orig_shapes: np.ndarray | None = None,
+        partners: Partners = "dataset",
     ) -> None:
+        if partners not in PARTNERS:
+            raise ValueError(f"partners must be one of {', '.join(PARTNERS)}, got {partners!r}")
+        self.partners: Partners = partners
         self.loaded_shapes = np.asarray(loaded_shapes, dtype=np.int64).reshape(-1, 2)
         if len(self.loaded_shapes) == 0:
             raise ValueError("ParamSampler needs at least one image")
@@ -343,27 +366,56 @@ class ParamSampler:
             side = max(side, 2 * self.imgsz - 2 * (self.imgsz // 2))
         return side, side
 
+    @property
+    def draws_mosaics(self) -> bool:
+        """True while records can be mosaics (training without rect, mosaic probability > 0): the only
+        records that have partners."""
+        return self.mosaic_prob > 0
+
     # -- the record --------------------------------------------------------------------------------
-    def sample(self, epoch: int, index: int) -> SampleParams:
-        """The record of output sample ``index`` in ``epoch`` (pure function of seed, epoch, index).
+    def sample_batch(self, epoch: int, indices: Sequence[int] | np.ndarray) -> list[SampleParams]:
+        """The records of one batch, in order: what every engine calls per batch.
+
+        ``indices`` are image indices or sample ids (:func:`visit_ids`). With ``partners="batch"``
+        the partners of each record are drawn from the batch's images (its composition, the same for
+        any number of workers); with ``"dataset"`` this is ``[sample(epoch, i) for i in indices]``.
+        """
+        batch = np.asarray(indices, np.int64).reshape(-1)
+        pool = batch if self.partners == "batch" else None
+        return [self.sample(epoch, i, batch=pool) for i in batch.tolist()]
+
+    def sample(self, epoch: int, index: int, batch: Sequence[int] | np.ndarray | None = None) -> SampleParams:
+        """The record of output sample ``index`` in ``epoch`` (pure function of seed, epoch, index and,
+        with ``partners="batch"``, of ``batch``).
 
         ``index`` is an image index, or a sample id ``k * n + i`` from :func:`visit_ids`
         (the ``(k + 1)``-th visit of image ``i`` in an epoch that repeats images): the draws are
-        seeded by the id, the record's ``index`` is the image.
+        seeded by the id, the record's ``index`` is the image. ``batch``: the indices (or ids) of the
+        batch the sample belongs to, whose images the partners are drawn from with
+        ``partners="batch"`` (required then; ignored with ``"dataset"``). Engines call
+        :meth:`sample_batch`.
         """
         sample_id = int(index)
         n = len(self.loaded_shapes)
         if sample_id < 0:
             raise IndexError(f"index {sample_id} out of range for {n} images")
         index = sample_id % n
+        pool: np.ndarray | None = None
+        if self.partners == "batch":
+            if batch is None:
+                raise ValueError("partners='batch' draws from the sample's batch: pass batch= (or use sample_batch)")
+            pool = np.asarray(batch, np.int64).reshape(-1)
+            if len(pool) == 0 or pool.min() < 0:
+                raise IndexError(f"batch indices must be image indices or sample ids (>= 0), got {pool.tolist()}")
+            pool = image_of(pool, n)
         rng = make_rng(self.seed, epoch, sample_id)
         hyp = self.hyp
         mosaic = bool(self.augment and self.mosaic_prob > 0 and rng.random() < self.mosaic_prob)
         mixup, ratio, shapes = None, 1.0, None
         if mosaic:
-            image = self._mosaic(rng, index)
+            image = self._mosaic(rng, index, pool)
             if self.mixup_prob > 0 and rng.random() < self.mixup_prob:
-                mixup = self._mosaic(rng, int(rng.integers(n)))
+                mixup = self._mosaic(rng, self._draw(rng, n, pool, 1)[0], pool)
                 ratio = float(rng.beta(32.0, 32.0))
         else:
             image, shapes = self._letterbox(rng, index)
@@ -414,11 +466,18 @@ class ParamSampler:
         )
         return t @ sh @ r @ p @ c, float(scale)
 
-    def _mosaic(self, rng: np.random.Generator, index: int) -> ImageParams:
+    @staticmethod
+    def _draw(rng: np.random.Generator, n: int, pool: np.ndarray | None, k: int) -> list[int]:
+        """``k`` image indices, uniform with replacement: over the dataset (``pool`` None) or over ``pool``."""
+        if pool is None:
+            return rng.integers(0, n, k).tolist()
+        return pool[rng.integers(0, len(pool), k)].tolist()
+
+    def _mosaic(self, rng: np.random.Generator, index: int, pool: np.ndarray | None) -> ImageParams:
         n = len(self.loaded_shapes)
         s = self.imgsz
         k = 9 if self.mosaic9 else 4
-        srcs = np.concatenate(([index], rng.integers(0, n, k - 1)))
+        srcs = np.array([index] + self._draw(rng, n, pool, k - 1), np.int64)
         rng.shuffle(srcs)  # YOLOv9 shuffles the sample's own image among its partners
         hw = [self._loaded_hw[i] for i in srcs.tolist()]
         placements = _mosaic9_placements(rng, s, hw) if self.mosaic9 else _mosaic4_placements(rng, s, hw)

@@ -5,7 +5,8 @@ The model, per store (in output samples/s, i.e. augmented training images):
 * read    = read rate / reads per sample (warm when the store fits in the page cache, else cold;
             warm reads scale with the worker count, cold ones are taken as one reader),
 * decode  = single-core decode+resize rate x parallel workers / decodes per sample (encoded stores
-            only; the CPU engine's shared decode cache removes the decodes of every image it holds),
+            only; the machine's decoded-image cache removes the decodes of every image it holds, and
+            ``partners="batch"`` brings the rest to at most one per sample, which the sentence quotes),
 * augment = single-core augmentation rate x parallel workers,
 
 where "reads per sample" is what the augmentation stage counted (4 per mosaic, + 4 when mixup fires:
@@ -20,6 +21,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Sequence
 
 from fastload.bench.stages import Measurement
+from fastload.store.space import fmt_bytes
 
 EFFICIENT = 0.6
 PREFERENCE = ("ram", "disk", "lmdb", "files")  # the order `store="auto"` picks in
@@ -96,6 +98,11 @@ def _config_ceilings(
                     + (f" ({cached:.0%} of images held by the decode cache)" if cached > 0 else ""),
                     "decodes_per_sample": per_sample,
                     "decodes_per_s_core": dec.samples_per_s,
+                    "cached_fraction": cached,
+                    "loaded_bytes": info.loaded_bytes,
+                    "cache_bytes": decode_cache_bytes,
+                    # partners="batch": each batch decodes its own images once, those the cache misses
+                    "batch_partners_samples_per_s": dec.samples_per_s * parallel / max(1.0 - cached, 1e-9),
                 }
             else:
                 out["decode"] = {
@@ -218,10 +225,23 @@ def _sentence(
             "disk (`fastload stage DATA --to /dev/shm/NAME`) or convert to an lmdb/ram store (`fastload convert DATA --to ram`)"
         )
     if limit == "decode":
+        head = (f"decode-bound {where}: {info['decodes_per_sample']:.1f} decodes per mosaic image at "
+                f"{info['decodes_per_s_core']:.0f} decodes/s per core on {parallel} worker(s) cap it at {cap:.0f} samples/s"
+                f"{measured}")
+        if info.get("cached_fraction", 0.0) >= 1.0:  # only the first epoch decodes: the cache holds the whole set
+            return "decode", (
+                f"{head}, while the machine's decoded-image cache fills in the first epoch (the decoded dataset, "
+                f"{fmt_bytes(info['loaded_bytes'])}, fits its {fmt_bytes(info['cache_bytes'])}); later epochs decode "
+                "nothing. For a short run: loader(..., partners=\"batch\") decodes each image once per batch"
+            )
         return "decode", (
-            f"decode-bound {where}: {info['decodes_per_sample']:.1f} decodes per mosaic image at "
-            f"{info['decodes_per_s_core']:.0f} decodes/s per core on {parallel} worker(s) cap it at {cap:.0f} samples/s"
-            f"{measured}; convert to a ram store (`fastload convert DATA --to ram`) or use engine=dali"
+            f"{head}: the decoded dataset ({fmt_bytes(info.get('loaded_bytes', 0))}) does not fit the machine's "
+            f"decoded-image cache ({fmt_bytes(info.get('cache_bytes', 0))}), so mosaic partners are decoded again and "
+            "again. Draw them from the batch: loader(..., partners=\"batch\") decodes each image of a batch once "
+            f"(at most 1 decode per output image: ceiling ~{info['batch_partners_samples_per_s']:.0f} samples/s; "
+            "YOLOv9's own draw is partners=\"dataset\"); or give the cache room (engine_options="
+            "{\"decode_cache_mb\": ...}: one cache per machine, shared by every rank) or convert to a ram store "
+            "(`fastload convert DATA --to ram`)"
         )
     return "augment", (
         f"augment-bound {where}: mosaic/perspective/HSV run at {info['per_core']:.0f} samples/s per core, "

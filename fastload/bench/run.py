@@ -43,9 +43,9 @@ from fastload.bench.stages import (
     store_files,
 )
 from fastload.data.config import load_data_config
-from fastload.engines.cpu import auto_decode_cache_bytes
 from fastload.engines.factory import ENGINES
 from fastload.engines.ray_engine import disconnect as ray_disconnect
+from fastload.engines.shm_cache import auto_decode_cache_bytes
 from fastload.store.base import StoreError
 from fastload.store.convert import convert as do_convert
 from fastload.store.factory import open_store

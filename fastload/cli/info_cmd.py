@@ -11,7 +11,7 @@ def register(sub: argparse._SubParsersAction, help_text: str) -> None:
     p = sub.add_parser("info", help=help_text, description=help_text + ".")
     p.add_argument("target", nargs="?", help="a data.yaml or a store folder")
     p.add_argument("--split", default=None, help="splits to report, comma separated (default: all)")
-    p.add_argument("--shm", action="store_true", help="list fastload ram stores in /dev/shm (holders, stale)")
+    p.add_argument("--shm", action="store_true", help="list fastload ram stores and decoded-image caches in /dev/shm (holders, stale)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=run)
 

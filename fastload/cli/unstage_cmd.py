@@ -12,7 +12,8 @@ def register(sub: argparse._SubParsersAction, help_text: str) -> None:
                        "stage. --list shows /dev/shm leftovers, --stale removes those no live process holds.")
     p.add_argument("path", nargs="*", help="staged folder(s) or /dev/shm/fastload-* ram store(s)")
     p.add_argument("--force", action="store_true", help="remove a ram store even while processes hold it")
-    p.add_argument("--stale", action="store_true", help="remove ram stores whose holders are all dead")
+    p.add_argument("--stale", action="store_true",
+                   help="remove ram stores and decoded-image caches whose holders are all dead")
     p.add_argument("--list", action="store_true", help="list fastload segments and staged copies in /dev/shm")
     p.set_defaults(func=run)
 
@@ -34,9 +35,9 @@ def run(args: argparse.Namespace) -> int:
     if args.stale:
         removed = shm.cleanup_stale()
         for s in removed:
-            print(f"removed stale ram store {s.path} (dead holders {s.dead})")
+            print(f"removed stale segment {s.path} (dead holders {s.dead})")
         if not removed:
-            print("no stale ram stores")
+            print("no stale segments")
     rc = 0
     for path in args.path:
         try:

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from fastload.augment.functional.torch_ops import apply_hsv_batch
-from fastload.augment.params import ParamSampler
+from fastload.augment.params import ParamSampler, Partners
 from fastload.data.images import ShrinkFilter, shrink_filter
 from fastload.store.base import Store
 
@@ -77,7 +77,8 @@ class EngineSettings:
         prefetch: batches prepared ahead of the one being consumed (``cpu``: per worker; ``gpu``:
             by the background thread, 0 renders in the caller's thread; ``dali``: the pipeline's
             prefetch queue, at least 1).
-        world_size: ranks of the job (the CPU engine splits its automatic cache bound by it).
+        world_size: ranks of the job (the Ray engine's default actor count splits the cluster's CPUs
+            between the ranks).
     """
 
     batch_size: int
@@ -129,10 +130,13 @@ class Rendered(NamedTuple):
 class Engine(abc.ABC):
     """Applies sampled augmentation records to images and collates YOLOv9 batches.
 
-    Subclasses set :attr:`name`, :attr:`Options` (their frozen options dataclass) and
-    :attr:`default_workers`, refuse in ``__init__`` the settings they cannot honour (with
-    :meth:`_refuse`) and implement :meth:`_render_batches`; they may extend :meth:`stats`,
-    :meth:`close_mosaic`, :meth:`expect_next` and :meth:`_release`.
+    Subclasses set :attr:`name`, :attr:`Options` (their frozen options dataclass),
+    :attr:`default_workers` and :attr:`default_partners` (with the reason for it in their docstring),
+    refuse in ``__init__`` the settings they cannot honour (with :meth:`_refuse`) and implement
+    :meth:`_render_batches`, drawing each batch's records with
+    :meth:`~fastload.augment.params.ParamSampler.sample_batch` and adding the images they decode to
+    :attr:`decodes`; they may extend :meth:`stats`, :meth:`close_mosaic`, :meth:`expect_next` and
+    :meth:`_release`.
 
     ``shrink`` is the filter images from encoded stores are shrunk to their loaded size with, as
     YOLOv9's ``load_image`` picks it: ``"linear"`` when the sampler augments (training), ``"area"``
@@ -148,6 +152,7 @@ class Engine(abc.ABC):
     name: ClassVar[str] = ""
     Options: ClassVar[type]
     default_workers: ClassVar[int] = 0  # loader(workers=None) means this
+    default_partners: ClassVar[Partners] = "dataset"  # loader(partners=None) means this
     # True when iter_batches also takes sample ids (fastload.augment.params.visit_ids): an epoch that
     # shows an image more than once, each visit with its own draws (YOLOv9's --image-weights)
     takes_sample_ids: ClassVar[bool] = False
@@ -167,6 +172,7 @@ class Engine(abc.ABC):
         self.device = torch.device(settings.device) if settings.device is not None else None
         self.hsv_gains: torch.Tensor | None = None
         self.mosaic_closed = False
+        self.decodes = 0  # encoded images decoded (JPEG/PNG -> pixels) for the batches rendered so far
         self._delivered = [0, 0]  # batches, images
         self._closed = False
 
@@ -224,9 +230,16 @@ class Engine(abc.ABC):
 
     def stats(self) -> dict[str, Any]:
         """Counters. Every engine: ``engine`` (its name), ``batches`` and ``images`` delivered since it
-        was built, ``worker_pids`` (its worker processes; ``[]`` where it has none it can name).
+        was built, ``worker_pids`` (its worker processes; ``[]`` where it has none it can name),
+        ``partners`` (the sampler's), ``decodes`` (encoded images decoded to render the batches so
+        far: 0 for decoded stores, and for images a decoded-image cache served) and
+        ``decodes_per_image`` (``decodes / images``; about 4.6 with scratch-high and
+        ``partners="dataset"`` without a cache, at most 1 with ``partners="batch"``).
         Engines add their own keys (see each engine's docstring)."""
-        return {"engine": self.name, "batches": self._delivered[0], "images": self._delivered[1], "worker_pids": []}
+        images = self._delivered[1]
+        return {"engine": self.name, "batches": self._delivered[0], "images": images, "worker_pids": [],
+                "partners": self.sampler.partners, "decodes": self.decodes,
+                "decodes_per_image": self.decodes / images if images else 0.0}
 
     def _check_open(self) -> None:
         """Raise if :meth:`close` ran (its workers, buffers or pipeline are gone)."""

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from typing import Any, Generator, Literal, NamedTuple
 
 import numpy as np
-import psutil
 import torch
 
 from fastload.augment.functional.tiles import AXIS_KERNELS, AxisKernel
@@ -27,13 +26,8 @@ from fastload.engines.base import Batch, Engine, EngineOptionError, EngineSettin
 from fastload.engines.cpu_render import BatchRenderer
 from fastload.engines.cpu_workers import WorkerPool, default_start_method_ok
 from fastload.engines.shm_batch import SlotRing
-from fastload.engines.shm_cache import SharedDecodeCache
+from fastload.engines.shm_cache import open_decode_cache
 from fastload.store.base import Store
-
-
-def auto_decode_cache_bytes(world_size: int = 1) -> int:
-    """Default decoded-cache bound: 1/8 of physical memory, split between the ranks of one machine."""
-    return int(psutil.virtual_memory().total // 8 // max(1, world_size))
 
 
 @dataclass(frozen=True)
@@ -45,9 +39,12 @@ class CPUOptions:
             shared slot that is reused after that; clone ``imgs`` to keep a batch longer.
         timeout: seconds to wait for one batch before raising (0: as long as the worker lives; a
             dead worker always raises at once).
-        decode_cache_mb: encoded stores (files, lmdb): bound of the decoded-image cache shared by all
-            workers, so mosaic partners and later epochs skip decoding. ``None``: 1/8 of physical
-            memory divided by the world size; ``0``: off.
+        decode_cache_mb: encoded stores (files, lmdb): bound of the machine's decoded-image cache, one
+            shared-memory segment per store and imgsz that every worker of every rank fills and reads
+            (:mod:`~fastload.engines.shm_cache`), so mosaic partners and later epochs skip decoding.
+            ``None``: 1/8 of physical memory; ``0``: off. Set by the process that creates the segment;
+            later processes join it as it is. When the dataset does not fit, the first images of the
+            store that fit are cached and the others decoded on every read (``stats()`` says how many).
         decode_scale: encoded stores: ``"full"`` (every JPEG decoded at its stored size, as YOLOv9
             does) or ``"reduced"`` (a JPEG whose long side is at least twice ``imgsz`` is decoded at
             1/2, 1/4 or 1/8 scale by the DCT, then resized as usual: cheaper; loaded pixels differ
@@ -102,14 +99,24 @@ class CPUEngine(Engine):
     ``.to(device)`` copies as one block) or ``"nchw"`` (workers transpose every sample into a
     contiguous CHW slot).
 
-    :meth:`stats` adds ``decode_cache_hits`` and ``decode_cache_misses`` (summed over the workers'
-    latest reports) and ``early_batches_used`` / ``early_batches_dropped`` (batches of the next
-    epoch rendered before it was asked for: used, or dropped after a wrong guess).
+    :meth:`stats` adds ``decode_cache_hits`` and ``decode_cache_misses`` (this loader's reads, summed
+    over the workers' latest reports), the machine-wide state of the decoded cache when there is one
+    (``decode_cache_segment``, ``decode_cache_slots``, ``decode_cache_filled``, ``decode_cache_images``,
+    ``decode_cache_bytes``, ``decode_cache_policy``) and ``early_batches_used`` /
+    ``early_batches_dropped`` (batches of the next epoch rendered before it was asked for: used, or
+    dropped after a wrong guess).
+
+    Default ``partners="dataset"`` (YOLOv9's own draw): this engine's decoded-image cache is one per
+    machine, so once the dataset fits in it every image is decoded once per machine in the first
+    epoch and mosaic partners cost no decode after that. Choose ``partners="batch"`` when the
+    decoded dataset does not fit the cache (``decode_cache_slots < decode_cache_images`` in
+    :meth:`stats`, ``fastload bench`` says so): each batch then decodes its own images once.
     """
 
     name = "cpu"
     Options = CPUOptions
     default_workers = 8
+    default_partners = "dataset"
     takes_sample_ids = True
 
     def __init__(self, store: Store, sampler: ParamSampler, settings: EngineSettings, options: CPUOptions | None = None) -> None:
@@ -125,12 +132,8 @@ class CPUEngine(Engine):
         self.layout = settings.layout
         self.keep = int(opts.keep)
         self.prefetch = int(settings.prefetch)
-        cache = None
-        if not store.decoded:
-            cap = auto_decode_cache_bytes(settings.world_size) if opts.decode_cache_mb is None else int(opts.decode_cache_mb) << 20
-            if cap > 0:
-                cache = SharedDecodeCache(sampler.loaded_shapes, cap)
-        self.cache = cache
+        self.cache = cache = open_decode_cache(store, sampler.imgsz, decode_scale=opts.decode_scale, shrink=self.shrink,
+                                               budget_mb=opts.decode_cache_mb)
         self.renderer = BatchRenderer(
             store, sampler, cache=cache, hsv_in_worker=(settings.hsv_on == "worker"), layout=self.layout,
             reduced_decode=opts.decode_scale == "reduced", axis_kernel=opts.axis_kernel, shrink=self.shrink,
@@ -138,7 +141,7 @@ class CPUEngine(Engine):
         n_slots = self.workers * self.prefetch + self.keep if self.workers else self.keep
         self.ring = SlotRing(n_slots, self.batch_size * self.max_hw[0] * self.max_hw[1] * 3)
         self.pool: WorkerPool | None = None
-        self._cache_stats = [0, 0]  # [hits, misses] summed over the workers' last reports
+        self._cache_stats = [0, 0, 0]  # [hits, misses, decodes] summed over the workers' last reports
         self._worker_stats: dict[int, list[int]] = {}
         self.timeout = float(opts.timeout)
         self._held: collections.deque[int] = collections.deque()  # slots of the latest yielded batches
@@ -171,7 +174,9 @@ class CPUEngine(Engine):
     def stats(self) -> dict[str, Any]:
         out = super().stats()
         out["worker_pids"] = self.pool.pids if self.pool is not None else []
-        out["decode_cache_hits"], out["decode_cache_misses"] = self._cache_stats
+        out["decode_cache_hits"], out["decode_cache_misses"] = self._cache_stats[:2]
+        if self.cache is not None:
+            out.update(self.cache.stats())
         out["early_batches_used"], out["early_batches_dropped"] = self._early_stats
         return out
 
@@ -212,9 +217,11 @@ class CPUEngine(Engine):
                 self.ring.release(slot)
                 raise
             held.append(slot)
+            cache = self.renderer.cache
+            self._cache_stats = [cache.hits if cache is not None else 0, cache.misses if cache is not None else 0,
+                                 self.renderer.decodes]
+            self.decodes = self.renderer.decodes
             yield self._rendered(slot, idx, out.hw, out.targets, out.shapes, out.gains)
-        if self.cache is not None:
-            self._cache_stats = [self.cache.hits, self.cache.misses]
 
     def _iter_workers(self, epoch: int, indices: np.ndarray) -> Generator[Rendered, None, None]:
         pool = self._start()
@@ -250,7 +257,8 @@ class CPUEngine(Engine):
                 received += 1
                 held.append(slot)
                 self._worker_stats[task % pool.n] = msg["c"]
-                self._cache_stats = [sum(v[0] for v in self._worker_stats.values()), sum(v[1] for v in self._worker_stats.values())]
+                self._cache_stats = [sum(v[k] for v in self._worker_stats.values()) for k in range(3)]
+                self.decodes = self._cache_stats[2]
                 targets = np.frombuffer(bytearray(msg["t"]), np.float32).reshape(-1, 6)
                 shapes = [shapes_from_array(a) for a in np.frombuffer(msg["sh"], np.float64).reshape(-1, 6)]
                 gains = None if msg["g"] is None else np.frombuffer(bytearray(msg["g"]), np.float32).reshape(-1, 3)

@@ -1,9 +1,12 @@
 """Rendering one whole batch on the CPU: the work a CPU worker (or the main process) does per task.
 
-For every index of the batch it samples the augmentation record (a pure function of
-``(seed, epoch, index)``, so the result does not depend on which process renders it), draws the
-sample straight into the batch buffer with :func:`fastload.augment.pipeline.render_sample` and
-moves the boxes of the whole batch with :func:`fastload.augment.boxes.batch_targets`.
+:meth:`BatchRenderer.render` is the per-batch entry point: it samples the batch's records with
+:meth:`~fastload.augment.params.ParamSampler.sample_batch` (a pure function of ``(seed, epoch,
+index)`` and, with ``partners="batch"``, of the batch's indices, so the result does not depend on
+which process renders it), draws every sample straight into the batch buffer with
+:func:`fastload.augment.pipeline.render_sample` and moves the boxes of the whole batch with
+:func:`fastload.augment.boxes.batch_targets`. With ``partners="batch"`` every image the batch reads
+is one of its own, so each is loaded (decoded) once per batch, before drawing.
 """
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ import numpy as np
 
 from fastload.augment.boxes import batch_targets
 from fastload.augment.functional.tiles import AxisKernel, check_axis_kernel
-from fastload.augment.params import ParamSampler
+from fastload.augment.params import ParamSampler, image_of
 from fastload.augment.pipeline import render_sample
 from fastload.data.images import ShrinkFilter
 from fastload.engines.shm_cache import SharedDecodeCache
@@ -74,9 +77,12 @@ class BatchRenderer:
         self.shrink = shrink
         self.labels: Sequence[np.ndarray] = store.labels
         self._scratch: np.ndarray | None = None
+        self.decodes = 0  # encoded images this process decoded (cache misses included, hits not)
 
     # -- images ---------------------------------------------------------------------------------------
     def _load(self, i: int) -> np.ndarray:
+        if not self.store.decoded:
+            self.decodes += 1
         return self.store.load(int(i), self.imgsz, reduced=self.reduced_decode, shrink=self.shrink)
 
     def get_image(self, i: int) -> np.ndarray:
@@ -98,19 +104,24 @@ class BatchRenderer:
         All samples of a batch must share one output size (square ``imgsz`` in training, the rect
         batch shape in validation).
         """
-        params = [self.sampler.sample(epoch, int(i)) for i in indices]
+        params = self.sampler.sample_batch(epoch, indices)
         hws = {tuple(int(v) for v in p.image.out_hw) for p in params}
         if len(hws) != 1:
             raise ValueError(f"samples of one batch have different output sizes {sorted(hws)} (indices {list(indices)})")
         h, w = hws.pop()
+        get_image: Callable[[int], np.ndarray] = self.get_image
+        if self.sampler.partners == "batch":  # every source is one of the batch's own images: load each once
+            images = image_of(np.asarray(indices, np.int64), len(self.sampler.loaded_shapes))  # indices may be sample ids
+            loaded = {i: self.get_image(i) for i in dict.fromkeys(images.tolist())}
+            get_image = loaded.__getitem__
         out = slot_array(len(params), h, w)
         for k, p in enumerate(params):
             if self.layout == "nhwc":
-                render_sample(p, self.get_image, out=out[k], hsv=self.hsv_in_worker, axis_kernel=self.axis_kernel)
+                render_sample(p, get_image, out=out[k], hsv=self.hsv_in_worker, axis_kernel=self.axis_kernel)
             else:
                 if self._scratch is None or self._scratch.shape != (h, w, 3):
                     self._scratch = np.empty((h, w, 3), np.uint8)
-                img = render_sample(p, self.get_image, out=self._scratch, hsv=self.hsv_in_worker, axis_kernel=self.axis_kernel)
+                img = render_sample(p, get_image, out=self._scratch, hsv=self.hsv_in_worker, axis_kernel=self.axis_kernel)
                 np.copyto(out[k], img.transpose(2, 0, 1))
         gains = None
         if not self.hsv_in_worker:

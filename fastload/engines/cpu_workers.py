@@ -3,7 +3,7 @@
 Protocol (msgpack over one pipe pair per worker, no pickle):
   task   ``{"s": seq, "e": epoch, "slot": k, "idx": int64 bytes, "mc": mosaic_closed}``, or ``{"stop": 1}``
   result ``{"s": seq, "slot": k, "hw": [h, w], "t": float32 [N, 6] bytes, "sh": float64 [B, 6] bytes,
-           "g": float32 [B, 3] bytes | None, "c": [cache hits, misses]}``, or ``{"s": seq, "err": traceback}``
+           "g": float32 [B, 3] bytes | None, "c": [cache hits, cache misses, decodes]}`` (the worker's totals), or ``{"s": seq, "err": traceback}``
 
 Batch ``seq`` always goes to worker ``seq % n``, and each worker answers in task order, so the
 consumer reads results in batch order from one pipe at a time. A worker that dies is noticed by
@@ -63,7 +63,7 @@ def _worker_main(
             renderer.sync(bool(task.get("mc")))
             idx = np.frombuffer(task["idx"], np.int64)
             out = renderer.render(task["e"], idx, lambda b, h, w: ring.array(slot, b, h, w, layout))
-            cache = renderer.cache
+            hits, misses = (renderer.cache.hits, renderer.cache.misses) if renderer.cache is not None else (0, 0)
             msg = {
                 "s": seq,
                 "slot": slot,
@@ -71,7 +71,7 @@ def _worker_main(
                 "t": np.ascontiguousarray(out.targets, np.float32).tobytes(),
                 "sh": np.stack([shapes_to_array(s) for s in out.shapes]).tobytes(),
                 "g": None if out.gains is None else out.gains.tobytes(),
-                "c": [cache.hits, cache.misses] if cache is not None else [0, 0],
+                "c": [hits, misses, renderer.decodes],
             }
         except Exception:
             msg = {"s": seq, "slot": slot, "err": traceback.format_exc()}

@@ -113,11 +113,23 @@ class DALIEngine(Engine):
     graph's transpose (``imgs`` is a channels-last view), ``"nchw"`` transposes in the graph.
     :meth:`close_mosaic` takes effect from the next epoch: the workers hold their own sampler copies
     and learn it from the next plan. Batches are fresh tensors: they stay valid.
+
+    Default ``partners="batch"``: a per-sample external source cannot share a decoded image between
+    samples, so with ``"dataset"`` the graph decodes and resizes the image of every tile slot of
+    every sample (about 4.6 decodes per output image with scratch-high, on every epoch: this engine
+    has no decoded-image cache, and device memory is the model's). With ``"batch"`` each sample's
+    own image is decoded once and the tiles are gathered from the batch with ``fn.permute_batch``,
+    the way DALI's own YOLO mosaic example builds mosaics. What changes for the user: a mosaic's
+    three partners and the mixup image with its partners are drawn uniformly from the ``B`` images
+    of the same batch instead of all ``N`` of the dataset; every image is still used as often per
+    epoch on average, with the same spread (``tests/test_augment_params.py``), but the tiles of one
+    batch come from its own ``B`` images. Pass ``partners="dataset"`` for YOLOv9's own draw.
     """
 
     name = "dali"
     Options = DALIOptions
     default_workers = 8
+    default_partners = "batch"
 
     def __init__(self, store: Store, sampler: ParamSampler, settings: EngineSettings, options: DALIOptions | None = None) -> None:
         require_dali()
@@ -139,7 +151,8 @@ class DALIEngine(Engine):
         self.threads = int(self.options.threads or max(2, self.workers))
         self.prefetch = int(settings.prefetch)
         self._dir = tempfile.mkdtemp(prefix="fastload-dali-")
-        self._source = SampleSource(store, sampler, self._dir, self.slots, self.imgsz, encoded=not store.decoded)
+        self._source = SampleSource(store, sampler, self._dir, self.slots, self.imgsz, encoded=not store.decoded,
+                                    batch_size=self.batch_size)
         self._pipe: Any = None
         self._epochs = 0  # DALI epochs run by the current pipeline
         self._clean = True  # the current pipeline finished its last epoch
@@ -152,8 +165,8 @@ class DALIEngine(Engine):
                               layout=self.settings.layout, antialias=self.shrink == "area")
         try:
             with warnings.catch_warnings():
-                # decoded stores do not use the slots' loaded-size outputs (encoded ones do)
-                warnings.filterwarnings("ignore", message=".*outputs at the indices .* are not used.*")
+                # decoded stores do not use the loaded-size outputs (encoded ones do)
+                warnings.filterwarnings("ignore", message=".*outputs? at the ind(ex|ices) .* (is|are) not used.*")
                 pipe.build()
         except RuntimeError as exc:
             msg = str(exc)
@@ -191,7 +204,7 @@ class DALIEngine(Engine):
         # pad to whole batches (DALI batches are fixed-size); padded samples are dropped below
         # (repeating the last index keeps a rect batch's output size)
         padded = np.concatenate([indices, np.full(-n % self.batch_size, indices[-1], np.int64)])
-        write_plan(self._dir, self._epochs, epoch, padded, self.mosaic_closed)
+        write_plan(self._dir, self._epochs, epoch, padded, n, self.mosaic_closed)
         self._clean = False
         pipe = self._pipe
         for b, idx in enumerate(chunks(indices, self.batch_size)):
@@ -206,7 +219,8 @@ class DALIEngine(Engine):
         self._clean = True
 
     def _rendered(self, outs: tuple, n: int) -> Rendered:
-        index_tl, boxes_tl, shapes_tl, gain_tl, img_tl = outs
+        index_tl, boxes_tl, shapes_tl, gain_tl, decodes_tl, img_tl = outs
+        self.decodes += sum(int(np.asarray(decodes_tl[k])[0]) for k in range(len(decodes_tl)))  # padding included
         index = [int(np.asarray(index_tl[k])[0]) for k in range(n)]
         boxes = [np.asarray(boxes_tl[k]).reshape(-1, 5) for k in range(n)]
         shapes = tuple(shapes_from_array(np.asarray(shapes_tl[k])) for k in range(n))

@@ -2,11 +2,15 @@
 
 One graph serves GPU and CPU-only mode: ``device_id=None`` puts every operator on the CPU (the
 decoder included); otherwise JPEGs are decoded by ``fn.decoders.image(device="mixed")`` (nvJPEG /
-the hardware decoder) and all pixel work runs on the GPU. Per tile slot ``k`` (see
+the hardware decoder) and all pixel work runs on the GPU. A *loaded* image is
+``resize(decode(bytes), loaded size)`` (encoded stores, antialiased linear filter where OpenCV uses
+INTER_AREA; decoded stores send the loaded array). With ``partners="dataset"`` every tile slot
+carries its own image, loaded in the slot; with ``partners="batch"`` each sample's own image is
+loaded once and slot ``k`` takes the loaded image of the sample at its batch position with
+``fn.permute_batch`` (one decode per sample). Per tile slot ``k`` (see
 :mod:`fastload.engines.dali_source`):
 
-* ``loaded = resize(decode(bytes), loaded size)`` (encoded stores, antialiased linear filter where
-  OpenCV uses INTER_AREA; decoded stores send the loaded array), ``part``/``crop`` = slices of it;
+* ``part``/``crop`` = slices of the slot's loaded image;
 * ``W = warp_affine(part, A_part, fill 0)`` (float), ``L = warp_affine(ones(part), A_part, fill 0)``
   (bilinear coverage), ``R = warp_affine(ones(crop), A_crop, nearest, fill 0)`` (the output pixels
   whose nearest source pixel is in the crop: the reference's rectangle for axis-aligned tiles);
@@ -25,25 +29,27 @@ from __future__ import annotations
 from typing import Any
 
 from fastload.engines.base import Layout
-from fastload.engines.dali_source import HEAD, PER_SLOT, SampleSource, TileSlots, n_outputs
+from fastload.engines.dali_source import HEAD, PLACEMENT, SampleSource, TileSlots, n_outputs
 
 __all__ = ["build_pipeline"]
 
 _EPS = 1e-6
 
 
-def _canvas(fn: Any, types: Any, dmath: Any, slots: list[tuple], out_hw: Any, fill: Any, *, encoded: bool, dev: str,
-            antialias: bool) -> Any:
-    """Paint one composed image (float HWC) from its slots."""
+def _loaded(fn: Any, types: Any, image: Any, loaded_hw: Any, *, encoded: bool, dev: str, antialias: bool) -> Any:
+    """The loaded image (HWC uint8 on the graph's device) from encoded bytes or a loaded array."""
+    if not encoded:
+        return image.gpu() if dev == "gpu" else image
+    decoded = fn.decoders.image(image, device="mixed" if dev == "gpu" else "cpu", output_type=types.RGB)
+    # the YOLOv9 loaded resize; DALI has no INTER_AREA: antialiased linear (triangle) filter stands
+    # for it (validation), plain linear is training's INTER_LINEAR
+    return fn.resize(decoded, size=loaded_hw, interp_type=types.INTERP_LINEAR, antialias=antialias)
+
+
+def _canvas(fn: Any, types: Any, dmath: Any, slots: list[tuple], out_hw: Any, fill: Any, *, dev: str) -> Any:
+    """Paint one composed image (float HWC) from its slots ``(loaded image, *PLACEMENT)``."""
     canvas = None
-    for image, loaded_hw, part_box, crop_box, part_m, crop_m, kind, weight in slots:
-        if encoded:
-            decoded = fn.decoders.image(image, device="mixed" if dev == "gpu" else "cpu", output_type=types.RGB)
-            # the YOLOv9 loaded resize; DALI has no INTER_AREA: antialiased linear (triangle) filter stands
-            # for it (validation), plain linear is training's INTER_LINEAR
-            loaded = fn.resize(decoded, size=loaded_hw, interp_type=types.INTERP_LINEAR, antialias=antialias)
-        else:
-            loaded = image.gpu() if dev == "gpu" else image
+    for loaded, part_box, crop_box, part_m, crop_m, kind, weight in slots:
         part = fn.slice(loaded, fn.cast(part_box[0:2], dtype=types.INT32), fn.cast(part_box[2:4], dtype=types.INT32),
                         axes=[0, 1], out_of_bounds_policy="trim_to_shape")
         crop = fn.slice(loaded, fn.cast(crop_box[0:2], dtype=types.INT32), fn.cast(crop_box[2:4], dtype=types.INT32),
@@ -77,8 +83,8 @@ def build_pipeline(
     seed: int = 0,
     antialias: bool = True,
 ) -> Any:
-    """The DALI pipeline (not yet built) whose outputs are ``HEAD`` (CPU) then the uint8 images
-    (HWC for ``layout="nhwc"``, CHW for ``"nchw"``).
+    """The DALI pipeline (not yet built) whose outputs are index, boxes, shapes, gain, decodes (CPU)
+    then the uint8 images (HWC for ``layout="nhwc"``, CHW for ``"nchw"``).
 
     ``antialias``: shrink encoded images with the antialiased linear filter (INTER_AREA's stand-in,
     YOLOv9 validation) or, False, with plain linear interpolation (YOLOv9 training's INTER_LINEAR).
@@ -89,22 +95,34 @@ def build_pipeline(
 
     slots: TileSlots = source.slots
     encoded = source.encoded
+    by_batch = source.by_batch
     dev = "cpu" if device_id is None else "gpu"
 
     @pipeline_def(batch_size=batch_size, num_threads=max(1, threads), device_id=device_id, seed=seed,
                   py_num_workers=max(1, workers), py_start_method="spawn", prefetch_queue_depth=max(1, prefetch))
     def graph():
-        outs = fn.external_source(source, num_outputs=n_outputs(slots), batch=False, parallel=True)
+        outs = fn.external_source(source, num_outputs=n_outputs(slots, by_batch), batch=False, parallel=True)
         head = dict(zip(HEAD, outs[: len(HEAD)]))
-        tile_slots = [tuple(outs[len(HEAD) + PER_SLOT * k : len(HEAD) + PER_SLOT * (k + 1)]) for k in range(slots.total)]
+        rest = outs[len(HEAD):]
+        tile_slots = []
+        if by_batch:  # the sample's own image, loaded once; slots gather loaded images by batch position
+            own = _loaded(fn, types, rest[0], rest[1], encoded=encoded, dev=dev, antialias=antialias)
+            per = 1 + len(PLACEMENT)
+            for k in range(slots.total):
+                fields = rest[2 + per * k : 2 + per * (k + 1)]
+                tile_slots.append((fn.permute_batch(own, indices=fields[0]),) + tuple(fields[1:]))
+        else:  # every slot carries its own image
+            per = 2 + len(PLACEMENT)
+            for k in range(slots.total):
+                fields = rest[per * k : per * (k + 1)]
+                tile_slots.append((_loaded(fn, types, fields[0], fields[1], encoded=encoded, dev=dev, antialias=antialias),)
+                                  + tuple(fields[2:]))
         out_hw = head["out_hw"]
         fill = head["fill"]
-        main = _canvas(fn, types, dmath, tile_slots[: slots.main], out_hw, fill, encoded=encoded, dev=dev,
-                       antialias=antialias)
+        main = _canvas(fn, types, dmath, tile_slots[: slots.main], out_hw, fill, dev=dev)
         main = dmath.floor(main + 0.5)
         if slots.mixup:
-            other = _canvas(fn, types, dmath, tile_slots[slots.main :], out_hw, fill, encoded=encoded, dev=dev,
-                            antialias=antialias)
+            other = _canvas(fn, types, dmath, tile_slots[slots.main :], out_hw, fill, dev=dev)
             other = dmath.floor(other + 0.5)
             r = head["ratio"]
             main = dmath.floor(main * r + other * (1.0 - r) + 1e-4)
@@ -112,6 +130,6 @@ def build_pipeline(
         img = fn.flip(img, horizontal=head["flip_lr"][0], vertical=head["flip_ud"][0])
         if layout == "nchw":
             img = fn.transpose(img, perm=[2, 0, 1])
-        return tuple(head[k] for k in ("index", "boxes", "shapes", "gain")) + (img,)
+        return tuple(head[k] for k in ("index", "boxes", "shapes", "gain", "decodes")) + (img,)
 
     return graph()

@@ -3,11 +3,19 @@
 :class:`SampleSource` is the callback of a parallel, per-sample ``fn.external_source``. For sample
 ``i`` of DALI epoch ``k`` it reads the plan the engine wrote for that epoch (``plan_k.npz``: our
 epoch number and the ordered loader indices), draws the record with the same
-:class:`~fastload.augment.params.ParamSampler` as every other engine, moves the boxes with
-:func:`fastload.augment.boxes.transform_labels` and emits, per tile slot, the image (encoded
-bytes, or the loaded array for decoded stores) plus the numbers that place it. The graph
-(:mod:`fastload.engines.dali_graph`) has a fixed number of slots: unused ones carry a tiny
-placeholder image and weight 0.
+:class:`~fastload.augment.params.ParamSampler` as every other engine (with ``partners="batch"``
+from the composition of the sample's batch, which the plan gives), moves the boxes with
+:func:`fastload.augment.boxes.transform_labels` and emits the images and, per tile slot, the
+numbers that place one:
+
+* ``partners="dataset"``: every slot carries its own image (encoded bytes, or the loaded array for
+  decoded stores), so the graph decodes every tile;
+* ``partners="batch"``: the sample carries only its own image, decoded once; a slot carries the
+  position in the batch of the sample whose image it draws, and the graph gathers it with
+  ``fn.permute_batch`` (as DALI's own YOLO mosaic example builds its mosaics).
+
+The graph (:mod:`fastload.engines.dali_graph`) has a fixed number of slots: unused ones carry
+weight 0 (and, with ``"dataset"``, a tiny placeholder image).
 
 Matrices are emitted in DALI's ``warp_affine`` convention (destination -> source, pixel centres at
 ``+0.5``): ``T(+0.5) @ inv(M) @ T(-0.5)`` of the OpenCV-convention matrix.
@@ -29,11 +37,14 @@ from fastload.augment.functional.tiles import DrawMethod
 from fastload.augment.params import ImageParams, ParamSampler, SampleParams, TileParams, shapes_to_array, translation
 from fastload.store.base import Store
 
-__all__ = ["SampleSource", "TileSlots", "write_plan"]
+__all__ = ["SampleSource", "TileSlots", "write_plan", "HEAD", "PLACEMENT", "n_outputs"]
 
 _HALF = translation(0.5, 0.5)
 _MINUS_HALF = translation(-0.5, -0.5)
-PER_SLOT = 8  # image, loaded size, part box, crop box, part matrix, crop matrix, kind, weight
+#: per sample, first: the record's numbers (``decodes``: dataset images this sample makes the graph decode)
+HEAD = ("index", "boxes", "shapes", "out_hw", "fill", "ratio", "flip_lr", "flip_ud", "gain", "decodes")
+#: per slot, after its image (``"dataset"``: image, loaded size) or its batch position (``"batch"``)
+PLACEMENT = ("part_box", "crop_box", "part_m", "crop_m", "kind", "weight")
 
 
 @dataclass(frozen=True)
@@ -64,12 +75,13 @@ def _dali_matrix(dst_to_src: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(m[:2], np.float32)
 
 
-def write_plan(directory: str | os.PathLike, k: int, epoch: int, indices: np.ndarray, mosaic_closed: bool) -> None:
-    """The plan of DALI epoch ``k``: our epoch number, the ordered loader indices and the mosaic switch."""
+def write_plan(directory: str | os.PathLike, k: int, epoch: int, indices: np.ndarray, n: int, mosaic_closed: bool) -> None:
+    """The plan of DALI epoch ``k``: our epoch number, the ordered loader indices padded to whole
+    batches, how many of them are real (``n``; the rest repeat the last one) and the mosaic switch."""
     d = Path(directory)
     tmp = d / f"plan_{k}.tmp.npz"
     np.savez(tmp, indices=np.asarray(indices, np.int64), meta=np.frombuffer(
-        json.dumps({"epoch": int(epoch), "mosaic_closed": bool(mosaic_closed)}).encode(), np.uint8))
+        json.dumps({"epoch": int(epoch), "n": int(n), "mosaic_closed": bool(mosaic_closed)}).encode(), np.uint8))
     os.replace(tmp, d / f"plan_{k}.npz")
 
 
@@ -115,34 +127,41 @@ class SampleSource:
         slots: tile slots of the graph.
         imgsz: loaded long side.
         encoded: emit encoded bytes (decoded by DALI) instead of loaded arrays.
+        batch_size: samples per DALI batch (a batch's composition decides ``partners="batch"`` records).
     """
 
-    def __init__(self, store: Store, sampler: ParamSampler, plan_dir: str, slots: TileSlots, imgsz: int, encoded: bool) -> None:
+    def __init__(self, store: Store, sampler: ParamSampler, plan_dir: str, slots: TileSlots, imgsz: int, encoded: bool,
+                 batch_size: int) -> None:
         self.store = store
         self.sampler = sampler
         self.plan_dir = str(plan_dir)
         self.slots = slots
         self.imgsz = int(imgsz)
         self.encoded = bool(encoded)
-        self._plan: tuple[int, int, np.ndarray] | None = None  # (dali epoch, our epoch, indices)
+        self.batch_size = int(batch_size)
+        self.by_batch = sampler.partners == "batch"
+        self._plan: tuple[int, int, int, np.ndarray] | None = None  # (dali epoch, our epoch, real count, indices)
+        self._positions: tuple[tuple[int, int], dict[int, int]] | None = None  # ((dali epoch, batch), index -> position)
         self._placeholder: np.ndarray | None = None
 
-    def _epoch_plan(self, k: int) -> tuple[int, np.ndarray]:
+    def _epoch_plan(self, k: int) -> tuple[int, int, np.ndarray]:
         if self._plan is None or self._plan[0] != k:
             with np.load(Path(self.plan_dir) / f"plan_{k}.npz", allow_pickle=False) as z:
                 meta = json.loads(bytes(z["meta"]).decode())
                 indices = z["indices"].astype(np.int64)
             if meta["mosaic_closed"]:  # this worker's sampler copy follows the engine's (idempotent)
                 self.sampler.close_mosaic()
-            self._plan = (k, int(meta["epoch"]), indices)
-        return self._plan[1], self._plan[2]
+            self._plan = (k, int(meta["epoch"]), int(meta["n"]), indices)
+        return self._plan[1], self._plan[2], self._plan[3]
 
     def _image(self, i: int) -> np.ndarray:
         if self.encoded:
             return np.frombuffer(bytes(self.store.read_image(i)), np.uint8)
         return np.ascontiguousarray(self.store.load(i, self.imgsz))
 
-    def _slots(self, image: ImageParams | None, n: int) -> list[np.ndarray]:
+    def _slots(self, image: ImageParams | None, n: int, positions: dict[int, int] | None, own: int) -> tuple[list[np.ndarray], int]:
+        """The slots of one composed image (per drawn tile its image or batch position, and its
+        placement) and how many of them draw a tile."""
         out: list[np.ndarray] = []
         tiles = image.tiles if image is not None else ()
         if len(tiles) > n:
@@ -154,21 +173,39 @@ class SampleSource:
             slot = _tile_slot(tile, image.out_hw, hw)  # type: ignore[union-attr]
             if slot is None:
                 continue
-            part, crop, pm, cm, kind = slot
-            out += [self._image(tile.src), np.array(hw, np.float32), part, crop, pm, cm, kind, np.array([1.0], np.float32)]
+            if positions is not None:
+                out.append(np.array(positions[tile.src], np.int32))
+            else:
+                out += [self._image(tile.src), np.array(hw, np.float32)]
+            out += list(slot) + [np.array([1.0], np.float32)]
             used += 1
-        if self._placeholder is None:
-            self._placeholder = _placeholder_image(self.encoded)
         box = np.array([0, 0, 8, 8], np.int32)
         eye = _dali_matrix(np.eye(3))
         for _ in range(n - used):
-            out += [self._placeholder, np.array([8.0, 8.0], np.float32), box, box, eye, eye,
-                    np.array([0.0], np.float32), np.array([0.0], np.float32)]
-        return out
+            if positions is not None:  # any valid position: the weight is 0
+                out.append(np.array(own, np.int32))
+            else:
+                if self._placeholder is None:
+                    self._placeholder = _placeholder_image(self.encoded)
+                out += [self._placeholder, np.array([8.0, 8.0], np.float32)]
+            out += [box, box, eye, eye, np.array([0.0], np.float32), np.array([0.0], np.float32)]
+        return out, used
 
-    def record_arrays(self, rec: SampleParams) -> list[np.ndarray]:
-        """Everything the graph needs for one record, in output order (see :mod:`dali_graph`)."""
+    def record_arrays(self, rec: SampleParams, positions: dict[int, int] | None = None, own: int = 0) -> list[np.ndarray]:
+        """Everything the graph needs for one record, in output order (see :func:`n_outputs`).
+
+        ``positions`` (``partners="batch"``): batch position of every loader index of the batch;
+        ``own``: this sample's position.
+        """
         oh, ow = rec.image.out_hw
+        main, used = self._slots(rec.image, self.slots.main, positions, own)
+        mixup, used_mixup = self._slots(rec.mixup, self.slots.mixup, positions, own)
+        if positions is not None:  # the graph decodes this sample's own image, once
+            decodes = int(self.encoded)
+            images = [self._image(rec.index), np.array(self.sampler.loaded_shapes[rec.index], np.float32)]
+        else:  # the graph decodes the image of every slot that draws a tile
+            decodes = (used + used_mixup) if self.encoded else 0
+            images = []
         head = [
             np.array([rec.index], np.int64),
             np.ascontiguousarray(transform_labels(rec, self.store.labels), np.float32).reshape(-1, 5),
@@ -179,20 +216,39 @@ class SampleSource:
             np.array([int(rec.flip_lr)], np.int32),
             np.array([int(rec.flip_ud)], np.int32),
             np.array(rec.hsv_gain, np.float32),
+            np.array([decodes], np.int32),
         ]
-        return head + self._slots(rec.image, self.slots.main) + self._slots(rec.mixup, self.slots.mixup)
+        return head + images + main + mixup
+
+    def _batch_positions(self, k: int, b: int, batch: np.ndarray) -> dict[int, int]:
+        """Loader index -> its first position in batch ``b`` of DALI epoch ``k`` (kept for the next sample)."""
+        if self._positions is None or self._positions[0] != (k, b):
+            pos: dict[int, int] = {}
+            for p, i in enumerate(batch.tolist()):
+                pos.setdefault(int(i), p)
+            self._positions = ((k, b), pos)
+        return self._positions[1]
 
     def __call__(self, info: Any) -> list[np.ndarray]:
-        epoch, indices = self._epoch_plan(int(info.epoch_idx))
-        if info.idx_in_epoch >= len(indices):
+        k = int(info.epoch_idx)
+        epoch, n, indices = self._epoch_plan(k)
+        j = int(info.idx_in_epoch)
+        if j >= len(indices):
             raise StopIteration
-        rec = self.sampler.sample(epoch, int(indices[info.idx_in_epoch]))
-        return self.record_arrays(rec)
+        index = int(indices[j])
+        if not self.by_batch:
+            return self.record_arrays(self.sampler.sample(epoch, index))
+        b = j // self.batch_size
+        start = b * self.batch_size
+        batch = indices[start : start + self.batch_size]
+        real = indices[start : min(start + self.batch_size, n)]  # the padding repeats an index: not a partner
+        rec = self.sampler.sample(epoch, index, batch=real)
+        return self.record_arrays(rec, self._batch_positions(k, b, batch), j - start)
 
 
-HEAD = ("index", "boxes", "shapes", "out_hw", "fill", "ratio", "flip_lr", "flip_ud", "gain")
-
-
-def n_outputs(slots: TileSlots) -> int:
-    """Number of arrays the source emits per sample."""
-    return len(HEAD) + PER_SLOT * slots.total
+def n_outputs(slots: TileSlots, by_batch: bool) -> int:
+    """Number of arrays the source emits per sample: ``HEAD``, then with ``partners="batch"`` the
+    sample's image and loaded size, then per slot its image and loaded size (``"dataset"``) or its
+    batch position (``"batch"``) followed by ``PLACEMENT``."""
+    per_slot = (1 if by_batch else 2) + len(PLACEMENT)
+    return len(HEAD) + (2 if by_batch else 0) + per_slot * slots.total

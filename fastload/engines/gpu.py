@@ -5,7 +5,8 @@ Per batch the CPU does only what cannot be batched on the device: sample the rec
 image the batch draws from, move the boxes (:func:`fastload.augment.boxes.batch_targets`) and
 plan the tiles (a few numbers per tile). The device then
 
-1. decodes the batch's unique source images at once (``torchvision.io.decode_jpeg`` on a list:
+1. decodes the batch's unique source images at once (with ``partners="batch"``: exactly the
+   batch's own images; ``torchvision.io.decode_jpeg`` on a list:
    nvJPEG on CUDA, libjpeg on CPU; non-JPEG files are decoded on the CPU and uploaded) and resizes
    them to their loaded shape (:func:`fastload.data.torch_images.decode_on_device`) - or uploads loaded
    arrays from a ram/disk store through pinned memory - or, with ``store="gpu"``, reads the
@@ -72,10 +73,12 @@ class TorchGPUOptions:
 
 @dataclass
 class _Ready:
-    """A finished batch, its unapplied HSV gains and the event its device work recorded (None on CPU)."""
+    """A finished batch, its unapplied HSV gains, the event its device work recorded (None on CPU) and
+    the images decoded for it (counted in :attr:`Engine.decodes` when it is delivered)."""
 
     rendered: Rendered
     event: torch.cuda.Event | None
+    decodes: int
 
 
 def _resolve_device(device: str | torch.device | None) -> torch.device:
@@ -99,11 +102,19 @@ class GPUEngine(Engine):
     handy for debugging); ``hsv_on="worker"`` applies HSV in the background thread, on the side
     stream; ``layout="nhwc"`` delivers the drawn HWC pixels as a channels-last view (no copy),
     ``"nchw"`` makes them contiguous. Batches are fresh tensors: they stay valid.
+
+    Default ``partners="dataset"`` (YOLOv9's own draw): this engine is built to draw from decoded
+    images (``store="gpu"`` resident in device memory, or ram/disk stores), where partners cost no
+    decode, and the records it draws stay the stock ones. From an encoded store (files, lmdb) every
+    batch decodes its distinct sources (about 4.3 per output image with scratch-high) on every epoch;
+    there ``partners="batch"`` makes it one batched decode of the batch's own images (at most one per
+    output image).
     """
 
     name = "gpu"
     Options = TorchGPUOptions
     default_workers = 0
+    default_partners = "dataset"
 
     def __init__(self, store: Store, sampler: ParamSampler, settings: EngineSettings,
                  options: TorchGPUOptions | None = None) -> None:
@@ -166,11 +177,15 @@ class GPUEngine(Engine):
         return ImageBank(pixels, offsets, hw), slot
 
     # -- one batch ------------------------------------------------------------------------------------
-    def _render(self, epoch: int, idx: np.ndarray) -> Rendered:
-        """Everything for one batch; device work goes to the current stream."""
-        records = [self.sampler.sample(epoch, int(i)) for i in idx]
-        srcs = sorted({s for r in records for s in r.sources})
+    def _render(self, epoch: int, idx: np.ndarray) -> tuple[Rendered, int]:
+        """Everything for one batch (device work goes to the current stream), and the images it decoded."""
+        records = self.sampler.sample_batch(epoch, idx)
+        if self.sampler.partners == "batch":  # every source is one of the batch's images: one decode each
+            srcs = sorted({int(i) for i in idx})
+        else:
+            srcs = sorted({s for r in records for s in r.sources})
         bank, slot = self._bank(srcs)
+        decodes = len(srcs) if self.resident is None and not self.store.decoded else 0
         hwc = render_batch(records, bank, slot.__getitem__, max_elements=self.max_elements)
         imgs = hwc.permute(0, 3, 1, 2)
         gains: torch.Tensor | None = torch.tensor([r.hsv_gain for r in records], dtype=torch.float32)
@@ -186,7 +201,7 @@ class GPUEngine(Engine):
             targets = targets.pin_memory().to(self.device, non_blocking=True)
         paths = tuple(self.store.im_files[int(i)] for i in idx)
         shapes = tuple(r.shapes for r in records)
-        return Rendered(Batch(imgs, targets, paths, shapes), gains)
+        return Rendered(Batch(imgs, targets, paths, shapes), gains), decodes
 
     def _produce(self, epoch: int, batches: list[np.ndarray], out: "queue.Queue[Any]", stop: threading.Event) -> None:
         """Background thread: render batches in order onto the side stream, hand them over with events."""
@@ -209,12 +224,12 @@ class GPUEngine(Engine):
                 for idx in batches:
                     if stop.is_set():
                         return
-                    rendered = self._render(epoch, idx)
+                    rendered, decodes = self._render(epoch, idx)
                     event = None
                     if self.cuda:
                         event = torch.cuda.Event()
                         event.record(self._stream)
-                    if not put(_Ready(rendered, event)):
+                    if not put(_Ready(rendered, event, decodes)):
                         return
         except BaseException as exc:  # handed to the consumer, which re-raises it
             put(exc)
@@ -223,6 +238,7 @@ class GPUEngine(Engine):
 
     def _deliver(self, ready: _Ready) -> Rendered:
         """Make the consumer's stream wait for the batch (no host sync) and keep its memory alive."""
+        self.decodes += ready.decodes
         if ready.event is not None:
             consumer = torch.cuda.current_stream(self.device)
             consumer.wait_event(ready.event)
@@ -235,8 +251,14 @@ class GPUEngine(Engine):
         self._halt()
         batches = chunks(indices, self.batch_size)
         if self.prefetch == 0:
-            return (self._render(epoch, idx) for idx in batches)
+            return self._iter_inline(epoch, batches)
         return self._iter_thread(epoch, batches)
+
+    def _iter_inline(self, epoch: int, batches: list[np.ndarray]) -> Generator[Rendered, None, None]:
+        for idx in batches:
+            rendered, decodes = self._render(epoch, idx)
+            self.decodes += decodes
+            yield rendered
 
     def _iter_thread(self, epoch: int, batches: list[np.ndarray]) -> Generator[Rendered, None, None]:
         q: queue.Queue[Any] = queue.Queue(maxsize=self.prefetch)

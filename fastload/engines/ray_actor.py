@@ -8,7 +8,10 @@ every node (so fastload must be installed there, the same version as in the trai
 Each actor opens the store itself (:class:`StoreSpec`: kind, path, imgsz, and the loader's view of it) and
 builds a :class:`~fastload.engines.cpu_render.BatchRenderer` with the loader's
 :class:`~fastload.augment.params.ParamSampler`, so a batch is the same pure function of
-``(seed, epoch, indices)`` as on ``engine="cpu"``. A store it cannot open is reported, not raised, by
+``(seed, epoch, indices)`` as on ``engine="cpu"`` (with either ``partners``: the sampler carries it). An
+encoded store (files, lmdb) is read through the node's decoded-image cache
+(:mod:`~fastload.engines.shm_cache`), which every actor of every loader on that node shares, as the CPU
+engine's workers share the machine's. A store it cannot open is reported, not raised, by
 :meth:`RenderActor.hello` (an exception in an actor's constructor would kill it for good, with Ray's
 wrapping around the message); :meth:`RenderActor.render` raises that same message if asked to render.
 """
@@ -27,6 +30,7 @@ from fastload.augment.functional.tiles import AxisKernel
 from fastload.augment.params import ParamSampler, shapes_to_array
 from fastload.data.images import ShrinkFilter
 from fastload.engines.cpu_render import BatchRenderer
+from fastload.engines.shm_cache import open_decode_cache
 from fastload.store.base import Store, StoreError, split_labels
 from fastload.store.factory import open_path
 from fastload.store.files import FileStore
@@ -71,7 +75,8 @@ class RenderSpec:
 
     hsv_in_worker: bool
     layout: Layout
-    reduced_decode: bool
+    decode_scale: str
+    decode_cache_mb: int | None
     axis_kernel: AxisKernel
     shrink: ShrinkFilter
     max_batch_bytes: int
@@ -141,8 +146,10 @@ class RenderActor:
             self.error = (f"engine 'ray': the render actor on node {self.where} cannot open the {spec.kind} store at "
                           f"{spec.path}: {e}")
             return
-        self.renderer = BatchRenderer(store, sampler, cache=None, hsv_in_worker=render.hsv_in_worker,
-                                      layout=render.layout, reduced_decode=render.reduced_decode,
+        cache = open_decode_cache(store, sampler.imgsz, decode_scale=render.decode_scale, shrink=render.shrink,
+                                  budget_mb=render.decode_cache_mb)
+        self.renderer = BatchRenderer(store, sampler, cache=cache, hsv_in_worker=render.hsv_in_worker,
+                                      layout=render.layout, reduced_decode=render.decode_scale == "reduced",
                                       axis_kernel=render.axis_kernel, shrink=render.shrink)
         # one reused buffer: Ray copies the returned pixels into its object store before the next task runs
         self.buffer = np.empty(render.max_batch_bytes, np.uint8)
@@ -152,8 +159,12 @@ class RenderActor:
         return {"node": self.where, "pid": os.getpid(), "error": self.error, "versions": versions()}
 
     def render(self, epoch: int, indices: np.ndarray, mosaic_closed: bool) -> tuple[Any, ...]:
-        """Render one batch (``indices``: loader indices, or sample ids of an image table): ``(imgs uint8 [B, H, W, 3] or [B, 3, H, W], targets float32 [N, 6],
-        shapes float64 [B, 6], HSV gains float32 [B, 3] or None, this process's pid)``."""
+        """Render one batch (``indices``: loader indices, or sample ids of an image table).
+
+        Returns ``(imgs uint8 [B, H, W, 3] or [B, 3, H, W], targets float32 [N, 6], shapes float64 [B, 6],
+        HSV gains float32 [B, 3] or None, this process's pid, counts)``, ``counts`` being this actor's
+        totals so far (its tasks run in the order they were sent): ``[decodes, cache hits, cache misses]``.
+        """
         if self.renderer is None:
             raise StoreError(self.error)
         renderer = self.renderer
@@ -167,4 +178,15 @@ class RenderActor:
         h, w = out.hw
         imgs = slot(len(indices), h, w)
         shapes = np.stack([shapes_to_array(s) for s in out.shapes])
-        return imgs, out.targets, shapes, out.gains, os.getpid()
+        cache = renderer.cache
+        counts = [renderer.decodes, cache.hits if cache is not None else 0, cache.misses if cache is not None else 0]
+        return imgs, out.targets, shapes, out.gains, os.getpid(), counts
+
+    def close(self) -> None:
+        """Drop this actor's hold on the node's decoded cache (the last holder removes it) and close its store;
+        the engine calls it before killing the actor (a killed holder's segment waits for a stale-cleanup)."""
+        if self.renderer is not None:
+            if self.renderer.cache is not None:
+                self.renderer.cache.close()
+            self.renderer.store.close()
+            self.renderer = None

@@ -77,6 +77,10 @@ class RayOptions:
             actors and nodes itself).
         runtime_env: Ray ``runtime_env`` of the actors (environment variables, ``pip`` packages...);
             None: the cluster's environment.
+        decode_cache_mb: encoded stores (files, lmdb): bound of each node's decoded-image cache, one
+            shared-memory segment per node that every actor there (of every loader and rank) fills and
+            reads, as :class:`~fastload.engines.cpu.CPUOptions` ``decode_cache_mb`` is for one machine's
+            workers. ``None``: 1/8 of that node's physical memory; ``0``: off (every read decodes).
         decode_scale, axis_kernel: as in :class:`~fastload.engines.cpu.CPUOptions` (``axis_kernel=None``
             is resolved in this process, so every node draws with the same kernel).
     """
@@ -88,6 +92,7 @@ class RayOptions:
     max_restarts: int = 3
     timeout: float = 0.0
     runtime_env: dict[str, Any] | None = None
+    decode_cache_mb: int | None = None
     decode_scale: Literal["full", "reduced"] = "full"
     axis_kernel: AxisKernel | None = None
 
@@ -103,6 +108,8 @@ class RayOptions:
             raise bad(f"max_restarts must be >= 0, got {self.max_restarts}")
         if self.timeout < 0:
             raise bad(f"timeout must be >= 0, got {self.timeout}")
+        if self.decode_cache_mb is not None and self.decode_cache_mb < 0:
+            raise bad(f"decode_cache_mb must be None or >= 0, got {self.decode_cache_mb}")
         if self.decode_scale not in ("full", "reduced"):
             raise bad(f"decode_scale must be 'full' or 'reduced', got {self.decode_scale!r}")
         if self.axis_kernel is not None and self.axis_kernel not in AXIS_KERNELS:
@@ -178,13 +185,26 @@ class RayEngine(Engine):
     ``imgs`` is read-only memory of Ray's object store, valid as long as it is referenced: clone it before
     writing into it. :meth:`stats` adds ``actors``, ``nodes`` (the actors' nodes), ``actor_restarts``
     (dead actors replaced), ``in_flight`` (batches sent, not yet delivered), ``in_flight_limit`` and
-    ``in_flight_peak``,
-    and ``early_batches_used`` / ``early_batches_dropped`` as the CPU engine does.
+    ``in_flight_peak``, ``decode_cache_hits`` / ``decode_cache_misses`` (the actors' reads of their
+    nodes' decoded caches) and ``early_batches_used`` / ``early_batches_dropped`` as the CPU engine does.
+
+    ``decodes`` (and ``decodes_per_image``) sum what the actors report with each batch: every decode made
+    for the batches delivered so far, plus those of batches rendered and then dropped (an abandoned epoch,
+    a wrong guess of the next epoch's first batches), as on the CPU engine. Not counted: the decodes of an
+    actor that died after its last delivered batch (its undelivered batches are counted once more when
+    its replacement renders them).
+
+    Default ``partners="dataset"`` (YOLOv9's own draw), for the CPU engine's reason: the actors of a node
+    share its decoded-image cache (``RayOptions.decode_cache_mb``), so once a node's cache holds the
+    dataset, mosaic partners cost no decode there. Choose ``partners="batch"`` when the decoded dataset
+    does not fit a node's cache, or with many nodes (each node's cache fills with the images its own
+    actors read, so every node decodes the dataset once).
     """
 
     name = "ray"
     Options = RayOptions
     default_workers = 0
+    default_partners = "dataset"
     takes_sample_ids = True  # the actors' renderer draws sample ids as the CPU engine's does
 
     def __init__(self, store: Store, sampler: ParamSampler, settings: EngineSettings, options: RayOptions | None = None) -> None:
@@ -212,7 +232,8 @@ class RayEngine(Engine):
         self.in_flight_limit = n * settings.prefetch
         spec = store_spec(store, opts.store_path)
         render = RenderSpec(
-            hsv_in_worker=settings.hsv_on == "worker", layout=settings.layout, reduced_decode=opts.decode_scale == "reduced",
+            hsv_in_worker=settings.hsv_on == "worker", layout=settings.layout, decode_scale=opts.decode_scale,
+            decode_cache_mb=opts.decode_cache_mb,
             axis_kernel=check_axis_kernel(opts.axis_kernel), shrink=self.shrink,
             max_batch_bytes=self.batch_size * int(np.prod(sampler.max_out_hw)) * 3, threads=max(1, int(opts.cpus_per_actor)),
         )
@@ -224,6 +245,8 @@ class RayEngine(Engine):
         self.nodes: list[str] = [""] * n
         self.pids: list[int] = [0] * n
         self._replaced = [0] * n  # per actor slot: how many times a dead actor was replaced
+        self._counts = [[0, 0, 0] for _ in range(n)]  # per slot, its actor's latest totals: decodes, cache hits, misses
+        self._retired_counts = [0, 0, 0]  # the last totals of replaced actors
         self._peak = 0
         self._active: Generator[Rendered, None, None] | None = None
         self._hint: tuple[int, np.ndarray] | None = None
@@ -281,6 +304,8 @@ class RayEngine(Engine):
         except Exception:  # already gone
             pass
         self._replaced[k] += 1
+        self._retired_counts = [a + b for a, b in zip(self._retired_counts, self._counts[k])]
+        self._counts[k] = [0, 0, 0]
         self._actors[k] = self._actor_class.remote(*self._actor_args)
         self._greet([k])
 
@@ -298,8 +323,13 @@ class RayEngine(Engine):
         out["worker_pids"] = list(self.pids)
         out.update(actors=self.n_actors, nodes=sorted(set(self.nodes)), actor_restarts=sum(self._replaced),
                    in_flight=self.in_flight, in_flight_limit=self.in_flight_limit, in_flight_peak=self._peak)
+        out["decode_cache_hits"], out["decode_cache_misses"] = self._total_counts()[1:]
         out["early_batches_used"], out["early_batches_dropped"] = self._early_stats
         return out
+
+    def _total_counts(self) -> list[int]:
+        """Decodes, cache hits and misses of every actor so far (replaced ones included)."""
+        return [r + sum(c[j] for c in self._counts) for j, r in enumerate(self._retired_counts)]
 
     # -- batches ----------------------------------------------------------------------------------------
     def _submit(self, epoch: int, idx: np.ndarray) -> _Task:
@@ -330,8 +360,10 @@ class RayEngine(Engine):
             raise WorkerError(f"engine 'ray': render actor {task.actor} failed on batch {seq} of epoch {task.epoch}:\n{e}") from None
 
     def _deliver(self, task: _Task, result: tuple[Any, ...]) -> Rendered:
-        imgs, targets, shapes, gains, pid = result
+        imgs, targets, shapes, gains, pid, counts = result
         self.pids[task.actor] = int(pid)
+        self._counts[task.actor] = [int(c) for c in counts]
+        self.decodes = self._total_counts()[0]
         with warnings.catch_warnings():  # object-store memory is read-only; the class docstring says to clone to write
             warnings.simplefilter("ignore", UserWarning)
             pixels = torch.from_numpy(imgs)
@@ -407,6 +439,19 @@ class RayEngine(Engine):
 
     # -- shutdown ---------------------------------------------------------------------------------------
     def _kill_actors(self) -> None:
+        # actors that hold their node's decoded cache close first, to drop their hold (the last one removes the
+        # segment; a killed holder's waits for a stale-cleanup); one still busy past the wait is killed all the same
+        closing = []
+        for a in self._actors if not self.store.decoded and self.options.decode_cache_mb != 0 else []:
+            try:
+                closing.append(a.close.remote())
+            except Exception:  # already dead, or Ray was shut down first
+                pass
+        if closing:
+            try:
+                self._ray.wait(closing, num_returns=len(closing), timeout=5.0)
+            except Exception:
+                pass
         for a in self._actors:
             try:
                 self._ray.kill(a, no_restart=True)

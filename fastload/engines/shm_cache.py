@@ -1,84 +1,270 @@
-"""A decoded-image cache shared by all worker processes of one loader.
+"""The decoded-image cache for encoded stores (files, lmdb): one per machine, used by the CPU engine's
+workers and by the Ray engine's actors (one cache per node).
 
-Mosaic and mixup read several images per output image (4 per mosaic, 4 more with mixup; ``fastload
-bench`` reports the average as ``reads_per_sample``), so a loader that decodes
-JPEGs on every read spends most of its time in the decoder. This cache keeps the *loaded* image
-(long side = imgsz, RGB HWC uint8) of every sample it has room for, in one anonymous shared mapping
-created before the workers fork: whichever worker decodes an image first writes it, every worker
-(and every later epoch) reads it without decoding again, and the machine holds a single copy.
+Mosaic and mixup read several images per output image, and every epoch reads every image again, so
+a loader that decodes JPEGs on every read spends most of its time in the decoder. This cache keeps
+the *loaded* image (long side = imgsz, RGB HWC uint8) of every image it has room for in one
+shared-memory segment per machine: whichever worker of whichever rank (or of another training run
+on the same data) decodes an image first writes it, every other process reads it without decoding.
+It is a ram store built during the first epoch, without a separate ``fastload convert``.
 
-No locks are needed: the loaded shape of every sample is known up front
-(:func:`fastload.data.images.loaded_shape`), so each cached sample owns a fixed byte range
-(samples ``0..k-1`` in index order, as many as fit ``capacity``; reads of the others always
-decode). A one-byte ready flag per sample is set after its pixels are written; two workers that
-race on the same sample write identical bytes. Pages of the mapping are only committed when
-written, so an unused capacity costs nothing.
+Segment: a folder ``fastload-dcache-<name>-<digest>-<imgsz>`` under the shm root
+(:func:`fastload.store.kinds.shm_root`) holding ``cache.bin`` (a flag byte per image, then the
+pixels) and ``meta.json`` (its layout, the commit marker). The digest covers the store's identity
+(kind, path, file list, original shapes), ``imgsz`` and the recipe of loaded pixels (decode scale,
+resize filters), so different datasets, sizes or decoders never share one. Its lifetime follows the
+ram store's rules (:mod:`fastload.store.shm`): every user process registers its PID in the
+holders file, the last one out removes the segment, and a segment whose holders are all dead (a
+crash, SIGKILL) is removed by the next process that opens any decoded cache, by
+``fastload unstage --stale``, or listed by ``fastload info --shm``.
+
+Budget policy (when the dataset does not fit): the layout is fixed when the segment is created:
+images ``0 .. k-1`` of the store (store order), as many as fit the budget, each own a byte range;
+the others are decoded on every read. ``stats()`` says how many images have a place
+(``decode_cache_slots``) and how many are held now (``decode_cache_filled``). The whole
+segment is reserved up front (``posix_fallocate``), so a full ``/dev/shm`` shows at start (the
+engine then runs without the cache, with a warning) rather than as a SIGBUS in a worker.
+
+No locks on the read path: every image's range is known in advance (its loaded shape is a function
+of the original shape and imgsz), a flag byte is set after the pixels are written, and two processes
+that race on the same image write identical bytes.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import mmap
-from typing import Callable
+import os
+import re
+import shutil
+import warnings
+from pathlib import Path
+from typing import Any, Callable
 
 import numpy as np
+import psutil
+
+from fastload.data.images import ShrinkFilter, loaded_shape
+from fastload.store import shm
+from fastload.store.base import Store
+from fastload.store.kinds import SHM_PREFIX, shm_root
+from fastload.store.space import fmt_bytes, free_bytes
+from fastload.store.view import StoreView
+
+PREFIX = SHM_PREFIX + "dcache-"
+LAYOUT_VERSION = 1
+_PAGE = 4096
+_DATA = "cache.bin"
+_META = shm.COMMIT_FILE
+POLICY = "first images of the store (store order) that fit the budget are cached; the others are decoded on every read"
+
+
+def _root_store(store: Store) -> tuple[Store, np.ndarray]:
+    """The store underneath any views, and the base index of every index of ``store``."""
+    idx = np.arange(len(store), dtype=np.int64)
+    while isinstance(store, StoreView):
+        idx = store.base_indices[idx]
+        store = store.base
+    return store, idx
+
+
+def segment_path(store: Store, imgsz: int, recipe: str) -> Path:
+    """The segment of ``store``'s decoded images at ``imgsz`` made by ``recipe`` (same store, size and
+    recipe -> same path, on every rank and in every run)."""
+    base, _ = _root_store(store)
+    h = hashlib.sha1()
+    path = os.path.realpath(base.path) if base.path else None
+    h.update(json.dumps([LAYOUT_VERSION, base.kind, path, len(base), int(imgsz), recipe]).encode())
+    h.update("\n".join(base.im_files).encode())
+    h.update(np.ascontiguousarray(base.shapes, np.int64).tobytes())
+    slug = re.sub(r"[^A-Za-z0-9_.]+", "_", Path(base.path or "data").name)[:32]
+    return shm_root() / f"{PREFIX}{slug}-{h.hexdigest()[:12]}-{int(imgsz)}"
+
+
+def auto_decode_cache_bytes() -> int:
+    """Default bound of a machine's decoded-image cache: 1/8 of its physical memory (one cache per
+    machine, shared by every process that reads the store there)."""
+    return int(psutil.virtual_memory().total // 8)
+
+
+def open_decode_cache(store: Store, imgsz: int, *, decode_scale: str, shrink: ShrinkFilter,
+                      budget_mb: int | None) -> "SharedDecodeCache | None":
+    """This machine's decoded cache of a loader's store, as an engine option asks for it.
+
+    Args:
+        store: the loader's store (view); a decoded store needs no cache (None).
+        imgsz: the long side of loaded images.
+        decode_scale, shrink: how the loaded pixels are made (``"full"``/``"reduced"``, the shrink filter):
+            part of the segment's name, so loaders that make other pixels never share one.
+        budget_mb: bound of the segment, if this process creates it (None: :func:`auto_decode_cache_bytes`;
+            0: no cache, None is returned).
+    """
+    if store.decoded:
+        return None
+    budget = auto_decode_cache_bytes() if budget_mb is None else int(budget_mb) << 20
+    if budget <= 0:
+        return None
+    # what decides the loaded pixels besides the store and imgsz (see Store.load)
+    return SharedDecodeCache.open(store, imgsz, f"decode={decode_scale};shrink={shrink};enlarge=linear", budget)
+
+
+def _layout(hw: np.ndarray, capacity: int) -> tuple[int, np.ndarray, int]:
+    """``(slots, pixel offsets of every image, pixel bytes)``: images ``0 .. slots-1`` fit ``capacity``."""
+    sizes = hw[:, 0] * hw[:, 1] * 3
+    ends = np.cumsum(sizes)
+    slots = int(np.searchsorted(ends, max(int(capacity), 0), side="right"))
+    offsets = np.concatenate([[0], ends[:-1]]).astype(np.int64)
+    return slots, offsets, int(ends[slots - 1]) if slots else 0
 
 
 class SharedDecodeCache:
-    """Fixed-slot cache of loaded images.
+    """The machine's decoded-image cache of one store at one imgsz; open it with :meth:`open`.
 
-    Args:
-        loaded_hw: ``int [N, 2]`` loaded ``(h, w)`` of every sample.
-        capacity_bytes: memory bound for pixels; ``0`` disables the cache.
+    ``get(i, load)`` takes loader (view) indices; the segment is laid out by the store's own indices,
+    so loaders with different views of one store (``min_items``, ``single_cls``) share it.
+
+    Attributes:
+        segment: the segment folder.
+        slots: how many images have a place (images ``0 .. slots-1`` of the store).
+        n: images in the store.
+        nbytes: bytes reserved for pixels.
+        hits, misses: reads of this process served from the cache / decoded (misses include the
+            images without a place).
     """
 
-    def __init__(self, loaded_hw: np.ndarray, capacity_bytes: int) -> None:
-        hw = np.asarray(loaded_hw, np.int64).reshape(-1, 2)
-        sizes = hw[:, 0] * hw[:, 1] * 3
-        ends = np.cumsum(sizes)
-        self.n_cached = int(np.searchsorted(ends, max(int(capacity_bytes), 0), side="right"))
-        self.nbytes = int(ends[self.n_cached - 1]) if self.n_cached else 0
-        self.hw = hw
-        self.offsets = np.concatenate([[0], ends[:-1]]).astype(np.int64)
-        n = len(hw)
-        # flags live in their own small mapping so the pixel pages stay untouched until written
-        self._flags_map = mmap.mmap(-1, max(n, 1), flags=mmap.MAP_SHARED)
-        self._flags = np.frombuffer(self._flags_map, np.uint8)
-        self._pix_map = mmap.mmap(-1, self.nbytes, flags=mmap.MAP_SHARED) if self.nbytes else None
-        self._pix = np.frombuffer(self._pix_map, np.uint8) if self._pix_map is not None else None
-        self.hits = 0  # per process: how often a read was served from the cache
+    def __init__(self, segment: Path, base_hw: np.ndarray, base_idx: np.ndarray) -> None:
+        self.segment = Path(segment)
+        meta = json.loads((self.segment / _META).read_text())
+        self.n = len(base_hw)
+        self.slots, self._offsets, self.nbytes = _layout(base_hw, int(meta["capacity"]))
+        if meta.get("layout") != LAYOUT_VERSION or meta.get("n") != self.n or meta.get("slots") != self.slots:
+            raise RuntimeError(f"decoded cache {self.segment} was laid out for another store ({meta}); "
+                               f"remove it with `fastload unstage --stale` once no loader uses it")
+        self._hw = base_hw
+        self._base_idx = base_idx
+        self._pix_start = int(meta["pixels_at"])
+        fd = os.open(self.segment / _DATA, os.O_RDWR)
+        try:
+            self._map: mmap.mmap | None = mmap.mmap(fd, self._pix_start + self.nbytes, flags=mmap.MAP_SHARED)
+        finally:
+            os.close(fd)
+        self._buf = np.frombuffer(self._map, np.uint8)
+        self._flags = self._buf[: self.n]
+        self.hits = 0
         self.misses = 0
+        self._open = True
 
+    # -- opening ------------------------------------------------------------------------------------------
+    @classmethod
+    def open(cls, store: Store, imgsz: int, recipe: str, budget: int) -> "SharedDecodeCache | None":
+        """Join the machine's cache of ``store`` (``imgsz``, ``recipe``), creating it with room for
+        ``budget`` bytes of pixels (at most what the whole store needs) when no process has it yet.
+
+        Segments left by dead processes are removed first. Returns None (after a warning) when the
+        shared-memory filesystem cannot hold even one image.
+        """
+        shm.cleanup_stale(prefix=PREFIX)
+        base, base_idx = _root_store(store)
+        base_hw = np.array([loaded_shape(int(h), int(w), imgsz) for h, w in base.shapes], np.int64).reshape(-1, 2)
+        segment = segment_path(store, imgsz, recipe)
+        try:
+            shm.acquire(segment, lambda seg: _build(seg, base_hw, int(budget), imgsz, recipe),
+                        info={"what": "decoded-image cache", "images": len(base_hw), "imgsz": int(imgsz)})
+        except _NoRoom as e:
+            warnings.warn(f"fastload: {e}; the loader decodes every read (decode_cache_mb=0 silences this)")
+            return None
+        try:
+            return cls(segment, base_hw, base_idx)
+        except BaseException:
+            shm.release(segment)
+            raise
+
+    # -- reads --------------------------------------------------------------------------------------------
     def __len__(self) -> int:
-        return int(self._flags[: len(self.hw)].sum())
+        """Images held now, machine-wide (written by any process)."""
+        return int(np.count_nonzero(self._flags[: self.slots])) if self._open else 0
 
-    def _view(self, i: int) -> np.ndarray:
-        h, w = (int(v) for v in self.hw[i])
-        off = int(self.offsets[i])
-        return self._pix[off : off + h * w * 3].reshape(h, w, 3)  # type: ignore[index]
+    def _view(self, b: int) -> np.ndarray:
+        h, w = (int(v) for v in self._hw[b])
+        off = self._pix_start + int(self._offsets[b])
+        return self._buf[off : off + h * w * 3].reshape(h, w, 3)
 
     def get(self, i: int, load: Callable[[int], np.ndarray]) -> np.ndarray:
-        """The loaded image ``i``: from the cache, else ``load(i)`` (stored when there is room).
+        """The loaded image of loader index ``i``: from the cache, else ``load(i)`` (kept when it has a place).
 
-        The returned array is read-only for the caller (a view into shared memory for hits).
+        Cached images are returned as read-only views of the shared segment.
         """
-        if i < self.n_cached:
-            if self._flags[i]:
+        b = int(self._base_idx[i])
+        if b < self.slots:
+            view = self._view(b)
+            if not self._flags[b]:
+                img = load(i)
+                if img.shape != view.shape:
+                    raise ValueError(f"image {i}: loaded shape {img.shape} differs from the planned {view.shape}")
+                view[...] = img
+                self._flags[b] = 1  # after the pixels: a reader that sees the flag sees the pixels
+                self.misses += 1
+            else:
                 self.hits += 1
-                return self._view(i)
-            img = load(i)
-            view = self._view(i)
-            if img.shape != view.shape:
-                raise ValueError(
-                    f"sample {i}: loaded shape {img.shape} differs from the planned {view.shape}"
-                )
-            view[...] = img
-            self._flags[i] = 1  # after the pixels: readers that see the flag see the pixels
-            self.misses += 1
-            return view
+            out = view.view()
+            out.flags.writeable = False
+            return out
         self.misses += 1
         return load(i)
 
+    def stats(self) -> dict[str, Any]:
+        """The machine-wide state: ``decode_cache_segment``, ``_slots`` (images with a place),
+        ``_filled`` (images held now), ``_images`` (in the store), ``_bytes`` (reserved), ``_policy``."""
+        return {"decode_cache_segment": str(self.segment), "decode_cache_slots": self.slots,
+                "decode_cache_filled": len(self), "decode_cache_images": self.n,
+                "decode_cache_bytes": self.nbytes, "decode_cache_policy": POLICY}
+
     def close(self) -> None:
-        self._pix = None
-        self._flags = np.zeros(0, np.uint8)
-        self._pix_map = None
-        self._flags_map = None
+        """Unmap (once no view is in use) and drop this process's hold; the last holder removes the segment."""
+        if not self._open:
+            return
+        self._open = False
+        self._flags = self._buf = np.zeros(0, np.uint8)
+        self._map = None  # unmapped when the last view of it is gone
+        shm.release(self.segment)
+
+
+class _NoRoom(OSError):
+    """The shared-memory filesystem cannot hold the cache."""
+
+
+def _build(segment: Path, hw: np.ndarray, budget: int, imgsz: int, recipe: str) -> None:
+    """Create the segment (under the holders lock, via a temporary sibling and a rename)."""
+    n = len(hw)
+    pixels_at = -(-max(n, 1) // _PAGE) * _PAGE
+    total = int((hw[:, 0] * hw[:, 1] * 3).sum())
+    capacity = min(int(budget), total)
+    room = int(free_bytes(segment.parent) * 0.9) - pixels_at  # leave a tenth of the filesystem to others
+    if capacity > room:
+        smallest = int((hw[:, 0] * hw[:, 1] * 3).min()) if n else 0
+        if room < smallest:
+            raise _NoRoom(f"{segment.parent} has {fmt_bytes(max(room, 0))} free, too little for a decoded-image cache")
+        warnings.warn(f"fastload: {segment.parent} has {fmt_bytes(room)} free: the decoded-image cache gets that instead "
+                      f"of {fmt_bytes(capacity)} and holds only part of the dataset (raise the size of {segment.parent}, "
+                      f"e.g. docker --shm-size)")
+        capacity = room
+    slots, _, nbytes = _layout(hw, capacity)
+    tmp = segment.with_name(segment.name + f".partial-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    fd = os.open(tmp / _DATA, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        try:  # reserve the memory now: a full filesystem fails here, not as a SIGBUS in a worker's write
+            if hasattr(os, "posix_fallocate"):
+                os.posix_fallocate(fd, 0, pixels_at + nbytes)
+            else:  # macOS: no reservation, the free-space check above is all there is
+                os.ftruncate(fd, pixels_at + nbytes)
+        except OSError as e:
+            raise _NoRoom(f"cannot reserve {fmt_bytes(pixels_at + nbytes)} for a decoded-image cache in "
+                          f"{segment.parent}: {e.strerror}") from e
+    finally:
+        os.close(fd)
+    meta = {"layout": LAYOUT_VERSION, "n": n, "imgsz": int(imgsz), "recipe": recipe, "capacity": capacity,
+            "slots": slots, "pixels_at": pixels_at, "pixel_bytes": nbytes, "policy": POLICY}
+    (tmp / _META).write_text(json.dumps(meta))
+    os.rename(tmp, segment)

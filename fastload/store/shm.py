@@ -235,16 +235,17 @@ class SegmentInfo:
         return d
 
 
-def list_segments(root: Path | None = None) -> list[SegmentInfo]:
-    """Every ram store segment (finished or not) under the shm root.
+def list_segments(root: Path | None = None, prefix: str = SHM_PREFIX) -> list[SegmentInfo]:
+    """Every segment (finished or not) under the shm root whose name starts with ``prefix``: ram
+    stores and the per-machine decoded-image caches of the CPU and Ray engines (``fastload-dcache-*``).
 
-    A ram store is recognised by its holders file, which exists from the first moment of a build;
-    other ``fastload-*`` entries (e.g. the engines' batch buffers) are not ours to list or remove.
+    A segment is recognised by its holders file, which exists from the first moment of a build;
+    other ``fastload-*`` entries are not ours to list or remove.
     """
     root = Path(root) if root else shm_root()
     names = {
         p.name[: -len(HOLDERS_SUFFIX)]
-        for p in (root.glob(SHM_PREFIX + "*" + HOLDERS_SUFFIX) if root.is_dir() else [])
+        for p in (root.glob(prefix + "*" + HOLDERS_SUFFIX) if root.is_dir() else [])
     }
     out = []
     for name in sorted(names):
@@ -261,10 +262,11 @@ def list_segments(root: Path | None = None) -> list[SegmentInfo]:
     return out
 
 
-def cleanup_stale(root: Path | None = None) -> list[SegmentInfo]:
-    """Remove segments nobody alive holds (and unfinished builds); returns what was removed."""
+def cleanup_stale(root: Path | None = None, prefix: str = SHM_PREFIX) -> list[SegmentInfo]:
+    """Remove segments named ``prefix*`` that nobody alive holds (and unfinished builds); returns what
+    was removed."""
     removed = []
-    for seg in list_segments(root):
+    for seg in list_segments(root, prefix):
         if not seg.stale:
             continue
         with locked(seg.path) as reg:

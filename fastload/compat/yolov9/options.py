@@ -14,6 +14,7 @@ from typing import Any, Callable, Mapping
 from fastload.engines.factory import ENGINES
 
 HSV = ("auto", "worker", "consumer")
+PARTNERS = ("auto", "dataset", "batch")
 
 
 def _bool(value: Any) -> bool:
@@ -87,6 +88,9 @@ OPTIONS: tuple[Option, ...] = (
            "copy), or a device such as cuda:0 or cpu (cpu forces the device path: consumer HSV on the CPU)"),
     Option("reduced_decode", _bool, False,
            "decode large JPEGs at a reduced DCT scale (the CPU engine's decode_scale='reduced'; encoded stores)"),
+    Option("partners", _choice(PARTNERS), "auto",
+           "where mosaic partners of the training loader come from: dataset (YOLOv9), batch (the batch's own images: "
+           "one decode per image; for datasets larger than memory), auto (the engine's default)"),
     Option("batch_log", _optional_str, None,
            "append one JSON line per batch to this file (epoch, batch, size, mosaic samples, images, device)"),
 )
@@ -104,6 +108,7 @@ class CompatOptions:
     num_workers: int | None = None
     device: str | None = "auto"
     reduced_decode: bool = False
+    partners: str = "auto"
     batch_log: str | None = None
 
     @classmethod
