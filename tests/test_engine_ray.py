@@ -7,7 +7,6 @@ The engine-contract checks (batch format, HSV modes, layouts, options) run in te
 """
 from __future__ import annotations
 
-import gc
 import json
 import os
 import re

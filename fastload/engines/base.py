@@ -32,6 +32,7 @@ from typing import Any, ClassVar, Generator, Iterator, Literal, NamedTuple, Sequ
 import numpy as np
 import torch
 
+from fastload.augment.functional.tiles import AXIS_KERNELS, AxisKernel
 from fastload.augment.functional.torch_ops import apply_hsv_batch
 from fastload.augment.params import ParamSampler, Partners
 from fastload.data.images import ShrinkFilter, shrink_filter
@@ -54,6 +55,34 @@ class EngineOptionError(TypeError, ValueError):
 
     A ``TypeError`` (like an unexpected keyword) and a ``ValueError`` (like a bad value) at once.
     """
+
+
+@dataclass(frozen=True, kw_only=True)
+class HostRenderOptions:
+    """The options of the engines that run the host renderer (:class:`~fastload.engines.cpu_render.BatchRenderer`)
+    in other processes (``cpu``, ``ray``), shared by their options classes, which document them; keyword-only.
+    A subclass names its engine in ``engine`` (for messages) and checks its own fields in ``__post_init__``
+    before calling this one."""
+
+    engine: ClassVar[str] = ""
+    timeout: float = 0.0
+    decode_cache_mb: int | None = None
+    decode_scale: Literal["full", "reduced"] = "full"
+    axis_kernel: AxisKernel | None = None
+
+    def __post_init__(self) -> None:
+        if self.timeout < 0:
+            raise self.bad(f"timeout must be >= 0, got {self.timeout}")
+        if self.decode_cache_mb is not None and self.decode_cache_mb < 0:
+            raise self.bad(f"decode_cache_mb must be None or >= 0, got {self.decode_cache_mb}")
+        if self.decode_scale not in ("full", "reduced"):
+            raise self.bad(f"decode_scale must be 'full' or 'reduced', got {self.decode_scale!r}")
+        if self.axis_kernel is not None and self.axis_kernel not in AXIS_KERNELS:
+            raise self.bad(f"axis_kernel must be None or one of {', '.join(AXIS_KERNELS)}, got {self.axis_kernel!r}")
+
+    def bad(self, what: str) -> EngineOptionError:
+        """The error for an option value this engine cannot take."""
+        return EngineOptionError(f"engine {self.engine!r}: {what}")
 
 
 @dataclass(frozen=True)

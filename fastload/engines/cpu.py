@@ -15,14 +15,13 @@ from __future__ import annotations
 import collections
 import warnings
 from dataclasses import dataclass
-from typing import Any, Generator, Literal, NamedTuple
+from typing import Any, ClassVar, Generator, NamedTuple
 
 import numpy as np
 import torch
 
-from fastload.augment.functional.tiles import AXIS_KERNELS, AxisKernel
 from fastload.augment.params import ParamSampler, image_of, shapes_from_array
-from fastload.engines.base import Batch, Engine, EngineOptionError, EngineSettings, Rendered, chunks
+from fastload.engines.base import Batch, Engine, EngineSettings, HostRenderOptions, Rendered, chunks
 from fastload.engines.cpu_render import BatchRenderer
 from fastload.engines.cpu_workers import WorkerPool, default_start_method_ok
 from fastload.engines.shm_batch import SlotRing
@@ -31,7 +30,7 @@ from fastload.store.base import Store
 
 
 @dataclass(frozen=True)
-class CPUOptions:
+class CPUOptions(HostRenderOptions):
     """Options of ``engine="cpu"`` (``loader(..., engine_options=CPUOptions(...))`` or a dict of them).
 
     Attributes:
@@ -59,24 +58,13 @@ class CPUOptions:
             YOLOv9 either way.
     """
 
+    engine: ClassVar[str] = "cpu"
     keep: int = 2
-    timeout: float = 0.0
-    decode_cache_mb: int | None = None
-    decode_scale: Literal["full", "reduced"] = "full"
-    axis_kernel: AxisKernel | None = None
 
     def __post_init__(self) -> None:
         if self.keep < 1:
-            raise EngineOptionError(f"engine 'cpu': keep must be >= 1, got {self.keep}")
-        if self.timeout < 0:
-            raise EngineOptionError(f"engine 'cpu': timeout must be >= 0, got {self.timeout}")
-        if self.decode_cache_mb is not None and self.decode_cache_mb < 0:
-            raise EngineOptionError(f"engine 'cpu': decode_cache_mb must be None or >= 0, got {self.decode_cache_mb}")
-        if self.decode_scale not in ("full", "reduced"):
-            raise EngineOptionError(f"engine 'cpu': decode_scale must be 'full' or 'reduced', got {self.decode_scale!r}")
-        if self.axis_kernel is not None and self.axis_kernel not in AXIS_KERNELS:
-            raise EngineOptionError(f"engine 'cpu': axis_kernel must be None or one of {', '.join(AXIS_KERNELS)}, "
-                                    f"got {self.axis_kernel!r}")
+            raise self.bad(f"keep must be >= 1, got {self.keep}")
+        super().__post_init__()
 
 
 class _EarlyTasks(NamedTuple):

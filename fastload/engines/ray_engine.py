@@ -28,14 +28,15 @@ from __future__ import annotations
 import time
 import warnings
 from dataclasses import dataclass
-from typing import Any, Generator, Literal, NamedTuple
+from typing import Any, ClassVar, Generator, NamedTuple
 
 import numpy as np
 import torch
 
-from fastload.augment.functional.tiles import AXIS_KERNELS, AxisKernel, check_axis_kernel
+from fastload.augment.functional.tiles import check_axis_kernel
 from fastload.augment.params import ParamSampler, image_of, shapes_from_array
-from fastload.engines.base import Batch, Engine, EngineOptionError, EngineSettings, Rendered, WorkerError, chunks
+from fastload.engines.base import (Batch, Engine, EngineOptionError, EngineSettings, HostRenderOptions, Rendered,
+                                   WorkerError, chunks)
 from fastload.engines.ray_actor import RenderActor, RenderSpec, StoreSpec, versions
 from fastload.store.base import Store, StoreError, join_labels
 from fastload.store.view import StoreView
@@ -55,7 +56,7 @@ def require_ray() -> Any:
 
 
 @dataclass(frozen=True)
-class RayOptions:
+class RayOptions(HostRenderOptions):
     """Options of ``engine="ray"`` (``loader(..., engine_options=RayOptions(...))`` or a dict of them).
 
     Attributes:
@@ -85,35 +86,22 @@ class RayOptions:
             is resolved in this process, so every node draws with the same kernel).
     """
 
+    engine: ClassVar[str] = "ray"
     address: str | None = None
     actors: int | None = None
     cpus_per_actor: float = 1.0
     store_path: str | None = None
     max_restarts: int = 3
-    timeout: float = 0.0
     runtime_env: dict[str, Any] | None = None
-    decode_cache_mb: int | None = None
-    decode_scale: Literal["full", "reduced"] = "full"
-    axis_kernel: AxisKernel | None = None
 
     def __post_init__(self) -> None:
-        def bad(what: str) -> EngineOptionError:
-            return EngineOptionError(f"engine 'ray': {what}")
-
         if self.actors is not None and self.actors < 1:
-            raise bad(f"actors must be None or >= 1, got {self.actors}")
+            raise self.bad(f"actors must be None or >= 1, got {self.actors}")
         if not self.cpus_per_actor > 0:
-            raise bad(f"cpus_per_actor must be > 0, got {self.cpus_per_actor}")
+            raise self.bad(f"cpus_per_actor must be > 0, got {self.cpus_per_actor}")
         if self.max_restarts < 0:
-            raise bad(f"max_restarts must be >= 0, got {self.max_restarts}")
-        if self.timeout < 0:
-            raise bad(f"timeout must be >= 0, got {self.timeout}")
-        if self.decode_cache_mb is not None and self.decode_cache_mb < 0:
-            raise bad(f"decode_cache_mb must be None or >= 0, got {self.decode_cache_mb}")
-        if self.decode_scale not in ("full", "reduced"):
-            raise bad(f"decode_scale must be 'full' or 'reduced', got {self.decode_scale!r}")
-        if self.axis_kernel is not None and self.axis_kernel not in AXIS_KERNELS:
-            raise bad(f"axis_kernel must be None or one of {', '.join(AXIS_KERNELS)}, got {self.axis_kernel!r}")
+            raise self.bad(f"max_restarts must be >= 0, got {self.max_restarts}")
+        super().__post_init__()
 
 
 class _Task(NamedTuple):
