@@ -13,7 +13,8 @@ encoded store (files, lmdb) is read through the node's decoded-image cache
 (:mod:`~fastload.engines.shm_cache`), which every actor of every loader on that node shares, as the CPU
 engine's workers share the machine's. A store it cannot open is reported, not raised, by
 :meth:`RenderActor.hello` (an exception in an actor's constructor would kill it for good, with Ray's
-wrapping around the message); :meth:`RenderActor.render` raises that same message if asked to render.
+wrapping around the message), and so is a decoded cache it cannot open; :meth:`RenderActor.render`
+raises that same message if asked to render.
 """
 from __future__ import annotations
 
@@ -146,8 +147,14 @@ class RenderActor:
             self.error = (f"engine 'ray': the render actor on node {self.where} cannot open the {spec.kind} store at "
                           f"{spec.path}: {e}")
             return
-        cache = open_decode_cache(store, sampler.imgsz, decode_scale=render.decode_scale, shrink=render.shrink,
-                                  budget_mb=render.decode_cache_mb)
+        try:
+            cache = open_decode_cache(store, sampler.imgsz, decode_scale=render.decode_scale, shrink=render.shrink,
+                                      budget_mb=render.decode_cache_mb)
+        except Exception as e:  # e.g. a segment of another layout left at its name: reported like a store error
+            store.close()
+            self.error = (f"engine 'ray': the render actor on node {self.where} cannot open the decoded-image cache of "
+                          f"the {spec.kind} store at {spec.path}: {e}")
+            return
         self.renderer = BatchRenderer(store, sampler, cache=cache, hsv_in_worker=render.hsv_in_worker,
                                       layout=render.layout, reduced_decode=render.decode_scale == "reduced",
                                       axis_kernel=render.axis_kernel, shrink=render.shrink)
