@@ -260,19 +260,24 @@ def measure_pss(yaml_path: Path, batch: int, world: int = 2, *, store: str = "ra
         return json.loads(Path(d, "pss.json").read_text())
 
 
+COUNTED_ENGINES = ("cpu", "gpu", "dali", "ray")
+
+
 def decode_counts(yaml_path: Path, imgsz: int, batch: int, workers: int, batches: int) -> list[dict[str, Any]]:
     """Decodes per output image of every engine and ``partners`` over the first ``batches`` batches
-    from files and lmdb (the CPU engine without its decoded cache: what a dataset larger than the
-    cache costs)."""
+    from files and lmdb (the CPU and Ray engines without their decoded caches: what a dataset larger
+    than the cache costs)."""
     from fastload.fastloader import loader
 
     rows = []
-    for engine in ("cpu", "gpu", "dali"):
+    for engine in COUNTED_ENGINES:
         for store in ("files", "lmdb"):
             for partners in ("dataset", "batch"):
                 kw: dict[str, Any] = dict(imgsz=imgsz, batch_size=batch, store=store, engine=engine, partners=partners)
                 if engine == "cpu":
                     kw.update(workers=workers, engine_options={"decode_cache_mb": 0})
+                elif engine == "ray":  # a local Ray instance on this machine's CPUs
+                    kw["engine_options"] = {"actors": workers, "decode_cache_mb": 0}
                 else:
                     kw["device"] = "cuda" if torch.cuda.is_available() else "cpu"
                     kw["workers"] = 0 if engine == "gpu" else workers
@@ -516,7 +521,7 @@ def main(argv: list[str] | None = None) -> int:
             print("| engine | store | decodes/img, partners dataset | decodes/img, partners batch |")
             print("|---|---|---:|---:|")
             counts = {(r["engine"], r["store"], r["partners"]): r for r in results["decode_counts"]}
-            for engine in ("cpu", "gpu", "dali"):
+            for engine in COUNTED_ENGINES:
                 for st in ("files", "lmdb"):
                     cells = [counts.get((engine, st, p), {}) for p in ("dataset", "batch")]
                     print(f"| {engine} | {st} | " + " | ".join(

@@ -3,7 +3,7 @@
 The public API, by name (``docs/design.md`` maps the packages behind it):
 
 * :func:`loader` builds a YOLOv9-compatible loader and returns a :class:`FastLoader`;
-* :class:`CPUOptions`, :class:`TorchGPUOptions`, :class:`DALIOptions`: each engine's own options
+* :class:`CPUOptions`, :class:`TorchGPUOptions`, :class:`DALIOptions`, :class:`RayOptions`: each engine's own options
   (``loader(..., engine_options=...)``);
 * :func:`apply_hsv_batch`: the HSV finishing step of ``hsv_on="defer"``;
 * :func:`open_store` opens a store, :func:`convert` builds stores (``fastload convert``);
@@ -27,6 +27,7 @@ _EXPORTS = {
     "CPUOptions": "fastload.engines.cpu",
     "TorchGPUOptions": "fastload.engines.gpu",
     "DALIOptions": "fastload.engines.dali",
+    "RayOptions": "fastload.engines.ray_engine",
     "apply_hsv_batch": "fastload.augment.functional.torch_ops",
     "open_store": "fastload.store.factory",
     "convert": "fastload.store.convert",
@@ -35,10 +36,10 @@ _EXPORTS = {
     "CorruptImageError": "fastload.data.images",
     "DataConfigError": "fastload.data.config",
     "EngineOptionError": "fastload.engines.base",
-    "WorkerError": "fastload.engines.cpu_workers",
+    "WorkerError": "fastload.engines.base",
 }
 __all__ = [
-    "__version__", "loader", "FastLoader", "CPUOptions", "TorchGPUOptions", "DALIOptions", "apply_hsv_batch",
+    "__version__", "loader", "FastLoader", "CPUOptions", "TorchGPUOptions", "DALIOptions", "RayOptions", "apply_hsv_batch",
     "open_store", "convert", "StoreError", "IncompleteStoreError", "CorruptImageError", "DataConfigError",
     "EngineOptionError", "WorkerError",
 ]
@@ -47,11 +48,11 @@ if TYPE_CHECKING:  # what static tools see; at run time __getattr__ imports each
     from fastload.augment.functional.torch_ops import apply_hsv_batch
     from fastload.data.config import DataConfigError
     from fastload.data.images import CorruptImageError
-    from fastload.engines.base import EngineOptionError
+    from fastload.engines.base import EngineOptionError, WorkerError
     from fastload.engines.cpu import CPUOptions
-    from fastload.engines.cpu_workers import WorkerError
     from fastload.engines.dali import DALIOptions
     from fastload.engines.gpu import TorchGPUOptions
+    from fastload.engines.ray_engine import RayOptions
     from fastload.fastloader import FastLoader, loader
     from fastload.store.base import IncompleteStoreError, StoreError
     from fastload.store.convert import convert

@@ -2,7 +2,7 @@
 
 It ties the packages together: a store (``fastload.store.open_store``), the augmentation sampler
 (``fastload.augment.params.ParamSampler``), the epoch order (:mod:`fastload.order`) and an engine
-(``cpu``, ``gpu`` or ``dali``, :mod:`fastload.engines.factory`) that renders the batches.
+(``cpu``, ``gpu``, ``dali`` or ``ray``, :mod:`fastload.engines.factory`) that renders the batches.
 """
 from __future__ import annotations
 
@@ -168,9 +168,10 @@ class FastLoader:
         several times gets its own augmentation draws each time (:func:`~fastload.augment.params.visit_ids`),
         so batches stay a function of the seed, the epoch and the table, for any number of workers.
         Mosaic partners are drawn from all images, as without a table (YOLOv9 draws them from the
-        table); with ``partners="batch"`` from the images the batch shows. ``None`` or ``range(n)`` restores the plain order. Needs an engine that takes sample ids
-        (:attr:`~fastload.engines.base.Engine.takes_sample_ids`: ``cpu``); not with ``rect`` (YOLOv9's
-        own loader cannot collate rect images taken out of their batches either).
+        table); with ``partners="batch"`` from the images the batch shows. ``None`` or ``range(n)``
+        restores the plain order. Needs an engine that takes sample ids
+        (:attr:`~fastload.engines.base.Engine.takes_sample_ids`: ``cpu``, ``ray``); not with ``rect``
+        (YOLOv9's own loader cannot collate rect images taken out of their batches either).
         """
         if images is None:
             self.image_table = None
@@ -346,10 +347,12 @@ def loader(
         store: ``auto`` (the fastest store ``fastload convert`` recorded for this split and imgsz:
             ram > disk > lmdb > files), one of ``files | lmdb | disk | ram``, ``gpu`` (decoded images
             resident on ``device``; ``engine="gpu"`` only), or a ``Store``.
-        engine: ``cpu`` (worker processes), ``gpu`` (PyTorch on ``device``) or ``dali``.
+        engine: ``cpu`` (worker processes), ``gpu`` (PyTorch on ``device``), ``dali`` or ``ray``
+            (Ray actors on the machines of a Ray cluster: ``pip install "fastload[ray]"``).
         workers: the engine's worker processes, persistent across epochs: ``cpu``: render
             processes (0: render in the calling process); ``dali``: external-source processes
-            (>= 1); ``gpu``: none (0). ``None``: the engine's default (8 for cpu and dali, 0 for gpu).
+            (>= 1); ``gpu``: none (0); ``ray``: none (0; its actors: ``RayOptions(actors=N)``).
+            ``None``: the engine's default (8 for cpu and dali, 0 for gpu and ray).
         shuffle: new permutation every epoch (a function of ``seed`` and the epoch). Ignored in rect mode.
         rect: validation-style rectangular batches: images sorted by aspect ratio, each batch
             letterboxed to its own ``stride``-multiple shape, no shuffle, no mosaic.
@@ -379,18 +382,20 @@ def loader(
             engines produce HWC pixels, so this costs no copy) or ``"nchw"`` (contiguous; one
             transposing copy per image).
         prefetch: batches prepared ahead of the one being consumed (per worker for ``cpu``; by the
-            background thread for ``gpu``, 0: none; DALI's queue depth, >= 1, for ``dali``).
+            background thread for ``gpu``, 0: none; DALI's queue depth, >= 1, for ``dali``; per actor,
+            >= 1, for ``ray``).
         partners: where a mosaic's three partners (and the mixup image with its partners) come from:
             ``"dataset"`` (YOLOv9: drawn uniformly from all images) or ``"batch"`` (drawn uniformly
             from the images of the same batch, so a batch decodes each of its ``B`` images once,
             about 1 decode per output image instead of 4.6; each image's expected uses per epoch
             are unchanged, but a batch's tiles come from its own ``B`` images only). ``None``: the
-            engine's default (``"dataset"`` for ``cpu`` and ``gpu``, ``"batch"`` for ``dali``; each
-            engine's docstring says why). Only training batches with mosaic have partners: passing
+            engine's default (``"dataset"`` for ``cpu``, ``gpu`` and ``ray``, ``"batch"`` for ``dali``;
+            each engine's docstring says why). Only training batches with mosaic have partners: passing
             ``"batch"`` to a loader that draws no mosaic (``augment=False``, ``rect=True``, hyp
             ``mosaic: 0``) raises ``ValueError``.
         engine_options: what only the chosen engine has: a :class:`~fastload.CPUOptions`,
-            :class:`~fastload.TorchGPUOptions` or :class:`~fastload.DALIOptions`, or a dict of its
+            :class:`~fastload.TorchGPUOptions`, :class:`~fastload.DALIOptions` or
+            :class:`~fastload.RayOptions`, or a dict of its
             fields (e.g. ``{"decode_cache_mb": 0}`` for ``engine="cpu"``). ``None``: the defaults.
 
     Returns a :class:`FastLoader`; ``loader.dataset`` exposes ``labels``, ``shapes``, ``im_files``,
@@ -406,12 +411,12 @@ def loader(
         raise ValueError(f"imgsz must be a positive multiple of the stride {stride}, got {imgsz!r}; use e.g. {near}")
     if workers is not None and workers < 0:
         raise ValueError(f"workers must be >= 0 (0 renders in the calling process), got {workers}")
-    if hsv_on == "consumer" and engine == "cpu" and (device is None or torch.device(device).type == "cpu"):
+    if hsv_on == "consumer" and engine in ("cpu", "ray") and (device is None or torch.device(device).type == "cpu"):
         warnings.warn("fastload.loader: hsv_on='consumer' without a GPU device applies HSV in the main process "
                       "with torch ops (slow on a CPU); use hsv_on='worker' there")
     rank, world_size = _resolve_world(rank, world_size)
     settings = EngineSettings(batch_size=batch_size, workers=cls.default_workers if workers is None else int(workers),
-                              device=device, hsv_on=hsv_on, layout=layout, prefetch=prefetch)
+                              device=device, hsv_on=hsv_on, layout=layout, prefetch=prefetch, world_size=world_size)
     if partners is not None and partners not in PARTNERS:
         raise ValueError(f"partners must be None or one of {', '.join(PARTNERS)}, got {partners!r}")
     owns_store = not isinstance(data, Store) and not isinstance(store, Store)

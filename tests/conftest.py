@@ -1,5 +1,5 @@
 """Shared fixtures: the real coco128 set (skipped with a reason where it is absent), small synthetic
-sets, a private shared-memory root and a one-thread torch setting."""
+sets, a private shared-memory root, a one-thread torch setting and a local Ray instance."""
 from __future__ import annotations
 
 import os
@@ -52,3 +52,16 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    """One local Ray instance per test module (2 CPUs, no dashboard: start-up is the slow part), shut down
+    after the module; skips where Ray is not installed (CI installs it with the ``ray`` extra)."""
+    ray = pytest.importorskip("ray", reason='Ray is not installed (pip install "fastload[ray]")')
+    if ray.is_initialized():  # a connection left by an earlier module (e.g. a bench run) is not ours to reuse
+        ray.shutdown()
+    # a small object store, so that its usage figures (percentages) resolve a few small batches
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=256 << 20)
+    yield ray
+    ray.shutdown()

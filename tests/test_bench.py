@@ -1,6 +1,7 @@
 """``fastload bench``: every stage measured (or skipped with a reason), JSON + PNG written, bottleneck named."""
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -59,10 +60,15 @@ def test_bench_synthetic_all_stages(synth_yaml, tmp_path, capsys):
     aug = next(m for m in doc["measurements"] if m["stage"] == "augment")
     # YOLOv9 scratch-high: 4 reads per mosaic, +4 with mixup (p=0.15) -> about 4.6 per sample
     assert 4.0 <= aug["extra"]["reads_per_sample"] <= 8.0
+    if importlib.util.find_spec("ray") is not None:  # the default engines include ray where it is installed
+        import ray
+
+        assert any(m["name"] == "ray/files" and m["skipped"] is None for m in doc["measurements"])
+        assert not ray.is_initialized()  # the local Ray instance the bench started is gone
 
 
 def test_bench_coco128(coco128_yaml, tmp_path, capsys):
-    doc = _run_bench(tmp_path, coco128_yaml, ["--decoders", "fastload,reduced"], capsys)
+    doc = _run_bench(tmp_path, coco128_yaml, ["--decoders", "fastload,reduced", "--engines", "cpu"], capsys)
     _check_document(doc, ["files"])
     from fastload.store import open_store
 
@@ -81,7 +87,7 @@ def test_convert_builds_missing_stores_in_a_temp_dir(synth_yaml, tmp_path, monke
     js = tmp_path / "c.json"
     # ram is copied from a disk store the conversion also builds (not measured here, to save time)
     code = run_cli(["bench", str(synth_yaml), "--seconds", "0.3", "--stages", "read,loader", "--stores",
-                 "lmdb,ram", "--convert", "--quiet", "--json", str(js)])
+                 "lmdb,ram", "--engines", "cpu", "--convert", "--quiet", "--json", str(js)])
     assert code == 0
     doc = json.loads(js.read_text())
     for kind in ("lmdb", "ram"):

@@ -1,5 +1,6 @@
 """One contract, every engine: the same checks run over cpu (in-process and 2 workers), gpu (the
-PyTorch engine on CPU tensors) and dali (its CPU-only mode, when installed).
+PyTorch engine on CPU tensors), dali (its CPU-only mode, when installed) and ray (2 actors on a local
+Ray instance, when installed).
 
 Batch format, the three HSV modes, both layouts, unknown and inapplicable options, stats keys (the
 decode counters among them), close-mosaic, set_epoch and determinism, with both ``partners``
@@ -18,10 +19,12 @@ from fastload.engines.base import EngineOptionError
 from fastload.engines.cpu import CPUOptions
 from fastload.engines.dali import DALIOptions
 from fastload.engines.gpu import TorchGPUOptions
+from fastload.engines.ray_engine import RayOptions
 
 IMGSZ = 64
 BATCH = 4
 HAS_DALI = importlib.util.find_spec("nvidia") is not None and importlib.util.find_spec("nvidia.dali") is not None
+HAS_RAY = importlib.util.find_spec("ray") is not None
 
 # engine name, the settings that run it here
 ENGINES = [
@@ -30,14 +33,25 @@ ENGINES = [
     pytest.param("gpu", dict(device="cpu"), id="gpu-on-cpu"),
     pytest.param("dali", dict(device="cpu", workers=1), id="dali-cpu",
                  marks=pytest.mark.skipif(not HAS_DALI, reason="NVIDIA DALI is not installed (pip install fastload[dali])")),
+    pytest.param("ray", dict(), id="ray-2actors",  # the local instance's 2 CPUs: 2 actors by default
+                 marks=pytest.mark.skipif(not HAS_RAY, reason='Ray is not installed (pip install "fastload[ray]")')),
 ]
 # every engine's options class and one field it has
-OPTIONS = {"cpu": (CPUOptions, "decode_cache_mb"), "gpu": (TorchGPUOptions, "max_elements"), "dali": (DALIOptions, "threads")}
+OPTIONS = {"cpu": (CPUOptions, "keep"), "gpu": (TorchGPUOptions, "max_elements"), "dali": (DALIOptions, "threads"),
+           "ray": (RayOptions, "actors")}
 PARTNERS = ["dataset", "batch"]
 # settings each engine cannot honour (refused, never dropped)
-REFUSED = {"cpu": [], "gpu": [dict(workers=2)], "dali": [dict(workers=0), dict(prefetch=0)]}
+REFUSED = {"cpu": [], "gpu": [dict(workers=2)], "dali": [dict(workers=0), dict(prefetch=0)],
+           "ray": [dict(workers=2), dict(prefetch=0)]}
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+@pytest.fixture(autouse=True)
+def ray_for_the_ray_engine(request):
+    """The ray engine's cases run on the module's local Ray instance (started by the first of them)."""
+    if getattr(request.node, "callspec", None) is not None and request.node.callspec.params.get("engine") == "ray":
+        request.getfixturevalue("local_ray")
 
 
 @pytest.fixture(scope="module")
@@ -97,8 +111,8 @@ def test_batch_format_and_stats(data, engine, run, partners):
     assert stats["decodes_per_image"] == stats["decodes"] / fl.n > 0
     if partners == "batch":
         assert stats["decodes"] <= fl.n
-    assert len(stats["worker_pids"]) == (run.get("workers", 0) if engine == "cpu" else 0)
-    if engine == "cpu":
+    assert len(stats["worker_pids"]) == {"cpu": run.get("workers", 0), "ray": 2}.get(engine, 0)
+    if engine in ("cpu", "ray"):
         assert {"decode_cache_hits", "decode_cache_misses", "early_batches_used", "early_batches_dropped"} <= set(stats)
 
 
@@ -179,7 +193,7 @@ def test_unknown_and_inapplicable_options_are_refused(data, engine, run):
             make(data, engine, run, partners="batch", **no_mosaic)
     with make(data, engine, run, augment=False, rect=True) as fl:  # the engine's default is taken silently
         assert fl.stats()["partners"] == fl.engine.default_partners
-    with make(data, engine, run, engine_options={field: None}) as fl:  # a field of its own is taken
+    with make(data, engine, run, engine_options={field: getattr(cls(), field)}) as fl:  # a field of its own is taken
         assert isinstance(fl.engine.options, cls)
 
 

@@ -24,11 +24,14 @@ LAYERS = (
     ("fastload.order", "fastload.fastloader"),
     ("fastload.cli", "fastload.bench", "fastload.compat", "fastload.monitor", "fastload.__main__", "fastload"),
 )
-# Engines never import each other: each engine's own modules (base and factory are shared).
+# Engines never import each other: each engine's own modules (base and factory are shared, and so are
+# cpu_render, the host renderer the cpu engine's workers and the ray engine's actors both run, and
+# shm_cache, the machine's decoded-image cache that renderer reads through).
 ENGINE_FAMILIES = {
-    "cpu": ("cpu", "cpu_render", "cpu_workers", "shm_batch", "shm_cache"),
+    "cpu": ("cpu", "cpu_workers", "shm_batch"),
     "gpu": ("gpu",),
     "dali": ("dali", "dali_graph", "dali_source"),
+    "ray": ("ray_engine", "ray_actor"),
 }
 
 

@@ -43,8 +43,9 @@ from fastload.bench.stages import (
     store_files,
 )
 from fastload.data.config import load_data_config
-from fastload.engines.cpu import auto_decode_cache_bytes
 from fastload.engines.factory import ENGINES
+from fastload.engines.ray_engine import disconnect as ray_disconnect
+from fastload.engines.shm_cache import auto_decode_cache_bytes
 from fastload.store.base import StoreError
 from fastload.store.convert import convert as do_convert
 from fastload.store.factory import open_store
@@ -123,12 +124,15 @@ class _Source:
 
 
 def _default_engines() -> list[str]:
-    """``cpu``, plus the GPU engines when CUDA (and, for dali, nvidia-dali) are present."""
+    """``cpu``, plus the GPU engines when CUDA (and, for dali, nvidia-dali) are present, plus ``ray`` when
+    Ray is installed (on the cluster ``ray.init()`` finds, else a local instance on this machine)."""
     engines = ["cpu"]
     if torch.cuda.is_available():
         engines.append("gpu")
         if importlib.util.find_spec("nvidia") is not None and importlib.util.find_spec("nvidia.dali") is not None:
             engines.append("dali")
+    if importlib.util.find_spec("ray") is not None:
+        engines.append("ray")
     return engines
 
 
@@ -258,7 +262,7 @@ def run_bench(
     Args:
       stages: subset of ``read, decode, augment, loader`` (default: all).
       stores: store kinds (default: files plus what ``fastload convert`` recorded).
-      engines: loader engines (default: cpu, plus gpu/dali where CUDA is present).
+      engines: loader engines (default: cpu, plus gpu/dali where CUDA is present, plus ray where Ray is installed).
       decoders: decoders for the decode stage (default: all; unavailable ones are skipped rows).
       batch, workers: loader batch size and worker processes (default workers: usable cores, at most 8).
       seconds: wall-time budget of each measurement.
@@ -362,6 +366,8 @@ def run_bench(
                     add([measure_loader(loader_data, engine, s.kind, seconds, split=split, imgsz=imgsz,
                                         batch=batch, workers=n_workers, hyp=hyp_d)])
     finally:
+        if "ray" in engine_list:
+            ray_disconnect()  # a local Ray instance the bench started stops with it
         for s in sources:
             if s.store is not None:
                 try:

@@ -249,23 +249,29 @@ def measure_augment(
     )
 
 
-class _CpuClock:
-    """CPU time of this process tree (the loader and its workers) and of the whole machine since creation.
+class CpuClock:
+    """CPU time of this process tree (the loader and its workers, plus ``pids``) and of the whole machine since creation.
 
     :meth:`cores_since` turns the differences into average busy cores: ``cpu_loader_cores`` (ours)
     and ``cpu_other_cores`` (everything else on the machine), which tells a starved loader from a
     shared machine.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, pids: Sequence[int] = ()) -> None:
+        self.pids = list(pids)  # the loader's processes that are not our children (Ray actors)
         self.tree0 = self._tree()
         self.busy0 = self._busy()
 
-    @staticmethod
-    def _tree() -> dict[int, float]:
+    def _tree(self) -> dict[int, float]:
         me = psutil.Process()
+        procs = [me, *me.children(recursive=True)]
+        for pid in self.pids:
+            try:
+                procs.append(psutil.Process(pid))
+            except psutil.Error:
+                continue
         out = {}
-        for p in [me, *me.children(recursive=True)]:
+        for p in procs:
             try:
                 t = p.cpu_times()
                 out[p.pid] = t.user + t.system
@@ -308,8 +314,10 @@ def measure_loader(
     name = f"{engine}/{store_kind}"
     kwargs: dict[str, Any] = dict(split=split, imgsz=imgsz, batch_size=batch, engine=engine, store=store_kind,
                                   augment=True, shuffle=True)
-    if workers is not None and engine != "gpu":  # the gpu engine's host side is one thread: it takes no workers
+    if workers is not None and engine not in ("gpu", "ray"):  # the gpu engine's host side is one thread: no workers
         kwargs["workers"] = workers
+    if workers is not None and engine == "ray":  # its renderers are Ray actors, as many as the others' workers
+        kwargs["engine_options"] = {"actors": workers}
     if hyp is not None:
         kwargs["hyp"] = hyp
     if engine in ("gpu", "dali"):
@@ -322,7 +330,7 @@ def measure_loader(
     samples = nbytes = 0
     first_batch_s = None
     t0 = None
-    cpu0: _CpuClock | None = None
+    cpu0: CpuClock | None = None
     epoch = 0
     try:
         while True:
@@ -337,7 +345,8 @@ def measure_loader(
                 if t0 is None:
                     first_batch_s = now - t_start
                     t0 = now
-                    cpu0 = _CpuClock()
+                    # Ray actors are not our children: their CPU time counts as the loader's too
+                    cpu0 = CpuClock(ld.stats()["worker_pids"] if engine == "ray" else ())
                 else:
                     samples += int(imgs.shape[0])
                     nbytes += int(imgs.numel() * imgs.element_size())
@@ -355,7 +364,8 @@ def measure_loader(
         return Measurement("loader", name, skipped=f"failed while iterating: {type(e).__name__}: {e}")
     finally:
         ld.close()
-    n_workers = ld.engine.workers
+    n_workers = stats.get("actors", ld.engine.workers)
+    unit = "actors" if engine == "ray" else "workers"
     extra: dict[str, Any] = {"first_batch_s": first_batch_s, "epochs": epoch + 1, "workers": n_workers, **cpu}
     hits, misses = stats.get("decode_cache_hits"), stats.get("decode_cache_misses")
     if hits is not None and misses is not None and hits + misses > 0:
@@ -363,7 +373,7 @@ def measure_loader(
         extra["decode_miss_fraction"] = misses / (hits + misses)
     return Measurement(
         "loader", name, samples, nbytes, dt,
-        note=f"batch {batch}, {n_workers} workers; after the first batch ({first_batch_s:.1f} s)"
+        note=f"batch {batch}, {n_workers} {unit}; after the first batch ({first_batch_s:.1f} s)"
         + (f"; busy cores: loader {cpu['cpu_loader_cores']:.1f}, others {cpu['cpu_other_cores']:.1f}" if cpu else ""),
         extra=extra,
     )

@@ -32,6 +32,7 @@ from typing import Any, ClassVar, Generator, Iterator, Literal, NamedTuple, Sequ
 import numpy as np
 import torch
 
+from fastload.augment.functional.tiles import AXIS_KERNELS, AxisKernel
 from fastload.augment.functional.torch_ops import apply_hsv_batch
 from fastload.augment.params import ParamSampler, Partners
 from fastload.data.images import ShrinkFilter, shrink_filter
@@ -44,11 +45,44 @@ LAYOUTS: tuple[str, ...] = get_args(Layout)
 _MEMORY_FORMAT = {"nhwc": torch.channels_last, "nchw": torch.contiguous_format}
 
 
+class WorkerError(RuntimeError):
+    """An engine's worker (a CPU worker process, a Ray render actor) died or raised; the message says which
+    one, on which batch, and why."""
+
+
 class EngineOptionError(TypeError, ValueError):
     """An option an engine does not take, or a value it cannot honour; the message names both.
 
     A ``TypeError`` (like an unexpected keyword) and a ``ValueError`` (like a bad value) at once.
     """
+
+
+@dataclass(frozen=True, kw_only=True)
+class HostRenderOptions:
+    """The options of the engines that run the host renderer (:class:`~fastload.engines.cpu_render.BatchRenderer`)
+    in other processes (``cpu``, ``ray``), shared by their options classes, which document them; keyword-only.
+    A subclass names its engine in ``engine`` (for messages) and checks its own fields in ``__post_init__``
+    before calling this one."""
+
+    engine: ClassVar[str] = ""
+    timeout: float = 0.0
+    decode_cache_mb: int | None = None
+    decode_scale: Literal["full", "reduced"] = "full"
+    axis_kernel: AxisKernel | None = None
+
+    def __post_init__(self) -> None:
+        if self.timeout < 0:
+            raise self.bad(f"timeout must be >= 0, got {self.timeout}")
+        if self.decode_cache_mb is not None and self.decode_cache_mb < 0:
+            raise self.bad(f"decode_cache_mb must be None or >= 0, got {self.decode_cache_mb}")
+        if self.decode_scale not in ("full", "reduced"):
+            raise self.bad(f"decode_scale must be 'full' or 'reduced', got {self.decode_scale!r}")
+        if self.axis_kernel is not None and self.axis_kernel not in AXIS_KERNELS:
+            raise self.bad(f"axis_kernel must be None or one of {', '.join(AXIS_KERNELS)}, got {self.axis_kernel!r}")
+
+    def bad(self, what: str) -> EngineOptionError:
+        """The error for an option value this engine cannot take."""
+        return EngineOptionError(f"engine {self.engine!r}: {what}")
 
 
 @dataclass(frozen=True)
@@ -72,6 +106,8 @@ class EngineSettings:
         prefetch: batches prepared ahead of the one being consumed (``cpu``: per worker; ``gpu``:
             by the background thread, 0 renders in the caller's thread; ``dali``: the pipeline's
             prefetch queue, at least 1).
+        world_size: ranks of the job (the Ray engine's default actor count splits the cluster's CPUs
+            between the ranks).
     """
 
     batch_size: int
@@ -80,6 +116,7 @@ class EngineSettings:
     hsv_on: HSVMode = "worker"
     layout: Layout = "nhwc"
     prefetch: int = 2
+    world_size: int = 1
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
@@ -92,6 +129,8 @@ class EngineSettings:
             raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, got {self.layout!r}")
         if self.prefetch < 0:
             raise ValueError(f"prefetch must be >= 0, got {self.prefetch}")
+        if self.world_size < 1:
+            raise ValueError(f"world_size must be >= 1, got {self.world_size}")
 
 
 class Batch(NamedTuple):

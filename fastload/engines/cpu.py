@@ -15,30 +15,22 @@ from __future__ import annotations
 import collections
 import warnings
 from dataclasses import dataclass
-from typing import Any, Generator, Literal, NamedTuple
+from typing import Any, ClassVar, Generator, NamedTuple
 
 import numpy as np
-import psutil
 import torch
 
-from fastload.augment.functional.tiles import AXIS_KERNELS, AxisKernel
 from fastload.augment.params import ParamSampler, image_of, shapes_from_array
-from fastload.engines.base import Batch, Engine, EngineOptionError, EngineSettings, Rendered, chunks
+from fastload.engines.base import Batch, Engine, EngineSettings, HostRenderOptions, Rendered, chunks
 from fastload.engines.cpu_render import BatchRenderer
 from fastload.engines.cpu_workers import WorkerPool, default_start_method_ok
 from fastload.engines.shm_batch import SlotRing
-from fastload.engines.shm_cache import SharedDecodeCache
+from fastload.engines.shm_cache import open_decode_cache
 from fastload.store.base import Store
 
 
-def auto_decode_cache_bytes() -> int:
-    """Default bound of the machine's decoded-image cache: 1/8 of physical memory (one cache per
-    machine, shared by every rank and worker)."""
-    return int(psutil.virtual_memory().total // 8)
-
-
 @dataclass(frozen=True)
-class CPUOptions:
+class CPUOptions(HostRenderOptions):
     """Options of ``engine="cpu"`` (``loader(..., engine_options=CPUOptions(...))`` or a dict of them).
 
     Attributes:
@@ -66,24 +58,13 @@ class CPUOptions:
             YOLOv9 either way.
     """
 
+    engine: ClassVar[str] = "cpu"
     keep: int = 2
-    timeout: float = 0.0
-    decode_cache_mb: int | None = None
-    decode_scale: Literal["full", "reduced"] = "full"
-    axis_kernel: AxisKernel | None = None
 
     def __post_init__(self) -> None:
         if self.keep < 1:
-            raise EngineOptionError(f"engine 'cpu': keep must be >= 1, got {self.keep}")
-        if self.timeout < 0:
-            raise EngineOptionError(f"engine 'cpu': timeout must be >= 0, got {self.timeout}")
-        if self.decode_cache_mb is not None and self.decode_cache_mb < 0:
-            raise EngineOptionError(f"engine 'cpu': decode_cache_mb must be None or >= 0, got {self.decode_cache_mb}")
-        if self.decode_scale not in ("full", "reduced"):
-            raise EngineOptionError(f"engine 'cpu': decode_scale must be 'full' or 'reduced', got {self.decode_scale!r}")
-        if self.axis_kernel is not None and self.axis_kernel not in AXIS_KERNELS:
-            raise EngineOptionError(f"engine 'cpu': axis_kernel must be None or one of {', '.join(AXIS_KERNELS)}, "
-                                    f"got {self.axis_kernel!r}")
+            raise self.bad(f"keep must be >= 1, got {self.keep}")
+        super().__post_init__()
 
 
 class _EarlyTasks(NamedTuple):
@@ -139,14 +120,8 @@ class CPUEngine(Engine):
         self.layout = settings.layout
         self.keep = int(opts.keep)
         self.prefetch = int(settings.prefetch)
-        cache = None
-        if not store.decoded:
-            cap = auto_decode_cache_bytes() if opts.decode_cache_mb is None else int(opts.decode_cache_mb) << 20
-            if cap > 0:
-                # what decides the loaded pixels besides the store and imgsz (see Store.load)
-                recipe = f"decode={opts.decode_scale};shrink={self.shrink};enlarge=linear"
-                cache = SharedDecodeCache.open(store, sampler.imgsz, recipe, cap)
-        self.cache = cache
+        self.cache = cache = open_decode_cache(store, sampler.imgsz, decode_scale=opts.decode_scale, shrink=self.shrink,
+                                               budget_mb=opts.decode_cache_mb)
         self.renderer = BatchRenderer(
             store, sampler, cache=cache, hsv_in_worker=(settings.hsv_on == "worker"), layout=self.layout,
             reduced_decode=opts.decode_scale == "reduced", axis_kernel=opts.axis_kernel, shrink=self.shrink,

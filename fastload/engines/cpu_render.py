@@ -11,7 +11,7 @@ is one of its own, so each is loaded (decoded) once per batch, before drawing.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
@@ -20,9 +20,11 @@ from fastload.augment.functional.tiles import AxisKernel, check_axis_kernel
 from fastload.augment.params import ParamSampler, image_of
 from fastload.augment.pipeline import render_sample
 from fastload.data.images import ShrinkFilter
-from fastload.engines.base import Layout
 from fastload.engines.shm_cache import SharedDecodeCache
 from fastload.store.base import Store
+
+if TYPE_CHECKING:  # a name for annotations only: importing engines.base would load torch into Ray actors
+    from fastload.engines.base import Layout
 
 
 @dataclass

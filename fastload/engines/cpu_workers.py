@@ -27,12 +27,9 @@ import numpy as np
 import torch
 
 from fastload.augment.params import shapes_to_array
+from fastload.engines.base import WorkerError
 from fastload.engines.cpu_render import BatchRenderer
 from fastload.engines.shm_batch import SlotRing
-
-
-class WorkerError(RuntimeError):
-    """A loader worker died or raised; the message says which one, on which batch, and why."""
 
 
 def _worker_main(

@@ -1,8 +1,8 @@
 """The registry of engines: name -> class, and the one place options for an engine are checked.
 
-Every engine module imports only torch and numpy at module level (DALI's own package is imported
-when a DALI engine is built), so this registry names all of them without loading optional
-dependencies.
+Every engine module imports only torch and numpy at module level (DALI's and Ray's own packages are
+imported when a DALI or Ray engine is built), so this registry names all of them without loading
+optional dependencies.
 """
 from __future__ import annotations
 
@@ -13,14 +13,15 @@ from fastload.engines.base import Engine, EngineOptionError
 from fastload.engines.cpu import CPUEngine
 from fastload.engines.dali import DALIEngine
 from fastload.engines.gpu import GPUEngine
+from fastload.engines.ray_engine import RayEngine
 
-ENGINES: dict[str, type[Engine]] = {"cpu": CPUEngine, "gpu": GPUEngine, "dali": DALIEngine}
+ENGINES: dict[str, type[Engine]] = {"cpu": CPUEngine, "gpu": GPUEngine, "dali": DALIEngine, "ray": RayEngine}
 # the engines that render epochs which repeat images (Engine.takes_sample_ids: YOLOv9's --image-weights)
 SAMPLE_ID_ENGINES: tuple[str, ...] = tuple(name for name, cls in ENGINES.items() if cls.takes_sample_ids)
 
 
 def engine_class(name: str) -> type[Engine]:
-    """The engine called ``name`` (``cpu``, ``gpu`` or ``dali``)."""
+    """The engine called ``name`` (``cpu``, ``gpu``, ``dali`` or ``ray``)."""
     if name not in ENGINES:
         raise ValueError(f"unknown engine {name!r}; choose one of {', '.join(ENGINES)}")
     return ENGINES[name]

@@ -1,4 +1,5 @@
-"""The CPU engine's decoded-image cache for encoded stores (files, lmdb): one per machine.
+"""The decoded-image cache for encoded stores (files, lmdb): one per machine, used by the CPU engine's
+workers and by the Ray engine's actors (one cache per node).
 
 Mosaic and mixup read several images per output image, and every epoch reads every image again, so
 a loader that decodes JPEGs on every read spends most of its time in the decoder. This cache keeps
@@ -41,8 +42,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
+import psutil
 
-from fastload.data.images import loaded_shape
+from fastload.data.images import ShrinkFilter, loaded_shape
 from fastload.store import shm
 from fastload.store.base import Store
 from fastload.store.kinds import SHM_PREFIX, shm_root
@@ -77,6 +79,33 @@ def segment_path(store: Store, imgsz: int, recipe: str) -> Path:
     h.update(np.ascontiguousarray(base.shapes, np.int64).tobytes())
     slug = re.sub(r"[^A-Za-z0-9_.]+", "_", Path(base.path or "data").name)[:32]
     return shm_root() / f"{PREFIX}{slug}-{h.hexdigest()[:12]}-{int(imgsz)}"
+
+
+def auto_decode_cache_bytes() -> int:
+    """Default bound of a machine's decoded-image cache: 1/8 of its physical memory (one cache per
+    machine, shared by every process that reads the store there)."""
+    return int(psutil.virtual_memory().total // 8)
+
+
+def open_decode_cache(store: Store, imgsz: int, *, decode_scale: str, shrink: ShrinkFilter,
+                      budget_mb: int | None) -> "SharedDecodeCache | None":
+    """This machine's decoded cache of a loader's store, as an engine option asks for it.
+
+    Args:
+        store: the loader's store (view); a decoded store needs no cache (None).
+        imgsz: the long side of loaded images.
+        decode_scale, shrink: how the loaded pixels are made (``"full"``/``"reduced"``, the shrink filter):
+            part of the segment's name, so loaders that make other pixels never share one.
+        budget_mb: bound of the segment, if this process creates it (None: :func:`auto_decode_cache_bytes`;
+            0: no cache, None is returned).
+    """
+    if store.decoded:
+        return None
+    budget = auto_decode_cache_bytes() if budget_mb is None else int(budget_mb) << 20
+    if budget <= 0:
+        return None
+    # what decides the loaded pixels besides the store and imgsz (see Store.load)
+    return SharedDecodeCache.open(store, imgsz, f"decode={decode_scale};shrink={shrink};enlarge=linear", budget)
 
 
 def _layout(hw: np.ndarray, capacity: int) -> tuple[int, np.ndarray, int]:
@@ -142,7 +171,7 @@ class SharedDecodeCache:
             shm.acquire(segment, lambda seg: _build(seg, base_hw, int(budget), imgsz, recipe),
                         info={"what": "decoded-image cache", "images": len(base_hw), "imgsz": int(imgsz)})
         except _NoRoom as e:
-            warnings.warn(f"fastload: {e}; the CPU engine decodes every read (decode_cache_mb=0 silences this)")
+            warnings.warn(f"fastload: {e}; the loader decodes every read (decode_cache_mb=0 silences this)")
             return None
         try:
             return cls(segment, base_hw, base_idx)

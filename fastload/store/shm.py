@@ -237,7 +237,7 @@ class SegmentInfo:
 
 def list_segments(root: Path | None = None, prefix: str = SHM_PREFIX) -> list[SegmentInfo]:
     """Every segment (finished or not) under the shm root whose name starts with ``prefix``: ram
-    stores and the CPU engine's per-machine decoded-image caches (``fastload-dcache-*``).
+    stores and the per-machine decoded-image caches of the CPU and Ray engines (``fastload-dcache-*``).
 
     A segment is recognised by its holders file, which exists from the first moment of a build;
     other ``fastload-*`` entries are not ours to list or remove.

@@ -1,0 +1,199 @@
+"""What runs inside the Ray actors of ``engine="ray"``: open the store from its path, render batches with
+the CPU engine's renderer, hand them back through Ray's object store.
+
+The module needs no Ray to import: :class:`~fastload.engines.ray_engine.RayEngine` wraps
+:class:`RenderActor` with ``ray.remote`` when it starts its pool, and Ray imports this module by name on
+every node (so fastload must be installed there, the same version as in the training process).
+
+Each actor opens the store itself (:class:`StoreSpec`: kind, path, imgsz, and the loader's view of it) and
+builds a :class:`~fastload.engines.cpu_render.BatchRenderer` with the loader's
+:class:`~fastload.augment.params.ParamSampler`, so a batch is the same pure function of
+``(seed, epoch, indices)`` as on ``engine="cpu"`` (with either ``partners``: the sampler carries it). An
+encoded store (files, lmdb) is read through the node's decoded-image cache
+(:mod:`~fastload.engines.shm_cache`), which every actor of every loader on that node shares, as the CPU
+engine's workers share the machine's. A store it cannot open is reported, not raised, by
+:meth:`RenderActor.hello` (an exception in an actor's constructor would kill it for good, with Ray's
+wrapping around the message), and so is a decoded cache it cannot open; :meth:`RenderActor.render`
+raises that same message if asked to render.
+"""
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import cv2
+import numpy as np
+
+from fastload._version import __version__
+from fastload.augment.functional.tiles import AxisKernel
+from fastload.augment.params import ParamSampler, shapes_to_array
+from fastload.data.images import ShrinkFilter
+from fastload.engines.cpu_render import BatchRenderer
+from fastload.engines.shm_cache import open_decode_cache
+from fastload.store.base import Store, StoreError, split_labels
+from fastload.store.factory import open_path
+from fastload.store.files import FileStore
+from fastload.store.view import StoreView
+
+if TYPE_CHECKING:  # annotations only: an actor process never needs torch, which engines.base imports
+    from fastload.engines.base import Layout
+
+
+@dataclass(frozen=True)
+class StoreSpec:
+    """How an actor opens the loader's store and rebuilds the loader's view of it.
+
+    Attributes:
+        kind: the loader's store kind (``files``, ``lmdb``, ``disk`` or ``ram``).
+        path: the store folder the actor opens (lmdb, disk, ram; a ram segment or a staged copy must
+            exist on the actor's node); for ``files``, the dataset's first source folder (for messages).
+        imgsz: the long side of the store's decoded images (decoded stores), else None.
+        n_base: samples in the store (a store with another count is another store).
+        base_indices: ``int64 [n]`` store sample of every loader index.
+        label_rows, label_counts: the loader's labels (after ``min_items`` / ``single_cls``), concatenated.
+        shapes: ``int32 [n, 2]`` original ``(h0, w0)`` of every loader index (checked against the opened store).
+        im_files: the image file of every loader index (what a ``files`` store reads; else only for paths).
+        names: class names.
+    """
+
+    kind: str
+    path: str | None
+    imgsz: int | None
+    n_base: int
+    base_indices: np.ndarray
+    label_rows: np.ndarray
+    label_counts: np.ndarray
+    shapes: np.ndarray
+    im_files: tuple[str, ...]
+    names: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class RenderSpec:
+    """How the actor renders: the renderer's settings and the largest batch it must hold."""
+
+    hsv_in_worker: bool
+    layout: Layout
+    decode_scale: str
+    decode_cache_mb: int | None
+    axis_kernel: AxisKernel
+    shrink: ShrinkFilter
+    max_batch_bytes: int
+    threads: int
+
+
+def node_name() -> str:
+    """This machine as error messages name it: host name and, inside Ray, the node's IP address."""
+    try:  # Ray is present in every actor process; the engine's own process may name itself without it
+        import ray
+
+        ip = ray.util.get_node_ip_address()
+    except Exception:
+        ip = None
+    host = socket.gethostname()
+    return f"{host} ({ip})" if ip and ip != host else host
+
+
+def versions() -> dict[str, str]:
+    """The versions that decide a rendered batch's pixels (the engine compares its actors' with its own)."""
+    return {"fastload": __version__, "numpy": np.__version__, "opencv": cv2.__version__}
+
+
+def open_view(spec: StoreSpec) -> Store:
+    """The loader's view of its store, opened on this node; StoreError says what does not match."""
+    labels = split_labels(spec.label_rows, spec.label_counts)
+    if spec.kind == "files":
+        store: Store = FileStore(spec.im_files, labels, spec.shapes, spec.names, path=spec.path)
+        store.read_image(0)  # the images are on this node's filesystem (a missing mount fails here)
+        return store
+    if spec.path is None:
+        raise StoreError(f"the loader's {spec.kind} store has no path to open")
+    base = open_path(spec.path, kind="auto", imgsz=spec.imgsz)
+    try:
+        if base.decoded != (spec.imgsz is not None) or len(base) != spec.n_base:
+            raise StoreError(f"it holds {len(base)} {'decoded' if base.decoded else 'encoded'} samples, the loader's "
+                             f"{spec.kind} store {spec.n_base} {'decoded' if spec.imgsz else 'encoded'} ones")
+        view = StoreView(base, spec.base_indices, labels)
+        if not np.array_equal(view.shapes, spec.shapes):
+            raise StoreError("its image sizes differ from the loader's store: another dataset, or another version of it")
+        view.read_image(0)
+        return view
+    except BaseException:
+        base.close()
+        raise
+
+
+class RenderActor:
+    """One render process on a Ray node (the engine starts ``actors`` of them with ``ray.remote``).
+
+    Args:
+        spec: the store to open.
+        sampler: the loader's parameter sampler (Ray ships it to the actor; mosaic state comes with each task).
+        render: the renderer's settings.
+    """
+
+    def __init__(self, spec: StoreSpec, sampler: ParamSampler, render: RenderSpec) -> None:
+        # the actor's CPU share is its parallelism; OpenCV's own thread pool would oversubscribe the node
+        cv2.setNumThreads(render.threads if render.threads > 1 else 0)
+        self.where = node_name()
+        self.error: str | None = None
+        self.renderer: BatchRenderer | None = None
+        self.buffer = np.empty(0, np.uint8)
+        try:
+            store = open_view(spec)
+        except Exception as e:
+            self.error = (f"engine 'ray': the render actor on node {self.where} cannot open the {spec.kind} store at "
+                          f"{spec.path}: {e}")
+            return
+        try:
+            cache = open_decode_cache(store, sampler.imgsz, decode_scale=render.decode_scale, shrink=render.shrink,
+                                      budget_mb=render.decode_cache_mb)
+        except Exception as e:  # e.g. a segment of another layout left at its name: reported like a store error
+            store.close()
+            self.error = (f"engine 'ray': the render actor on node {self.where} cannot open the decoded-image cache of "
+                          f"the {spec.kind} store at {spec.path}: {e}")
+            return
+        self.renderer = BatchRenderer(store, sampler, cache=cache, hsv_in_worker=render.hsv_in_worker,
+                                      layout=render.layout, reduced_decode=render.decode_scale == "reduced",
+                                      axis_kernel=render.axis_kernel, shrink=render.shrink)
+        # one reused buffer: Ray copies the returned pixels into its object store before the next task runs
+        self.buffer = np.empty(render.max_batch_bytes, np.uint8)
+
+    def hello(self) -> dict[str, Any]:
+        """Where this actor runs, what it runs, and the store error it met (None when its store is open)."""
+        return {"node": self.where, "pid": os.getpid(), "error": self.error, "versions": versions()}
+
+    def render(self, epoch: int, indices: np.ndarray, mosaic_closed: bool) -> tuple[Any, ...]:
+        """Render one batch (``indices``: loader indices, or sample ids of an image table).
+
+        Returns ``(imgs uint8 [B, H, W, 3] or [B, 3, H, W], targets float32 [N, 6], shapes float64 [B, 6],
+        HSV gains float32 [B, 3] or None, this process's pid, counts)``, ``counts`` being this actor's
+        totals so far (its tasks run in the order they were sent): ``[decodes, cache hits, cache misses]``.
+        """
+        if self.renderer is None:
+            raise StoreError(self.error)
+        renderer = self.renderer
+        renderer.sync(mosaic_closed)
+
+        def slot(b: int, h: int, w: int) -> np.ndarray:
+            flat = self.buffer[: b * h * w * 3]
+            return flat.reshape((b, h, w, 3) if renderer.layout == "nhwc" else (b, 3, h, w))
+
+        out = renderer.render(int(epoch), np.asarray(indices, np.int64), slot)
+        h, w = out.hw
+        imgs = slot(len(indices), h, w)
+        shapes = np.stack([shapes_to_array(s) for s in out.shapes])
+        cache = renderer.cache
+        counts = [renderer.decodes, cache.hits if cache is not None else 0, cache.misses if cache is not None else 0]
+        return imgs, out.targets, shapes, out.gains, os.getpid(), counts
+
+    def close(self) -> None:
+        """Drop this actor's hold on the node's decoded cache (the last holder removes it) and close its store;
+        the engine calls it before killing the actor (a killed holder's segment waits for a stale-cleanup)."""
+        if self.renderer is not None:
+            if self.renderer.cache is not None:
+                self.renderer.cache.close()
+            self.renderer.store.close()
+            self.renderer = None

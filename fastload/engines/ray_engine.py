@@ -1,0 +1,456 @@
+"""The Ray engine (``engine="ray"``): batches rendered by Ray actors on the machines of a Ray cluster.
+
+For when one machine's CPUs cannot feed its GPUs. The loader samples the order as on every engine; this
+engine sends each batch as a task ``(epoch, indices, mosaic closed)`` to one of its render actors
+(:class:`~fastload.engines.ray_actor.RenderActor`), which runs the CPU engine's renderer
+(:class:`~fastload.engines.cpu_render.BatchRenderer`) on a store it opened itself, so the batches are the
+ones ``engine="cpu"`` gives for the same seed. Results come back through Ray's object store and are
+delivered in order; ``imgs`` is a zero-copy view of the object (one copy in the actor, into the object
+store; across nodes Ray moves it once into this node's store).
+
+Flow control: at most ``actors * prefetch`` batches are in flight (submitted, not yet delivered); each new
+task goes to the actor with the fewest unfinished ones, so a slower node gets fewer. Memory held is
+therefore bounded by that many batches plus those the consumer keeps.
+
+Faults: when the batch at the head of the queue finds its actor dead (killed, crashed, out of memory,
+its node gone), the engine starts a new actor in its place (it reopens the store) and sends it every
+unfinished batch of the dead one, with the mosaic state each was first sent with. Rendering is a pure
+function and batches are delivered by their place in the queue, so the epoch completes with exactly
+the batches it would have had, none lost or twice. An actor slot that needs more than ``max_restarts``
+replacements raises :class:`~fastload.engines.base.WorkerError`.
+
+DDP: each rank builds its own engine and therefore its own actor pool on the shared cluster (the
+default ``actors`` splits the cluster's CPUs between the ranks). Ray places the actors of all pools on
+the cluster's nodes; a pool lives and dies with its rank's process.
+"""
+from __future__ import annotations
+
+import time
+import warnings
+from dataclasses import dataclass
+from typing import Any, ClassVar, Generator, NamedTuple
+
+import numpy as np
+import torch
+
+from fastload.augment.functional.tiles import check_axis_kernel
+from fastload.augment.params import ParamSampler, image_of, shapes_from_array
+from fastload.engines.base import (Batch, Engine, EngineOptionError, EngineSettings, HostRenderOptions, Rendered,
+                                   WorkerError, chunks)
+from fastload.engines.ray_actor import RenderActor, RenderSpec, StoreSpec, versions
+from fastload.store.base import Store, StoreError, join_labels
+from fastload.store.view import StoreView
+
+__all__ = ["RayEngine", "RayOptions", "require_ray"]
+
+INSTALL_HINT = 'pip install "fastload[ray]"'
+
+
+def require_ray() -> Any:
+    """Import ``ray`` or raise ImportError, in one line, naming the extra to install."""
+    try:  # an optional dependency (pip install "fastload[ray]")
+        import ray
+    except ImportError as exc:
+        raise ImportError(f"engine='ray' needs Ray, which is not installed ({exc}); install it with: {INSTALL_HINT}") from None
+    return ray
+
+
+@dataclass(frozen=True)
+class RayOptions(HostRenderOptions):
+    """Options of ``engine="ray"`` (``loader(..., engine_options=RayOptions(...))`` or a dict of them).
+
+    Attributes:
+        address: the Ray cluster to connect to (``ray.init(address=...)``: ``"auto"``, ``"HOST:6379"``,
+            ``"ray://HOST:10001"``). ``None``: ``$RAY_ADDRESS``, else the cluster ``ray start`` started on
+            this machine, else a new local Ray instance on this machine's CPUs. A process already
+            connected to Ray keeps its connection (another address is refused).
+        actors: render actors of this loader (of this rank under DDP). ``None``: the cluster's CPUs
+            divided by ``cpus_per_actor`` and by the world size (at least 1).
+        cpus_per_actor: CPUs each actor reserves on its node (its OpenCV threads follow it).
+        store_path: the store folder the actors open, when it lies elsewhere on their nodes than in this
+            process (a per-node staged copy, e.g. ``fastload stage DATA --to /dev/shm/set`` run on every
+            node). ``None``: the loader's store path, which every node must then be able to read (a
+            shared filesystem, or a copy at the same path on every node). Not for ``store="files"``
+            (its images are read by their own paths).
+        max_restarts: how many times an actor that dies is replaced (its unfinished batches are rendered
+            again by the new one); one more death raises :class:`~fastload.engines.base.WorkerError`.
+        timeout: seconds to wait for one batch before raising (0: as long as it takes; Ray reports dead
+            actors and nodes itself).
+        runtime_env: Ray ``runtime_env`` of the actors (environment variables, ``pip`` packages...);
+            None: the cluster's environment.
+        decode_cache_mb: encoded stores (files, lmdb): bound of each node's decoded-image cache, one
+            shared-memory segment per node that every actor there (of every loader and rank) fills and
+            reads, as :class:`~fastload.engines.cpu.CPUOptions` ``decode_cache_mb`` is for one machine's
+            workers. ``None``: 1/8 of that node's physical memory; ``0``: off (every read decodes).
+        decode_scale, axis_kernel: as in :class:`~fastload.engines.cpu.CPUOptions` (``axis_kernel=None``
+            is resolved in this process, so every node draws with the same kernel).
+    """
+
+    engine: ClassVar[str] = "ray"
+    address: str | None = None
+    actors: int | None = None
+    cpus_per_actor: float = 1.0
+    store_path: str | None = None
+    max_restarts: int = 3
+    runtime_env: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        if self.actors is not None and self.actors < 1:
+            raise self.bad(f"actors must be None or >= 1, got {self.actors}")
+        if not self.cpus_per_actor > 0:
+            raise self.bad(f"cpus_per_actor must be > 0, got {self.cpus_per_actor}")
+        if self.max_restarts < 0:
+            raise self.bad(f"max_restarts must be >= 0, got {self.max_restarts}")
+        super().__post_init__()
+
+
+class _Task(NamedTuple):
+    """A batch sent to an actor and not yet delivered."""
+
+    epoch: int
+    indices: np.ndarray
+    mosaic_closed: bool  # the mosaic state it was sent with (sent again with the same one)
+    actor: int
+    ref: Any  # ray.ObjectRef of RenderActor.render's result
+
+
+class _Ahead(NamedTuple):
+    """The first batches of the expected next epoch, sent before that epoch was asked for."""
+
+    epoch: int
+    indices: np.ndarray
+    mosaic_closed: bool
+    tasks: list[_Task]
+
+
+class _ActorLost(Exception):
+    """The actor of a task died (or its result was lost with its node): replace it, send its tasks again."""
+
+
+_connected_here: list[bool] = [False]  # whether connect() made this process's Ray connection
+
+
+def connect(ray: Any, address: str | None) -> None:
+    """Connect this process to Ray (once; it stays connected for later loaders); refuse another address
+    than the one it is connected to."""
+    if ray.is_initialized():
+        current = ray.get_runtime_context().gcs_address
+        if address not in (None, "auto") and address != current:
+            raise EngineOptionError(f"engine 'ray': this process is connected to the Ray cluster at {current}, "
+                                    f"not RayOptions(address={address!r}); call ray.shutdown() first to switch")
+        return
+    ray.init(address=address)
+    _connected_here[0] = True
+
+
+def disconnect() -> None:
+    """End the Ray connection a ray engine made (a local instance it started stops with it), for one-off
+    tools such as ``fastload bench``; a connection the caller made (``ray.init``) stays."""
+    if _connected_here[0]:
+        _connected_here[0] = False
+        require_ray().shutdown()
+
+
+def store_spec(store: Store, store_path: str | None) -> StoreSpec:
+    """What an actor needs to open ``store`` (the loader's view) by itself."""
+    base, indices = (store.base, store.base_indices) if isinstance(store, StoreView) else (store, np.arange(len(store)))
+    rows, counts = join_labels(list(store.labels))
+    return StoreSpec(kind=store.kind, path=str(store_path) if store_path is not None else store.path,
+                     imgsz=store.imgsz if store.decoded else None, n_base=len(base),
+                     base_indices=np.asarray(indices, np.int64), label_rows=rows, label_counts=counts,
+                     shapes=np.asarray(store.shapes, np.int32).reshape(-1, 2), im_files=tuple(store.im_files),
+                     names=tuple(store.names))
+
+
+class RayEngine(Engine):
+    """Batches rendered by Ray actors (options: :class:`RayOptions`).
+
+    Settings: ``workers`` must be 0 (the renderers are the actors: ``RayOptions(actors=N)``); ``prefetch``
+    batches in flight per actor (>= 1); ``device``: each delivered batch is copied there;
+    ``hsv_on="worker"`` applies HSV in the actors; ``layout`` is rendered by the actors (HWC, or CHW by
+    one transposing copy per image).
+
+    ``imgs`` is read-only memory of Ray's object store, valid as long as it is referenced: clone it before
+    writing into it. :meth:`stats` adds ``actors``, ``nodes`` (the actors' nodes), ``actor_restarts``
+    (dead actors replaced), ``in_flight`` (batches sent, not yet delivered), ``in_flight_limit`` and
+    ``in_flight_peak``, ``decode_cache_hits`` / ``decode_cache_misses`` (the actors' reads of their
+    nodes' decoded caches) and ``early_batches_used`` / ``early_batches_dropped`` as the CPU engine does.
+
+    ``decodes`` (and ``decodes_per_image``) sum what the actors report with each batch: every decode made
+    for the batches delivered so far, plus those of batches rendered and then dropped (an abandoned epoch,
+    a wrong guess of the next epoch's first batches), as on the CPU engine. Not counted: the decodes of an
+    actor that died after its last delivered batch (its undelivered batches are counted once more when
+    its replacement renders them).
+
+    Default ``partners="dataset"`` (YOLOv9's own draw), for the CPU engine's reason: the actors of a node
+    share its decoded-image cache (``RayOptions.decode_cache_mb``), so once a node's cache holds the
+    dataset, mosaic partners cost no decode there. Choose ``partners="batch"`` when the decoded dataset
+    does not fit a node's cache, or with many nodes (each node's cache fills with the images its own
+    actors read, so every node decodes the dataset once).
+    """
+
+    name = "ray"
+    Options = RayOptions
+    default_workers = 0
+    default_partners = "dataset"
+    takes_sample_ids = True  # the actors' renderer draws sample ids as the CPU engine's does
+
+    def __init__(self, store: Store, sampler: ParamSampler, settings: EngineSettings, options: RayOptions | None = None) -> None:
+        super().__init__(store, sampler, settings, options)
+        opts: RayOptions = self.options
+        if store.kind == "gpu":
+            raise ValueError("engine='ray' renders on Ray actors and cannot use store='gpu' (its images live in this "
+                             "process's device memory); use store='ram'/'disk'/'lmdb' with engine='ray'")
+        if self.workers:
+            self._refuse("workers", self.workers, "its renderers are Ray actors; set RayOptions(actors=N)")
+        if settings.prefetch < 1:
+            self._refuse("prefetch", settings.prefetch, "each actor needs at least one batch in flight")
+        if opts.store_path is not None and store.kind == "files":
+            raise EngineOptionError("engine 'ray': store_path does not apply to store='files' (its images are read "
+                                    "by their own paths)")
+        self._ray = ray = require_ray()
+        connect(ray, opts.address)
+        cpus = float(ray.cluster_resources().get("CPU", 0.0))
+        n = opts.actors or max(1, int(cpus // opts.cpus_per_actor) // settings.world_size)
+        if n * opts.cpus_per_actor > cpus:
+            raise EngineOptionError(f"engine 'ray': {n} actors x {opts.cpus_per_actor:g} CPUs need more than the "
+                                    f"{cpus:g} CPUs of the Ray cluster; lower actors or cpus_per_actor, or add nodes "
+                                    f"(`ray start --address=HEAD:6379` on each)")
+        self.n_actors = n
+        self.in_flight_limit = n * settings.prefetch
+        spec = store_spec(store, opts.store_path)
+        render = RenderSpec(
+            hsv_in_worker=settings.hsv_on == "worker", layout=settings.layout, decode_scale=opts.decode_scale,
+            decode_cache_mb=opts.decode_cache_mb,
+            axis_kernel=check_axis_kernel(opts.axis_kernel), shrink=self.shrink,
+            max_batch_bytes=self.batch_size * int(np.prod(sampler.max_out_hw)) * 3, threads=max(1, int(opts.cpus_per_actor)),
+        )
+        # Replacing dead actors is done here, not by Ray's max_restarts: Ray would need the constructor's
+        # arguments kept in its object store and warns on every start; the engine keeps them itself.
+        self._actor_class = ray.remote(RenderActor).options(num_cpus=opts.cpus_per_actor, runtime_env=opts.runtime_env)
+        self._actor_args = (ray.put(spec), ray.put(sampler), render)  # shipped once, shared by every actor
+        self._actors = [self._actor_class.remote(*self._actor_args) for _ in range(n)]
+        self.nodes: list[str] = [""] * n
+        self.pids: list[int] = [0] * n
+        self._replaced = [0] * n  # per actor slot: how many times a dead actor was replaced
+        self._counts = [[0, 0, 0] for _ in range(n)]  # per slot, its actor's latest totals: decodes, cache hits, misses
+        self._retired_counts = [0, 0, 0]  # the last totals of replaced actors
+        self._peak = 0
+        self._active: Generator[Rendered, None, None] | None = None
+        self._hint: tuple[int, np.ndarray] | None = None
+        self._ahead: _Ahead | None = None
+        self._queue: list[_Task] = []
+        self._early: list[_Task] = []
+        self._early_stats = [0, 0]  # batches sent before their epoch began: [used, dropped]
+        try:
+            self._greet(range(n))
+        except BaseException:
+            self._kill_actors()
+            raise
+
+    # -- start-up and replacement -----------------------------------------------------------------------
+    def _greet(self, slots: Any) -> None:
+        """Wait for the actors in ``slots`` to start; raise one clear error for a store one could not open."""
+        ray = self._ray
+        slots = list(slots)
+        refs = [self._actors[k].hello.remote() for k in slots]
+        start, warned = time.monotonic(), False
+        while True:
+            _, pending = ray.wait(refs, num_returns=len(refs), timeout=5.0)
+            if not pending:
+                break
+            waited = time.monotonic() - start
+            free = ray.available_resources().get("CPU", 0)
+            if self.options.timeout and waited > self.options.timeout:
+                raise WorkerError(f"engine 'ray': {len(pending)} of {len(refs)} render actors did not start within "
+                                  f"{self.options.timeout:g} s; the cluster has {free:g} free CPUs")
+            if not warned and waited > 30:
+                warnings.warn(f"fastload: {len(pending)} of {len(refs)} Ray render actors are still waiting for CPUs after "
+                              f"{waited:.0f} s (free CPUs on the cluster: {free:g}); are other jobs holding them?")
+                warned = True
+        here = versions()
+        for k, ref in zip(slots, refs):
+            try:
+                info = ray.get(ref)
+            except ray.exceptions.RayError as e:
+                raise WorkerError(f"engine 'ray': render actor {k} could not start ({type(e).__name__}): {e}\n"
+                                  f"Is fastload[ray] installed on every node, the same version as here?") from None
+            if info["error"]:
+                raise StoreError(info["error"])
+            self.nodes[k], self.pids[k] = info["node"], int(info["pid"])
+            if info["versions"] != here:
+                warnings.warn(f"fastload: the Ray render actor on node {info['node']} runs {info['versions']}, this "
+                              f"process {here}; its batches may differ from engine='cpu' here")
+
+    def _replace(self, k: int, why: str) -> None:
+        """Start a new actor in slot ``k`` (its predecessor died), or raise when it has died too often."""
+        if self._replaced[k] >= self.options.max_restarts:
+            raise WorkerError(f"engine 'ray': render actor {k} (node {self.nodes[k]}, pid {self.pids[k]}) died and was "
+                              f"already replaced max_restarts={self.options.max_restarts} times ({why})")
+        try:
+            self._ray.kill(self._actors[k], no_restart=True)
+        except Exception:  # already gone
+            pass
+        self._replaced[k] += 1
+        self._retired_counts = [a + b for a, b in zip(self._retired_counts, self._counts[k])]
+        self._counts[k] = [0, 0, 0]
+        self._actors[k] = self._actor_class.remote(*self._actor_args)
+        self._greet([k])
+
+    def _resend(self, tasks: list[_Task], k: int) -> list[_Task]:
+        """``tasks`` with those of actor slot ``k`` sent again to its (new) actor, in the same order."""
+        return [t._replace(ref=self._actors[k].render.remote(t.epoch, t.indices, t.mosaic_closed)) if t.actor == k else t
+                for t in tasks]
+
+    # -- consumer-side state ----------------------------------------------------------------------------
+    def expect_next(self, epoch: int, indices: np.ndarray) -> None:
+        self._hint = (int(epoch), np.asarray(indices, np.int64))
+
+    def stats(self) -> dict[str, Any]:
+        out = super().stats()
+        out["worker_pids"] = list(self.pids)
+        out.update(actors=self.n_actors, nodes=sorted(set(self.nodes)), actor_restarts=sum(self._replaced),
+                   in_flight=self.in_flight, in_flight_limit=self.in_flight_limit, in_flight_peak=self._peak)
+        out["decode_cache_hits"], out["decode_cache_misses"] = self._total_counts()[1:]
+        out["early_batches_used"], out["early_batches_dropped"] = self._early_stats
+        return out
+
+    def _total_counts(self) -> list[int]:
+        """Decodes, cache hits and misses of every actor so far (replaced ones included)."""
+        return [r + sum(c[j] for c in self._counts) for j, r in enumerate(self._retired_counts)]
+
+    # -- batches ----------------------------------------------------------------------------------------
+    def _submit(self, epoch: int, idx: np.ndarray) -> _Task:
+        """Send one batch to the actor with the fewest unfinished tasks."""
+        pending = self._queue + self._early
+        unfinished = [0] * self.n_actors
+        if pending:
+            _, not_ready = self._ray.wait([t.ref for t in pending], num_returns=len(pending), timeout=0, fetch_local=False)
+            waiting = set(not_ready)
+            for t in pending:
+                unfinished[t.actor] += t.ref in waiting
+        k = min(range(self.n_actors), key=lambda a: (unfinished[a], (a - len(pending)) % self.n_actors))
+        ref = self._actors[k].render.remote(epoch, idx, self.mosaic_closed)
+        self._peak = max(self._peak, self.in_flight + 1)
+        return _Task(epoch, idx, self.mosaic_closed, k, ref)
+
+    def _fetch(self, task: _Task, seq: int) -> tuple[Any, ...]:
+        """The result of ``task``; :class:`_ActorLost` when its actor died before delivering it."""
+        ray = self._ray
+        try:
+            return ray.get(task.ref, timeout=self.options.timeout or None)
+        except ray.exceptions.GetTimeoutError:
+            raise WorkerError(f"engine 'ray': render actor {task.actor} (node {self.nodes[task.actor]}) gave no batch for "
+                              f"{self.options.timeout:g} s (batch {seq} of epoch {task.epoch})") from None
+        except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError) as e:
+            raise _ActorLost(f"{type(e).__name__} on batch {seq} of epoch {task.epoch}") from None
+        except ray.exceptions.RayTaskError as e:
+            raise WorkerError(f"engine 'ray': render actor {task.actor} failed on batch {seq} of epoch {task.epoch}:\n{e}") from None
+
+    def _deliver(self, task: _Task, result: tuple[Any, ...]) -> Rendered:
+        imgs, targets, shapes, gains, pid, counts = result
+        self.pids[task.actor] = int(pid)
+        self._counts[task.actor] = [int(c) for c in counts]
+        self.decodes = self._total_counts()[0]
+        with warnings.catch_warnings():  # object-store memory is read-only; the class docstring says to clone to write
+            warnings.simplefilter("ignore", UserWarning)
+            pixels = torch.from_numpy(imgs)
+        imgs_t = pixels.permute(0, 3, 1, 2) if self.settings.layout == "nhwc" else pixels
+        if self.device is not None and self.device.type != "cpu":
+            imgs_t = imgs_t.to(self.device)
+        paths = tuple(self.store.im_files[i] for i in image_of(task.indices, len(self.store)).tolist())
+        batch = Batch(imgs_t, torch.from_numpy(np.array(targets, np.float32)), paths,
+                      tuple(shapes_from_array(a) for a in shapes))
+        return Rendered(batch, None if gains is None else torch.from_numpy(np.array(gains, np.float32)))
+
+    def _render_batches(self, epoch: int, indices: np.ndarray) -> Generator[Rendered, None, None]:
+        if self._active is not None:  # an abandoned iteration still has tasks in flight
+            self._active.close()
+            self._active = None
+        gen = self._iterate(epoch, indices)
+        self._active = gen
+        return gen
+
+    def _iterate(self, epoch: int, indices: np.ndarray) -> Generator[Rendered, None, None]:
+        batches = chunks(indices, self.batch_size)
+        self._queue = self._adopt_early(epoch, indices)  # this epoch's batches in flight, in order
+        self._early = []  # the next epoch's first batches, sent once this epoch's are all out
+        sent = len(self._queue)
+        hint, self._hint = self._hint, None
+        early_batches = chunks(hint[1], self.batch_size) if hint is not None else []
+        early_mosaic_closed = self.mosaic_closed
+        finished = False
+        try:
+            for seq in range(len(batches)):
+                while self.in_flight < self.in_flight_limit:  # this epoch first, then the next one's start
+                    if sent < len(batches):
+                        self._queue.append(self._submit(epoch, batches[sent]))
+                        sent += 1
+                    elif hint is not None and len(self._early) < len(early_batches):
+                        if not self._early:
+                            early_mosaic_closed = self.mosaic_closed
+                        self._early.append(self._submit(hint[0], early_batches[len(self._early)]))
+                    else:
+                        break
+                while True:
+                    try:
+                        result = self._fetch(self._queue[0], seq)
+                        break
+                    except _ActorLost as lost:  # its actor died: a new one renders its unfinished batches again
+                        k = self._queue[0].actor
+                        self._replace(k, str(lost))
+                        self._queue, self._early = self._resend(self._queue, k), self._resend(self._early, k)
+                yield self._deliver(self._queue.pop(0), result)
+            finished = True
+        finally:
+            if finished and self._early and hint is not None:
+                self._ahead = _Ahead(hint[0], hint[1], early_mosaic_closed, self._early)
+            # The rest (an abandoned or failed epoch) is dropped with its references: the actors finish those
+            # batches and Ray frees them. Not ray.cancel(): it stalls an actor's later tasks for tens of seconds.
+            self._queue, self._early = [], []
+
+    @property
+    def in_flight(self) -> int:
+        """Batches sent to the actors and not yet delivered (this epoch's and the next one's first)."""
+        return len(self._queue) + len(self._early) + (len(self._ahead.tasks) if self._ahead is not None else 0)
+
+    def _adopt_early(self, epoch: int, indices: np.ndarray) -> list[_Task]:
+        """The tasks sent early for this epoch when the guess was right; otherwise drop them."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is None:
+            return []
+        if ahead.epoch == epoch and ahead.mosaic_closed == self.mosaic_closed and np.array_equal(ahead.indices, indices):
+            self._early_stats[0] += len(ahead.tasks)
+            return list(ahead.tasks)
+        self._early_stats[1] += len(ahead.tasks)
+        return []
+
+    # -- shutdown ---------------------------------------------------------------------------------------
+    def _kill_actors(self) -> None:
+        # actors that hold their node's decoded cache close first, to drop their hold (the last one removes the
+        # segment; a killed holder's waits for a stale-cleanup); one still busy past the wait is killed all the same
+        closing = []
+        for a in self._actors if not self.store.decoded and self.options.decode_cache_mb != 0 else []:
+            try:
+                closing.append(a.close.remote())
+            except Exception:  # already dead, or Ray was shut down first
+                pass
+        if closing:
+            try:
+                self._ray.wait(closing, num_returns=len(closing), timeout=5.0)
+            except Exception:
+                pass
+        for a in self._actors:
+            try:
+                self._ray.kill(a, no_restart=True)
+            except Exception:  # already dead, or Ray was shut down first
+                pass
+        self._actors = []
+
+    def _release(self) -> None:
+        if self._active is not None:
+            self._active.close()
+            self._active = None
+        self._ahead = None
+        self._kill_actors()
+

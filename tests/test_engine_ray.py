@@ -1,0 +1,323 @@
+"""engine="ray" on one local Ray instance (2 CPUs, shared by the whole module: Ray's start-up is the slow
+part): the same batches as engine="cpu" whatever the number of actors, a killed actor replaced without a
+batch lost or repeated, bounded memory under a slow consumer, Ctrl-C and close() leaving nothing behind,
+clear errors (a store an actor cannot open, Ray missing), DDP ranks sharing the instance, the bench row.
+
+The engine-contract checks (batch format, HSV modes, layouts, options) run in test_engine_contract.py.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import zlib
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+import torch
+
+import fastload
+from fastload.engines.base import WorkerError
+from fastload.engines.ray_engine import RayOptions
+from fastload.store.base import StoreError
+
+pytest.importorskip("ray", reason='Ray is not installed (pip install "fastload[ray]")')
+
+IMGSZ = 64
+BATCH = 4
+REPO = Path(__file__).resolve().parents[1]
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread", "local_ray")
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory):
+    """A small synthetic set converted to lmdb and disk: actors open them by path."""
+    from fastload.data.synthetic import make_synthetic_dataset
+    from fastload.store.convert import convert
+
+    root = tmp_path_factory.mktemp("ray")
+    yaml_path = make_synthetic_dataset(root / "src", n_train=24, n_val=8, nc=3, seed=5, max_size=160)
+    res = convert(yaml_path, to="lmdb,disk", out=root / "stores", imgsz=IMGSZ, workers=1, progress=False,
+                  log=lambda *_: None)
+    return res.yaml_path
+
+
+def load(data, engine, *, epochs=(0, 1), close=None, **kw):
+    """Batches of ``epochs`` as cloned tensors, and the loader's final stats."""
+    args = dict(imgsz=IMGSZ, batch_size=BATCH, store="disk", engine=engine, seed=11)
+    if close is not None:
+        args.update(close_mosaic=close, epochs=len(epochs))
+    args.update(kw)
+    out = []
+    with fastload.loader(data, **args) as fl:
+        for e in epochs:
+            fl.set_epoch(e)
+            out.append([(imgs.clone(), targets.clone(), paths, shapes) for imgs, targets, paths, shapes in fl])
+        stats = fl.stats()
+    return out, stats
+
+
+def assert_same(a, b):
+    assert [len(e) for e in a] == [len(e) for e in b]
+    for ea, eb in zip(a, b):
+        for x, y in zip(ea, eb):
+            assert torch.equal(x[0], y[0]) and torch.equal(x[1], y[1]) and x[2] == y[2] and x[3] == y[3]
+
+
+@pytest.fixture(scope="module")
+def cpu_reference(stores):
+    """engine="cpu" (in-process) over two epochs, the second with mosaic closed."""
+    return load(stores, "cpu", workers=0, close=1)[0]
+
+
+def test_actor_module_does_not_load_torch():
+    """Actors import only what rendering needs (torch would add seconds and memory to every actor)."""
+    code = "import sys, fastload.engines.ray_actor; print('torch' in sys.modules)"
+    res = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "False"
+
+
+def test_batches_equal_the_cpu_engine_over_two_epochs_with_close_mosaic(stores, cpu_reference):
+    got, stats = load(stores, "ray", close=1, engine_options=RayOptions(actors=2))
+    assert_same(cpu_reference, got)
+    assert any(s is None for b in got[0] for s in b[3])  # epoch 0 has mosaics
+    assert all(s is not None for b in got[1] for s in b[3])  # epoch 1 is after close-mosaic
+    assert stats["actors"] == 2 and len(stats["worker_pids"]) == 2 and stats["actor_restarts"] == 0
+    assert stats["nodes"] and socket.gethostname() in stats["nodes"][0]
+    assert stats["in_flight_peak"] <= stats["in_flight_limit"] == 2 * 2  # actors x prefetch
+
+
+def test_same_batches_whatever_the_number_of_actors_and_store(stores, cpu_reference):
+    one, stats = load(stores, "ray", close=1, prefetch=3, engine_options={"actors": 1})
+    assert stats["actors"] == 1 and stats["in_flight_limit"] == 3
+    assert_same(cpu_reference, one)
+    lmdb, _ = load(stores, "ray", close=1, store="lmdb", engine_options={"actors": 2})  # encoded: decoded by actors
+    assert_same(load(stores, "cpu", close=1, store="lmdb", workers=0)[0], lmdb)
+    # validation batches: rect shapes differ from batch to batch
+    val = dict(split="val", augment=False, rect=True, pad=0.5, shuffle=False, epochs=(0,))
+    assert_same(load(stores, "cpu", workers=0, **val)[0], load(stores, "ray", **val)[0])
+
+
+def test_an_image_table_gives_the_cpu_engine_s_batches(stores):
+    """YOLOv9's --image-weights: positions show the table's images, repeats with their own draws."""
+    table = np.random.default_rng(0).integers(0, 24, 24)
+    got = {}
+    for engine, kw in (("cpu", {"workers": 0}), ("ray", {"engine_options": {"actors": 2}})):
+        with fastload.loader(stores, imgsz=IMGSZ, batch_size=BATCH, store="disk", engine=engine, seed=11, **kw) as fl:
+            fl.set_image_table(table)
+            got[engine] = [[(i.clone(), t.clone(), p, s) for i, t, p, s in fl]]
+    assert_same(got["cpu"], got["ray"])
+    assert len({p for b in got["ray"][0] for p in b[2]}) == len(set(table.tolist())) < 24  # images repeat
+
+
+@pytest.mark.parametrize("partners", ["dataset", "batch"])
+def test_partners_give_the_cpu_engine_s_batches_and_decode_counts(stores, partners):
+    """Both partner draws on an encoded store, without decoded caches: the same batches as engine="cpu",
+    and the decodes the actors report add up to the CPU engine's (one epoch: no early batches dropped)."""
+    kw = dict(store="lmdb", epochs=(0,), partners=partners)
+    cpu, cpu_stats = load(stores, "cpu", workers=0, engine_options={"decode_cache_mb": 0}, **kw)
+    ray, ray_stats = load(stores, "ray", engine_options={"actors": 2, "decode_cache_mb": 0}, **kw)
+    assert_same(cpu, ray)
+    assert ray_stats["partners"] == cpu_stats["partners"] == partners
+    assert ray_stats["decodes"] == cpu_stats["decodes"] and ray_stats["decode_cache_hits"] == 0
+    assert ray_stats["decodes_per_image"] == ray_stats["decodes"] / 24
+    if partners == "batch":
+        assert ray_stats["decodes"] == 24  # each image once, in its own batch
+    else:
+        assert ray_stats["decodes"] > 2 * 24  # mosaic partners and mixup read other images too
+
+
+def test_the_actors_of_a_node_share_its_decoded_cache(stores):
+    """Encoded store, the default cache: the two actors fill one segment of this machine, so two epochs
+    decode far less than one epoch without it; close() removes the segment."""
+    from fastload.engines.shm_cache import PREFIX
+    from fastload.store.shm import list_segments
+
+    without = load(stores, "ray", store="lmdb", epochs=(0,), engine_options={"actors": 2, "decode_cache_mb": 0})[1]
+    with fastload.loader(stores, imgsz=IMGSZ, batch_size=BATCH, store="lmdb", engine="ray", seed=11,
+                         engine_options={"actors": 2}) as fl:
+        for epoch in (0, 1):
+            fl.set_epoch(epoch)
+            for _ in fl:
+                pass
+        stats = fl.stats()
+        held = [s for s in list_segments(prefix=PREFIX) if set(s.live) & set(stats["worker_pids"])]
+        assert len(held) == 1 and set(stats["worker_pids"]) <= set(held[0].live)
+    assert 24 <= stats["decodes"] < without["decodes"] / 2  # every image decoded at least once, then read
+    assert stats["decode_cache_hits"] > 0
+    assert not held[0].path.exists()  # the actors closed it before they were killed
+
+
+def test_a_killed_actor_is_replaced_and_its_batches_rendered_again(stores, cpu_reference):
+    got = []
+    with fastload.loader(stores, imgsz=IMGSZ, batch_size=BATCH, store="disk", engine="ray", seed=11, close_mosaic=1,
+                         epochs=2, engine_options=RayOptions(actors=2)) as fl:
+        for epoch in (0, 1):
+            fl.set_epoch(epoch)
+            batches = []
+            for k, (imgs, targets, paths, shapes) in enumerate(fl):
+                batches.append((imgs.clone(), targets.clone(), paths, shapes))
+                if k == 1:  # batches of both actors are in flight now
+                    if epoch == 0:  # the process dies (as by the OOM killer)
+                        os.kill(fl.stats()["worker_pids"][0], signal.SIGKILL)
+                    else:  # Ray kills it
+                        import ray
+
+                        ray.kill(fl.engine._actors[1], no_restart=True)
+            got.append(batches)
+        stats = fl.stats()
+    assert_same(cpu_reference, got)  # none lost, none twice, same pixels
+    assert stats["actor_restarts"] == 2 and stats["batches"] == sum(len(e) for e in cpu_reference)
+
+
+def test_an_actor_that_dies_too_often_raises(stores):
+    with fastload.loader(stores, imgsz=IMGSZ, batch_size=BATCH, store="disk", engine="ray",
+                         engine_options=RayOptions(actors=1, max_restarts=0)) as fl:
+        it = iter(fl)
+        next(it)
+        os.kill(fl.stats()["worker_pids"][0], signal.SIGKILL)
+        with pytest.raises(WorkerError, match=r"render actor 0 .* died and was already replaced max_restarts=0 times"):
+            list(it)
+
+
+def _needed_object_store_bytes(ray) -> float:
+    """Object-store bytes that something still references (Ray's ``memory --stats-only`` figure)."""
+    from ray._private.internal_api import memory_summary  # Ray's own `ray memory` report; no public API has it
+
+    m = re.search(r"([\d.]+)% needed", memory_summary(stats_only=True))
+    assert m, "Ray's memory summary changed its format"
+    return float(m.group(1)) / 100 * ray.cluster_resources()["object_store_memory"]
+
+
+def test_a_slow_consumer_keeps_memory_flat(stores, local_ray):
+    """Many batches through a consumer slower than the actors: the engine never has more than its limit
+    in flight, Ray's object store holds no more results than those, and this process's memory stays flat."""
+    batch = 12  # 147 kB: Ray returns results under 100 kB inline instead of through its object store
+    batch_bytes = batch * IMGSZ * IMGSZ * 3
+    me = psutil.Process()
+    with fastload.loader(stores, imgsz=IMGSZ, batch_size=batch, store="disk", engine="ray", prefetch=2,
+                         engine_options={"actors": 2}) as fl:
+        it = iter(fl)
+        next(it)
+        time.sleep(1.0)  # the actors finish all they were sent while the consumer stalls
+        stalled = fl.stats()["in_flight"]
+        assert stalled == 3  # this epoch's second batch and the next epoch's two (2 batches per epoch)
+        # control: the measure sees results waiting in the store, and there are no more than those
+        assert stalled * batch_bytes * 0.95 <= _needed_object_store_bytes(local_ray) <= (stalled + 0.5) * batch_bytes
+        list(it)
+        needed, private = [], []
+        for epoch in range(1, 21):  # 40 batches, 20 x the data set
+            fl.set_epoch(epoch)
+            for imgs, *_ in fl:
+                time.sleep(0.02)  # the consumer is the slow side
+                needed.append(_needed_object_store_bytes(local_ray))
+            private.append(me.memory_full_info().uss)  # object-store pages are shared: counted above, not here
+        stats = fl.stats()
+    assert stats["in_flight_peak"] <= stats["in_flight_limit"] == 4
+    assert max(needed) <= 4.5 * batch_bytes, needed  # the limit (with room for the percent rounding)
+    assert max(private[5:]) - private[4] < 32 << 20, private  # no growth after warm-up
+
+
+def test_ctrl_c_in_the_consumer_and_close_leave_nothing_running(stores, cpu_reference):
+    with fastload.loader(stores, imgsz=IMGSZ, batch_size=BATCH, store="disk", engine="ray", seed=11, close_mosaic=1,
+                         epochs=2, engine_options={"actors": 2}) as fl:
+        pids = fl.stats()["worker_pids"]
+        with pytest.raises(KeyboardInterrupt):
+            for k, _ in enumerate(fl):
+                if k == 1:
+                    raise KeyboardInterrupt
+        assert fl.stats()["in_flight"] == 0  # what was in flight is dropped
+        fl.set_epoch(0)  # the loader goes on with the same batches
+        assert_same(cpu_reference[:1], [[(i.clone(), t.clone(), p, s) for i, t, p, s in fl]])
+        assert fl.stats()["in_flight"] <= fl.stats()["in_flight_limit"]  # the next epoch's first batches
+    assert fl.stats()["in_flight"] == 0
+    deadline = time.monotonic() + 20
+    while any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids):
+        assert time.monotonic() < deadline, f"actor processes {pids} still run after close()"
+        time.sleep(0.2)
+
+
+def test_a_store_an_actor_cannot_open_is_one_clear_error(stores, tmp_path):
+    missing = tmp_path / "not-staged-here"
+    with pytest.raises(StoreError, match=rf"render actor on node {re.escape(socket.gethostname())}.*cannot open the "
+                                         rf"disk store at {re.escape(str(missing))}: no store at"):
+        fastload.loader(stores, imgsz=IMGSZ, batch_size=BATCH, store="disk", engine="ray",
+                        engine_options={"store_path": str(missing)})
+    from fastload.data.config import load_data_config
+
+    lmdb_dir = load_data_config(stores).stores["train"]["lmdb"]
+    with pytest.raises(StoreError, match="holds 24 encoded samples, the loader's disk store 24 decoded ones"):
+        fastload.loader(stores, imgsz=IMGSZ, batch_size=BATCH, store="disk", engine="ray",
+                        engine_options={"store_path": str(lmdb_dir)})
+    with pytest.raises(fastload.EngineOptionError, match="store_path does not apply to store='files'"):
+        fastload.loader(stores, imgsz=IMGSZ, batch_size=BATCH, store="files", engine="ray",
+                        engine_options={"store_path": str(lmdb_dir)})
+    with pytest.raises(fastload.EngineOptionError, match="3 actors x 1 CPUs need more than the 2 CPUs"):
+        fastload.loader(stores, imgsz=IMGSZ, batch_size=BATCH, store="disk", engine="ray", engine_options={"actors": 3})
+
+
+def test_ray_missing_is_one_line_naming_the_extra(stores, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` now fails as on an install without the extra
+    assert fastload.RayOptions(actors=2).actors == 2  # the options need no Ray
+    with pytest.raises(ImportError) as info:
+        fastload.loader(stores, imgsz=IMGSZ, batch_size=BATCH, store="disk", engine="ray")
+    msg = str(info.value)
+    assert "\n" not in msg and 'pip install "fastload[ray]"' in msg
+
+
+def _crc(fl) -> dict:
+    """One epoch of a loader as its paths and a checksum of every batch's pixels and targets."""
+    batches = [(imgs.numpy().tobytes(), targets.numpy().tobytes(), list(paths)) for imgs, targets, paths, _ in fl]
+    return {"paths": [p for b in batches for p in b[2]], "crc": [[zlib.crc32(b[0]), zlib.crc32(b[1])] for b in batches]}
+
+
+def _rank_main(rank: int, yaml_path: str, out_dir: str, address: str) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{out_dir}/rendezvous", rank=rank, world_size=2)
+    try:
+        import ray
+
+        ray.init(address=address, log_to_driver=False)  # the test's instance, shared by both ranks
+        with fastload.loader(yaml_path, imgsz=IMGSZ, batch_size=BATCH, store="disk", engine="ray", seed=4, rank=rank) as fl:
+            assert fl.world_size == 2  # from torch.distributed
+            result = {"ray": _crc(fl), "actors": fl.stats()["actors"]}
+        dist.barrier()
+        Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.timeout(180)
+def test_two_gloo_ranks_share_one_ray_instance(stores, tmp_path, local_ray):
+    import torch.multiprocessing as tmp
+
+    address = local_ray.get_runtime_context().gcs_address
+    tmp.spawn(_rank_main, args=(str(stores), str(tmp_path), address), nprocs=2, join=True)
+    r = [json.loads((tmp_path / f"rank{k}.json").read_text()) for k in range(2)]
+    for k in range(2):
+        assert r[k]["actors"] == 1  # the instance's 2 CPUs split between the ranks
+        with fastload.loader(stores, imgsz=IMGSZ, batch_size=BATCH, store="disk", engine="cpu", workers=0, seed=4,
+                             rank=k, world_size=2) as fl:
+            assert r[k]["ray"] == _crc(fl)  # each rank's own stream, as engine="cpu" gives it
+    assert set(r[0]["ray"]["paths"]).isdisjoint(r[1]["ray"]["paths"])  # 24 images, 2 ranks: no padding
+    assert len(r[0]["ray"]["paths"]) + len(r[1]["ray"]["paths"]) == 24
+
+
+def test_bench_measures_the_ray_engine(stores):
+    from fastload.bench.run import _default_engines
+    from fastload.bench.stages import measure_loader
+
+    assert "ray" in _default_engines()  # Ray is installed here
+    m = measure_loader(stores, "ray", "disk", 0.5, imgsz=IMGSZ, batch=BATCH, workers=2)
+    assert m.ok, m.skipped
+    assert m.extra["workers"] == 2 and "2 actors" in m.note
