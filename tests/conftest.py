@@ -14,6 +14,24 @@ REPO = Path(__file__).resolve().parents[1]
 COCO128 = Path(os.environ.get("FASTLOAD_COCO128", REPO.parent / "shared" / "datasets" / "coco128"))
 
 
+def _starts_ray(item: pytest.Item) -> bool:
+    callspec = getattr(item, "callspec", None)
+    return ("local_ray" in getattr(item, "fixturenames", ()) or item.get_closest_marker("starts_ray") is not None
+            or (callspec is not None and callspec.params.get("engine") == "ray"))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "starts_ray: the test starts a local Ray instance (its module runs last)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # Modules that start Ray run last. Ray leaves gRPC threads in the process after ray.shutdown(), and a
+    # fork() while one of them holds a lock can hang the child (grpc/grpc#31885): the tests that fork
+    # pools (conversion, CPU workers) hung that way once in a loaded run after the Ray tests.
+    ray_modules = {item.module for item in items if _starts_ray(item)}
+    items.sort(key=lambda item: item.module in ray_modules)  # stable: the order within each group is kept
+
+
 @pytest.fixture(scope="session")
 def coco128_yaml() -> Path:
     """Path to ../shared/datasets/coco128/coco128.yaml; skips when the folder is absent (a user's machine)."""

@@ -52,6 +52,7 @@ def _run_bench(tmp_path: Path, data: Path, extra: list[str], capsys) -> dict:
     return json.loads(js.read_text())
 
 
+@pytest.mark.starts_ray  # the default engines include ray where it is installed
 def test_bench_synthetic_all_stages(synth_yaml, tmp_path, capsys):
     doc = _run_bench(tmp_path, synth_yaml, ["--decoders", "fastload,cv2"], capsys)
     _check_document(doc, ["files"])
