@@ -282,8 +282,9 @@ def test_ram_store_removed_under_a_running_loader(files, tmp_path, monkeypatch):
         shutil.rmtree(shm_root, ignore_errors=True)
 
 
-# The CLI with its writers slowed down (100 ms per converted record, 50 ms per staged file) so that
-# SIGINT lands in the middle of the work: wrapped here, in the test, not in the library.
+# The CLI with its writers slowed down (500 ms per converted record, 300 ms per staged file) so that the
+# work lasts seconds, well past the test's 0-0.6 s wait, and SIGINT lands in the middle of it on a quiet
+# machine too (at 100/50 ms a quiet machine finished all three runs first): wrapped here, not in the library.
 SLOWED_CLI = """
 import sys, time
 from fastload.cli import main
@@ -295,15 +296,15 @@ add_many, add, copy_file = LmdbWriter.add_many, PackedWriter.add, stage._copy_fi
 
 def slow_add_many(self, records):
     records = list(records)
-    time.sleep(0.1 * len(records))
+    time.sleep(0.5 * len(records))
     return add_many(self, records)
 
 def slow_add(self, *args, **kwargs):
-    time.sleep(0.1)
+    time.sleep(0.5)
     return add(self, *args, **kwargs)
 
 def slow_copy_file(*args, **kwargs):
-    time.sleep(0.05)
+    time.sleep(0.3)
     return copy_file(*args, **kwargs)
 
 LmdbWriter.add_many, PackedWriter.add, stage._copy_file = slow_add_many, slow_add, slow_copy_file
@@ -340,7 +341,7 @@ def test_ctrl_c_at_random_points_leaves_nothing_that_opens(command, files, tmp_p
         if command == "convert":
             assert not (target / ".convert.lock").exists()
             for store in [p for p in target.iterdir() if p.suffix in (".lmdb", ".disk")]:
-                open_store(store).close()  # whatever has its final name is complete
+                open_store(store, imgsz=64).close()  # whatever has its final name is complete
             for partial in target.glob("*.partial"):
                 with pytest.raises(StoreError, match="interrupted"):
                     open_store(partial)
