@@ -329,8 +329,10 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="trainer-parity-"))
     work.mkdir(parents=True, exist_ok=True)
     settings = {k: v for k, v in vars(args).items() if k not in ("out", "json", "jobs", "rescore")}
+    # which models and seeds may grow between calls on one --out (finished pairs are reused); the rest must match
+    per_run = {k: v for k, v in settings.items() if k not in ("models", "seeds")}
     stamp = work / "settings.json"
-    if stamp.is_file() and json.loads(stamp.read_text()) != settings:
+    if stamp.is_file() and {k: v for k, v in json.loads(stamp.read_text()).items() if k not in ("models", "seeds")} != per_run:
         raise SystemExit(f"{work} holds runs made with other settings ({stamp}); use another --out")
     stamp.write_text(json.dumps(settings, indent=1))
     off = Official(work / "official" / "yolov9", args.threads) if (work / "official" / "yolov9").is_dir() \
