@@ -321,6 +321,11 @@ def print_report(records: list[dict], summary: dict, args: argparse.Namespace) -
                       f"{p[2]:.4f}")
 
 
+def _per_run(settings: dict) -> dict:
+    """The settings that change a training run: models and seeds may grow between calls on one --out."""
+    return {k: v for k, v in settings.items() if k not in ("models", "seeds")}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if not available():
@@ -329,10 +334,8 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="trainer-parity-"))
     work.mkdir(parents=True, exist_ok=True)
     settings = {k: v for k, v in vars(args).items() if k not in ("out", "json", "jobs", "rescore")}
-    # which models and seeds may grow between calls on one --out (finished pairs are reused); the rest must match
-    per_run = {k: v for k, v in settings.items() if k not in ("models", "seeds")}
     stamp = work / "settings.json"
-    if stamp.is_file() and {k: v for k, v in json.loads(stamp.read_text()).items() if k not in ("models", "seeds")} != per_run:
+    if stamp.is_file() and _per_run(json.loads(stamp.read_text())) != _per_run(settings):
         raise SystemExit(f"{work} holds runs made with other settings ({stamp}); use another --out")
     stamp.write_text(json.dumps(settings, indent=1))
     off = Official(work / "official" / "yolov9", args.threads) if (work / "official" / "yolov9").is_dir() \
