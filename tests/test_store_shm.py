@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -131,3 +132,34 @@ def test_foreign_shm_entries_are_left_alone(shm_root):
     with pytest.raises(StoreError, match="not staged by fastload"):
         unstage(other)
     assert other.exists()
+
+
+def test_listing_survives_segments_built_and_removed_meanwhile(shm_root):
+    """Every opener of a decoded cache lists the shm root (stale cleanup) without the segments' locks while other
+    processes build (a temporary sibling renamed into place) and remove theirs: the listing must not trip over
+    a folder that vanishes under it (engine='ray' failed to start this way when two actors opened one cache)."""
+    import threading
+
+    seg = shm_root / "fastload-racing"
+    shm.holders_path(seg).write_text(json.dumps({"pids": [os.getpid()]}))
+    stop = threading.Event()
+
+    def build_and_remove() -> None:
+        while not stop.is_set():
+            tmp = seg.with_name(seg.name + ".partial-1")
+            (tmp / "sub").mkdir(parents=True)
+            for k in range(8):
+                (tmp / "sub" / f"f{k}").write_bytes(b"x" * 100)
+            os.rename(tmp, seg)
+            shutil.rmtree(seg)
+
+    builder = threading.Thread(target=build_and_remove)
+    builder.start()
+    try:
+        for _ in range(3000):
+            (info,) = shm.list_segments()
+            # a listing may count one build finished and the next begun: at most two builds' bytes
+            assert info.path == seg and info.live == [os.getpid()] and 0 <= info.nbytes <= 2 * 800
+    finally:
+        stop.set()
+        builder.join()

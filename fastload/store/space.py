@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 from pathlib import Path
 
 import psutil
@@ -31,15 +32,19 @@ def free_bytes(path: str | Path) -> int:
 
 
 def tree_bytes(path: str | Path) -> int:
-    """Size of a file, or of every file under a folder (files that vanish meanwhile count 0)."""
-    path = Path(path)
-    if path.is_file():
-        return path.stat().st_size
+    """Size of a file, or of every file under a folder. Files and folders that vanish meanwhile count 0:
+    the shm listing sizes other processes' segments while they are built, renamed and removed."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return 0
+    if not stat.S_ISDIR(st.st_mode):
+        return st.st_size
     total = 0
-    for p in path.rglob("*") if path.is_dir() else []:
-        with contextlib.suppress(OSError):
-            if p.is_file():
-                total += p.stat().st_size
+    for folder, _, files in os.walk(path):  # os.walk skips a folder that cannot be listed (gone)
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.stat(os.path.join(folder, name)).st_size
     return total
 
 
