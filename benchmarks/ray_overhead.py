@@ -3,10 +3,11 @@
 Dataset: coco128 repeated to ``--images`` images (as in loader_throughput.py), converted to lmdb and disk
 stores at ``--imgsz``. On one local Ray instance (this machine's CPUs), each pair is timed in interleaved
 rounds and the ratio ray/cpu is taken per round (the same machine load), median over rounds. Both engines
-run the same renderer, so the difference is Ray's: task round trips, the copy of every batch into the
-object store, Ray's own processes. CPU ms/img counts every process of this tree (workers, actors and
-Ray's daemons, which the local instance starts as our children): on a shared machine the fairer figure
-than img/s. Also printed:
+run the same renderer, so the difference is Ray's: task round trips, Ray's own processes, and with
+``delivery="object_store"`` (what actors on other nodes use) the copy of every batch into the object
+store; the default ``delivery="auto"`` has actors on this node render into shared-memory slots. CPU
+ms/img counts every process of this tree (workers, actors and Ray's daemons, which the local instance
+starts as our children): on a shared machine the fairer figure than img/s. Also printed:
 
 * the transfer cost of one batch: an actor returning a ready batch-sized array, fetched by ``ray.get``
   one at a time (what a batch costs on top of rendering it, on one node), and an empty call's round trip;
@@ -91,6 +92,8 @@ def run(yaml_path: Path, seconds: float, *, min_epochs: int = 0, **kw: Any) -> d
         res = time_batches(lambda: fl, seconds, min_epochs=min_epochs)
         elapsed = time.perf_counter() - t0
         used = clock.cores_since(elapsed)["cpu_loader_cores"] * elapsed
+        stats = fl.stats()
+    res.update({k: stats[k] for k in ("slot_batches", "object_store_batches") if k in stats})
     res["cpu_ms_per_image"] = used / max(res["images_per_s"] * res["seconds"], 1) * 1e3  # warm-up batch included
     return res
 
@@ -132,10 +135,13 @@ def main(argv: list[str] | None = None) -> int:
         common = dict(imgsz=args.imgsz, batch_size=args.batch)
         cpu = dict(engine="cpu", workers=args.workers, **common)
         rayk = dict(engine="ray", engine_options={"actors": args.workers}, **common)
+        ray_store = dict(engine="ray", engine_options={"actors": args.workers, "delivery": "object_store"}, **common)
         # name -> (baseline name or "-", run); pairs share everything but the engine
         configs: dict[str, tuple[str, Callable[[float], dict]]] = {
             "cpu disk": ("-", lambda t: run(y, t, store="disk", **cpu)),
             "ray disk": ("cpu disk", lambda t: run(y, t, store="disk", **rayk)),
+            # what actors on other nodes use: every batch through the object store
+            "ray disk, object store": ("cpu disk", lambda t: run(y, t, store="disk", **ray_store)),
             "cpu disk, HSV deferred": ("-", lambda t: run(y, t, store="disk", hsv_on="defer", **cpu)),
             "ray disk, HSV deferred": ("cpu disk, HSV deferred", lambda t: run(y, t, store="disk", hsv_on="defer", **rayk)),
             # encoded store: every read decodes (a dataset larger than the cache), then the machine's decoded cache
@@ -195,10 +201,16 @@ def main(argv: list[str] | None = None) -> int:
               f"{one_core['images_per_s']:.0f} img/s on a core it shared); the transfer is "
               f"{t['batch_ms'] / args.batch / render_ms * 100:.0f} % of it")
         cfg = results["configs"]
-        for ray_name, cpu_name in (("ray disk", "cpu disk"), ("ray disk, HSV deferred", "cpu disk, HSV deferred")):
+        for ray_name, cpu_name in (("ray disk", "cpu disk"), ("ray disk, object store", "cpu disk"),
+                                   ("ray disk, HSV deferred", "cpu disk, HSV deferred")):
             extra = cfg[ray_name]["cpu_ms_per_image"] - cfg[cpu_name]["cpu_ms_per_image"]
             print(f"{ray_name}: img/s {cfg[ray_name]['ratio']:.2f}x {cpu_name}; CPU time per image {extra:+.2f} ms "
                   f"({extra / cfg[cpu_name]['cpu_ms_per_image'] * 100:+.0f} %)")
+        for name, c in cfg.items():
+            via = [(x.get("slot_batches", 0), x.get("object_store_batches", 0)) for x in c["rounds"] if "images_per_s" in x]
+            if name.startswith("ray") and via:
+                print(f"{name}: batches through shared-memory slots / the object store, all rounds: "
+                      f"{sum(a for a, _ in via)} / {sum(b for _, b in via)}")
         goal = cfg["ray disk"]["ratio"]
         print(f"goal: overhead of going through Ray <= 15 % (ray disk vs cpu disk, img/s): {(1 - goal) * 100:.1f} % -> "
               f"{'MET' if goal >= 0.85 else 'missed'}")

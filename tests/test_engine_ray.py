@@ -7,6 +7,7 @@ The engine-contract checks (batch format, HSV modes, layouts, options) run in te
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -26,7 +27,9 @@ import torch
 import fastload
 from fastload.engines.base import WorkerError
 from fastload.engines.ray_engine import RayOptions
+from fastload.engines.ray_slots import PREFIX as SLOTS_PREFIX
 from fastload.store.base import StoreError
+from fastload.store.kinds import shm_root
 
 pytest.importorskip("ray", reason='Ray is not installed (pip install "fastload[ray]")')
 
@@ -94,11 +97,29 @@ def test_batches_equal_the_cpu_engine_over_two_epochs_with_close_mosaic(stores, 
     assert stats["actors"] == 2 and len(stats["worker_pids"]) == 2 and stats["actor_restarts"] == 0
     assert stats["nodes"] and socket.gethostname() in stats["nodes"][0]
     assert stats["in_flight_peak"] <= stats["in_flight_limit"] == 2 * 2  # actors x prefetch
+    # the actors share this node: the batches come through the shared-memory slots (delivery="auto"), except
+    # around close-mosaic: epoch 1's first two batches, sent early with mosaic on, are dropped, and while they
+    # finish rendering their slots are busy; batches sent meanwhile (at most the in-flight limit) take the store
+    assert stats["slot_batches"] + stats["object_store_batches"] == sum(map(len, got))
+    assert stats["object_store_batches"] <= stats["in_flight_limit"] < stats["slot_batches"]
+
+
+def test_slots_that_do_not_fit_shared_memory_fall_back_to_the_object_store(stores, cpu_reference, monkeypatch):
+    def full(fd, offset, length):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    with pytest.warns(UserWarning, match=r"engine 'ray': cannot reserve .* for 6 batch slots in .*No space left on "
+                                         r"device; batches from the actors on this node go through Ray's object store"):
+        got, stats = load(stores, "ray", close=1, engine_options=RayOptions(actors=2))
+    assert_same(cpu_reference, got)
+    assert stats["object_store_batches"] == sum(map(len, got)) and stats["slot_batches"] == 0
 
 
 def test_same_batches_whatever_the_number_of_actors_and_store(stores, cpu_reference):
-    one, stats = load(stores, "ray", close=1, prefetch=3, engine_options={"actors": 1})
+    one, stats = load(stores, "ray", close=1, prefetch=3, engine_options={"actors": 1, "delivery": "object_store"})
     assert stats["actors"] == 1 and stats["in_flight_limit"] == 3
+    assert stats["object_store_batches"] == sum(map(len, one)) and stats["slot_batches"] == 0
     assert_same(cpu_reference, one)
     lmdb, _ = load(stores, "ray", close=1, store="lmdb", engine_options={"actors": 2})  # encoded: decoded by actors
     assert_same(load(stores, "cpu", close=1, store="lmdb", workers=0)[0], lmdb)
@@ -198,21 +219,25 @@ def _needed_object_store_bytes(ray) -> float:
     return float(m.group(1)) / 100 * ray.cluster_resources()["object_store_memory"]
 
 
-def test_a_slow_consumer_keeps_memory_flat(stores, local_ray):
+@pytest.mark.parametrize("delivery", ["object_store", "auto"])
+def test_a_slow_consumer_keeps_memory_flat(stores, local_ray, delivery):
     """Many batches through a consumer slower than the actors: the engine never has more than its limit
-    in flight, Ray's object store holds no more results than those, and this process's memory stays flat."""
+    in flight, Ray's object store holds no more results than those (none with the shared-memory slots of
+    delivery="auto": the actors share this node), and this process's memory stays flat."""
     batch = 12  # 147 kB: Ray returns results under 100 kB inline instead of through its object store
     batch_bytes = batch * IMGSZ * IMGSZ * 3
+    in_store = 1 if delivery == "object_store" else 0  # batches whose pixels travel through the object store
     me = psutil.Process()
     with fastload.loader(stores, imgsz=IMGSZ, batch_size=batch, store="disk", engine="ray", prefetch=2,
-                         engine_options={"actors": 2}) as fl:
+                         engine_options={"actors": 2, "delivery": delivery}) as fl:
         it = iter(fl)
         next(it)
         time.sleep(1.0)  # the actors finish all they were sent while the consumer stalls
         stalled = fl.stats()["in_flight"]
         assert stalled == 3  # this epoch's second batch and the next epoch's two (2 batches per epoch)
         # control: the measure sees results waiting in the store, and there are no more than those
-        assert stalled * batch_bytes * 0.95 <= _needed_object_store_bytes(local_ray) <= (stalled + 0.5) * batch_bytes
+        needed_stalled = _needed_object_store_bytes(local_ray)
+        assert in_store * stalled * batch_bytes * 0.95 <= needed_stalled <= (in_store * stalled + 0.5) * batch_bytes
         list(it)
         needed, private = [], []
         for epoch in range(1, 21):  # 40 batches, 20 x the data set
@@ -220,11 +245,13 @@ def test_a_slow_consumer_keeps_memory_flat(stores, local_ray):
             for imgs, *_ in fl:
                 time.sleep(0.02)  # the consumer is the slow side
                 needed.append(_needed_object_store_bytes(local_ray))
-            private.append(me.memory_full_info().uss)  # object-store pages are shared: counted above, not here
+            private.append(me.memory_full_info().uss)  # shared pages (store, slots) are not counted here
         stats = fl.stats()
     assert stats["in_flight_peak"] <= stats["in_flight_limit"] == 4
-    assert max(needed) <= 4.5 * batch_bytes, needed  # the limit (with room for the percent rounding)
+    assert max(needed) <= (4 * in_store + 0.5) * batch_bytes, needed  # the limit (with room for the percent rounding)
     assert max(private[5:]) - private[4] < 32 << 20, private  # no growth after warm-up
+    delivered = stats["slot_batches"] + stats["object_store_batches"]
+    assert delivered == 42 and stats["slot_batches"] == (0 if in_store else delivered)
 
 
 def test_ctrl_c_in_the_consumer_and_close_leave_nothing_running(stores, cpu_reference):
@@ -240,6 +267,7 @@ def test_ctrl_c_in_the_consumer_and_close_leave_nothing_running(stores, cpu_refe
         assert_same(cpu_reference[:1], [[(i.clone(), t.clone(), p, s) for i, t, p, s in fl]])
         assert fl.stats()["in_flight"] <= fl.stats()["in_flight_limit"]  # the next epoch's first batches
     assert fl.stats()["in_flight"] == 0
+    assert not list(shm_root().glob(SLOTS_PREFIX + "*"))  # the batch slots went with the loader
     deadline = time.monotonic() + 20
     while any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids):
         assert time.monotonic() < deadline, f"actor processes {pids} still run after close()"

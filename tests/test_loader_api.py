@@ -231,7 +231,7 @@ def test_bad_arguments(synth_yaml):
         loader(synth_yaml, store="files", min_items=10**6)
     with pytest.raises(ValueError, match="engine 'cpu': axis_kernel"):
         loader(synth_yaml, store="files", engine_options={"axis_kernel": "cubic"})
-    with pytest.raises(TypeError, match="engine 'gpu' has no option 'axis_kernel' \\(an option of engine 'cpu'\\)"):
+    with pytest.raises(TypeError, match="engine 'gpu' has no option 'axis_kernel' \\(an option of engines 'cpu' and 'ray'\\)"):
         loader(synth_yaml, store="files", engine="gpu", engine_options={"axis_kernel": "warp"})
 
 

@@ -41,7 +41,7 @@ def resolve_options(name: str, options: Any) -> Any:
         for key in options:
             if key not in known:
                 owners = [n for n, e in ENGINES.items() if n != name and key in [f.name for f in dataclasses.fields(e.Options)]]
-                where = f" (an option of engine {owners[0]!r})" if owners else ""
+                where = f" (an option of engine{'s' * (len(owners) > 1)} {' and '.join(map(repr, owners))})" if owners else ""
                 raise EngineOptionError(
                     f"engine {name!r} has no option {key!r}{where}; its options are: {', '.join(known) or 'none'}")
         return cls(**options)

@@ -11,7 +11,9 @@ builds a :class:`~fastload.engines.cpu_render.BatchRenderer` with the loader's
 ``(seed, epoch, indices)`` as on ``engine="cpu"`` (with either ``partners``: the sampler carries it). An
 encoded store (files, lmdb) is read through the node's decoded-image cache
 (:mod:`~fastload.engines.shm_cache`), which every actor of every loader on that node shares, as the CPU
-engine's workers share the machine's. A store it cannot open is reported, not raised, by
+engine's workers share the machine's. An actor on the consumer's own node renders into the consumer's
+shared-memory slots (:mod:`~fastload.engines.ray_slots`) when the task names one, and returns only the
+small parts; elsewhere the batch goes back through the object store. A store it cannot open is reported, not raised, by
 :meth:`RenderActor.hello` (an exception in an actor's constructor would kill it for good, with Ray's
 wrapping around the message), and so is a decoded cache it cannot open; :meth:`RenderActor.render`
 raises that same message if asked to render.
@@ -31,6 +33,7 @@ from fastload.augment.functional.tiles import AxisKernel
 from fastload.augment.params import ParamSampler, shapes_to_array
 from fastload.data.images import ShrinkFilter
 from fastload.engines.cpu_render import BatchRenderer
+from fastload.engines.ray_slots import SlotFile, map_slot_file, slot_view
 from fastload.engines.shm_cache import open_decode_cache
 from fastload.store.base import Store, StoreError, split_labels
 from fastload.store.factory import open_path
@@ -96,6 +99,16 @@ def node_name() -> str:
     return f"{host} ({ip})" if ip and ip != host else host
 
 
+def _node_id() -> str | None:
+    """This process's Ray node id (None outside Ray)."""
+    try:
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+    except Exception:
+        return None
+
+
 def versions() -> dict[str, str]:
     """The versions that decide a rendered batch's pixels (the engine compares its actors' with its own)."""
     return {"fastload": __version__, "numpy": np.__version__, "opencv": cv2.__version__}
@@ -141,6 +154,7 @@ class RenderActor:
         self.error: str | None = None
         self.renderer: BatchRenderer | None = None
         self.buffer = np.empty(0, np.uint8)
+        self.slots: np.ndarray | None = None  # the consumer's slots, when this actor runs on its node
         try:
             store = open_view(spec)
         except Exception as e:
@@ -158,36 +172,52 @@ class RenderActor:
         self.renderer = BatchRenderer(store, sampler, cache=cache, hsv_in_worker=render.hsv_in_worker,
                                       layout=render.layout, reduced_decode=render.decode_scale == "reduced",
                                       axis_kernel=render.axis_kernel, shrink=render.shrink)
-        # one reused buffer: Ray copies the returned pixels into its object store before the next task runs
-        self.buffer = np.empty(render.max_batch_bytes, np.uint8)
+        self.max_batch_bytes = render.max_batch_bytes
 
-    def hello(self) -> dict[str, Any]:
-        """Where this actor runs, what it runs, and the store error it met (None when its store is open)."""
-        return {"node": self.where, "pid": os.getpid(), "error": self.error, "versions": versions()}
+    def hello(self, slots: SlotFile | None = None) -> dict[str, Any]:
+        """Where this actor runs, what it runs, the store error it met (None when its store is open), and
+        whether it can write into the consumer's ``slots`` (only on the consumer's node; ``slots_error``
+        says why a file there could not be mapped)."""
+        slots_error = None
+        if slots is not None and self.renderer is not None and _node_id() == slots.node_id:
+            try:
+                self.slots = map_slot_file(slots)
+            except OSError as e:
+                slots_error = f"cannot map the batch slots {slots.path}: {e}"
+        return {"node": self.where, "pid": os.getpid(), "error": self.error, "versions": versions(),
+                "slots": self.slots is not None, "slots_error": slots_error}
 
-    def render(self, epoch: int, indices: np.ndarray, mosaic_closed: bool) -> tuple[Any, ...]:
-        """Render one batch (``indices``: loader indices, or sample ids of an image table).
+    def render(self, epoch: int, indices: np.ndarray, mosaic_closed: bool, slot: int | None = None) -> tuple[Any, ...]:
+        """Render one batch (``indices``: loader indices, or sample ids of an image table), into the consumer's
+        slot ``slot`` when given (the actor must have mapped the slots: :meth:`hello`).
 
-        Returns ``(imgs uint8 [B, H, W, 3] or [B, 3, H, W], targets float32 [N, 6], shapes float64 [B, 6],
-        HSV gains float32 [B, 3] or None, this process's pid, counts)``, ``counts`` being this actor's
-        totals so far (its tasks run in the order they were sent): ``[decodes, cache hits, cache misses]``.
+        Returns ``(imgs, hw, targets float32 [N, 6], shapes float64 [B, 6], HSV gains float32 [B, 3] or None,
+        this process's pid, counts)``: ``imgs`` is the batch (uint8 ``[B, H, W, 3]`` or ``[B, 3, H, W]``), or
+        None when it was written into the slot; ``hw`` its ``(H, W)``; ``counts`` this actor's totals so far
+        (its tasks run in the order they were sent): ``[decodes, cache hits, cache misses]``.
         """
         if self.renderer is None:
             raise StoreError(self.error)
         renderer = self.renderer
         renderer.sync(mosaic_closed)
+        if slot is not None and self.slots is None:
+            raise RuntimeError(f"render actor on node {self.where}: asked to write slot {slot} of slots it has not mapped")
 
-        def slot(b: int, h: int, w: int) -> np.ndarray:
+        def out_array(b: int, h: int, w: int) -> np.ndarray:
+            if slot is not None:
+                return slot_view(self.slots, slot, b, h, w, renderer.layout)
+            if self.buffer.size < self.max_batch_bytes:  # one reused buffer, made when first needed: Ray copies
+                self.buffer = np.empty(self.max_batch_bytes, np.uint8)  # the returned pixels before the next task
             flat = self.buffer[: b * h * w * 3]
             return flat.reshape((b, h, w, 3) if renderer.layout == "nhwc" else (b, 3, h, w))
 
-        out = renderer.render(int(epoch), np.asarray(indices, np.int64), slot)
+        out = renderer.render(int(epoch), np.asarray(indices, np.int64), out_array)
         h, w = out.hw
-        imgs = slot(len(indices), h, w)
+        imgs = None if slot is not None else out_array(len(indices), h, w)
         shapes = np.stack([shapes_to_array(s) for s in out.shapes])
         cache = renderer.cache
         counts = [renderer.decodes, cache.hits if cache is not None else 0, cache.misses if cache is not None else 0]
-        return imgs, out.targets, shapes, out.gains, os.getpid(), counts
+        return imgs, (h, w), out.targets, shapes, out.gains, os.getpid(), counts
 
     def close(self) -> None:
         """Drop this actor's hold on the node's decoded cache (the last holder removes it) and close its store;

@@ -4,9 +4,11 @@ For when one machine's CPUs cannot feed its GPUs. The loader samples the order a
 engine sends each batch as a task ``(epoch, indices, mosaic closed)`` to one of its render actors
 (:class:`~fastload.engines.ray_actor.RenderActor`), which runs the CPU engine's renderer
 (:class:`~fastload.engines.cpu_render.BatchRenderer`) on a store it opened itself, so the batches are the
-ones ``engine="cpu"`` gives for the same seed. Results come back through Ray's object store and are
-delivered in order; ``imgs`` is a zero-copy view of the object (one copy in the actor, into the object
-store; across nodes Ray moves it once into this node's store).
+ones ``engine="cpu"`` gives for the same seed. Batches are delivered in order. An actor on this process's
+node renders straight into a shared-memory slot that this process maps (``RayOptions(delivery="auto")``,
+:mod:`~fastload.engines.ray_slots`): no copy, no object-store round trip for the pixels. From other nodes,
+``imgs`` is a zero-copy view of the object-store object (one copy in the actor, into its node's store; Ray
+moves it once into this node's store).
 
 Flow control: at most ``actors * prefetch`` batches are in flight (submitted, not yet delivered); each new
 task goes to the actor with the fewest unfinished ones, so a slower node gets fewer. Memory held is
@@ -28,7 +30,7 @@ from __future__ import annotations
 import time
 import warnings
 from dataclasses import dataclass
-from typing import Any, ClassVar, Generator, NamedTuple
+from typing import Any, ClassVar, Generator, Literal, NamedTuple
 
 import numpy as np
 import torch
@@ -38,6 +40,7 @@ from fastload.augment.params import ParamSampler, image_of, shapes_from_array
 from fastload.engines.base import (Batch, Engine, EngineOptionError, EngineSettings, HostRenderOptions, Rendered,
                                    WorkerError, chunks)
 from fastload.engines.ray_actor import RenderActor, RenderSpec, StoreSpec, versions
+from fastload.engines.ray_slots import SlotPool, slot_view
 from fastload.store.base import Store, StoreError, join_labels
 from fastload.store.view import StoreView
 
@@ -84,6 +87,15 @@ class RayOptions(HostRenderOptions):
             workers. ``None``: 1/8 of that node's physical memory; ``0``: off (every read decodes).
         decode_scale, axis_kernel: as in :class:`~fastload.engines.cpu.CPUOptions` (``axis_kernel=None``
             is resolved in this process, so every node draws with the same kernel).
+        delivery: how the pixels of a batch reach this process.
+            ``"auto"``: actors on this process's node write them into shared-memory slots that this process
+            maps (no copy, no object-store round trip); ``imgs`` is then a view of a slot, valid until
+            ``keep`` further batches have been requested (as on ``engine="cpu"``: clone it to keep it
+            longer). Actors on other nodes, and every actor when the slots do not fit the shared-memory
+            filesystem (a warning says so), use the object store.
+            ``"object_store"``: every batch through Ray's object store; ``imgs`` is read-only object-store
+            memory, valid as long as it is referenced.
+        keep: with ``delivery="auto"``, how many of the latest yielded batches stay valid (>= 1).
     """
 
     engine: ClassVar[str] = "ray"
@@ -93,6 +105,8 @@ class RayOptions(HostRenderOptions):
     store_path: str | None = None
     max_restarts: int = 3
     runtime_env: dict[str, Any] | None = None
+    delivery: Literal["auto", "object_store"] = "auto"
+    keep: int = 2
 
     def __post_init__(self) -> None:
         if self.actors is not None and self.actors < 1:
@@ -101,6 +115,10 @@ class RayOptions(HostRenderOptions):
             raise self.bad(f"cpus_per_actor must be > 0, got {self.cpus_per_actor}")
         if self.max_restarts < 0:
             raise self.bad(f"max_restarts must be >= 0, got {self.max_restarts}")
+        if self.delivery not in ("auto", "object_store"):
+            raise self.bad(f"delivery must be 'auto' or 'object_store', got {self.delivery!r}")
+        if self.keep < 1:
+            raise self.bad(f"keep must be >= 1, got {self.keep}")
         super().__post_init__()
 
 
@@ -112,6 +130,7 @@ class _Task(NamedTuple):
     mosaic_closed: bool  # the mosaic state it was sent with (sent again with the same one)
     actor: int
     ref: Any  # ray.ObjectRef of RenderActor.render's result
+    slot: int | None  # the shared-memory slot the actor writes the pixels into (None: the object store)
 
 
 class _Ahead(NamedTuple):
@@ -170,11 +189,14 @@ class RayEngine(Engine):
     ``hsv_on="worker"`` applies HSV in the actors; ``layout`` is rendered by the actors (HWC, or CHW by
     one transposing copy per image).
 
-    ``imgs`` is read-only memory of Ray's object store, valid as long as it is referenced: clone it before
-    writing into it. :meth:`stats` adds ``actors``, ``nodes`` (the actors' nodes), ``actor_restarts``
-    (dead actors replaced), ``in_flight`` (batches sent, not yet delivered), ``in_flight_limit`` and
-    ``in_flight_peak``, ``decode_cache_hits`` / ``decode_cache_misses`` (the actors' reads of their
-    nodes' decoded caches) and ``early_batches_used`` / ``early_batches_dropped`` as the CPU engine does.
+    ``imgs`` is a view of a shared-memory slot for batches from actors on this node (``RayOptions.delivery``,
+    valid until ``keep`` further batches have been requested), else read-only memory of Ray's object store,
+    valid as long as it is referenced: clone it to keep it or to write into it. :meth:`stats` adds
+    ``actors``, ``nodes`` (the actors' nodes), ``actor_restarts`` (dead actors replaced), ``in_flight``
+    (batches sent, not yet delivered), ``in_flight_limit`` and ``in_flight_peak``, ``slot_batches`` /
+    ``object_store_batches`` (how the delivered batches came), ``decode_cache_hits`` /
+    ``decode_cache_misses`` (the actors' reads of their nodes' decoded caches) and
+    ``early_batches_used`` / ``early_batches_dropped`` as the CPU engine does.
 
     ``decodes`` (and ``decodes_per_image``) sum what the actors report with each batch: every decode made
     for the batches delivered so far, plus those of batches rendered and then dropped (an abandoned epoch,
@@ -232,6 +254,8 @@ class RayEngine(Engine):
         self._actors = [self._actor_class.remote(*self._actor_args) for _ in range(n)]
         self.nodes: list[str] = [""] * n
         self.pids: list[int] = [0] * n
+        self._local = [False] * n  # per actor slot: its actor writes into this process's shared-memory slots
+        self._slots = self._slot_pool(render.max_batch_bytes) if opts.delivery == "auto" else None
         self._replaced = [0] * n  # per actor slot: how many times a dead actor was replaced
         self._counts = [[0, 0, 0] for _ in range(n)]  # per slot, its actor's latest totals: decodes, cache hits, misses
         self._retired_counts = [0, 0, 0]  # the last totals of replaced actors
@@ -242,18 +266,35 @@ class RayEngine(Engine):
         self._queue: list[_Task] = []
         self._early: list[_Task] = []
         self._early_stats = [0, 0]  # batches sent before their epoch began: [used, dropped]
+        self._via = [0, 0]  # batches delivered through the shared-memory slots, through the object store
         try:
             self._greet(range(n))
         except BaseException:
-            self._kill_actors()
+            self._release()
             raise
+
+    def _slot_pool(self, slot_bytes: int) -> SlotPool | None:
+        """This process's shared-memory slots for the actors on its node, or None (no node: a Ray Client
+        connection; no room in shared memory: a warning)."""
+        ray = self._ray
+        try:
+            node_id = ray.get_runtime_context().get_node_id()
+        except Exception:  # a Ray Client driver runs on no node of the cluster
+            return None
+        try:
+            return SlotPool(self.in_flight_limit + self.options.keep, slot_bytes, node_id, self.options.keep, ray)
+        except OSError as e:
+            warnings.warn(f"fastload: engine 'ray': {e}; batches from the actors on this node go through Ray's object "
+                          f"store (RayOptions(delivery='object_store') silences this)")
+            return None
 
     # -- start-up and replacement -----------------------------------------------------------------------
     def _greet(self, slots: Any) -> None:
         """Wait for the actors in ``slots`` to start; raise one clear error for a store one could not open."""
         ray = self._ray
         slots = list(slots)
-        refs = [self._actors[k].hello.remote() for k in slots]
+        spec = self._slots.spec if self._slots is not None else None
+        refs = [self._actors[k].hello.remote(spec) for k in slots]
         start, warned = time.monotonic(), False
         while True:
             _, pending = ray.wait(refs, num_returns=len(refs), timeout=5.0)
@@ -277,7 +318,10 @@ class RayEngine(Engine):
                                   f"Is fastload[ray] installed on every node, the same version as here?") from None
             if info["error"]:
                 raise StoreError(info["error"])
-            self.nodes[k], self.pids[k] = info["node"], int(info["pid"])
+            self.nodes[k], self.pids[k], self._local[k] = info["node"], int(info["pid"]), bool(info["slots"])
+            if info["slots_error"]:
+                warnings.warn(f"fastload: engine 'ray': the render actor on node {info['node']} {info['slots_error']}; "
+                              f"its batches go through Ray's object store")
             if info["versions"] != here:
                 warnings.warn(f"fastload: the Ray render actor on node {info['node']} runs {info['versions']}, this "
                               f"process {here}; its batches may differ from engine='cpu' here")
@@ -298,9 +342,17 @@ class RayEngine(Engine):
         self._greet([k])
 
     def _resend(self, tasks: list[_Task], k: int) -> list[_Task]:
-        """``tasks`` with those of actor slot ``k`` sent again to its (new) actor, in the same order."""
-        return [t._replace(ref=self._actors[k].render.remote(t.epoch, t.indices, t.mosaic_closed)) if t.actor == k else t
-                for t in tasks]
+        """``tasks`` with those of actor slot ``k`` sent again to its (new) actor, in the same order (into the
+        same shared-memory slots when the new actor can write them; the old one is dead)."""
+        out = []
+        for t in tasks:
+            if t.actor == k:
+                if t.slot is not None and not self._local[k]:
+                    self._slots.give_back(t.slot)
+                    t = t._replace(slot=None)
+                t = t._replace(ref=self._actors[k].render.remote(t.epoch, t.indices, t.mosaic_closed, t.slot))
+            out.append(t)
+        return out
 
     # -- consumer-side state ----------------------------------------------------------------------------
     def expect_next(self, epoch: int, indices: np.ndarray) -> None:
@@ -310,7 +362,8 @@ class RayEngine(Engine):
         out = super().stats()
         out["worker_pids"] = list(self.pids)
         out.update(actors=self.n_actors, nodes=sorted(set(self.nodes)), actor_restarts=sum(self._replaced),
-                   in_flight=self.in_flight, in_flight_limit=self.in_flight_limit, in_flight_peak=self._peak)
+                   in_flight=self.in_flight, in_flight_limit=self.in_flight_limit, in_flight_peak=self._peak,
+                   slot_batches=self._via[0], object_store_batches=self._via[1])
         out["decode_cache_hits"], out["decode_cache_misses"] = self._total_counts()[1:]
         out["early_batches_used"], out["early_batches_dropped"] = self._early_stats
         return out
@@ -330,9 +383,10 @@ class RayEngine(Engine):
             for t in pending:
                 unfinished[t.actor] += t.ref in waiting
         k = min(range(self.n_actors), key=lambda a: (unfinished[a], (a - len(pending)) % self.n_actors))
-        ref = self._actors[k].render.remote(epoch, idx, self.mosaic_closed)
+        slot = self._slots.take() if self._local[k] else None
+        ref = self._actors[k].render.remote(epoch, idx, self.mosaic_closed, slot)
         self._peak = max(self._peak, self.in_flight + 1)
-        return _Task(epoch, idx, self.mosaic_closed, k, ref)
+        return _Task(epoch, idx, self.mosaic_closed, k, ref, slot)
 
     def _fetch(self, task: _Task, seq: int) -> tuple[Any, ...]:
         """The result of ``task``; :class:`_ActorLost` when its actor died before delivering it."""
@@ -348,10 +402,15 @@ class RayEngine(Engine):
             raise WorkerError(f"engine 'ray': render actor {task.actor} failed on batch {seq} of epoch {task.epoch}:\n{e}") from None
 
     def _deliver(self, task: _Task, result: tuple[Any, ...]) -> Rendered:
-        imgs, targets, shapes, gains, pid, counts = result
+        imgs, (h, w), targets, shapes, gains, pid, counts = result
         self.pids[task.actor] = int(pid)
         self._counts[task.actor] = [int(c) for c in counts]
         self.decodes = self._total_counts()[0]
+        self._via[task.slot is None] += 1
+        if self._slots is not None:
+            self._slots.delivered(task.slot)  # frees the slots of batches older than the keep latest
+        if task.slot is not None:
+            imgs = slot_view(self._slots.slots, task.slot, len(task.indices), h, w, self.settings.layout)
         with warnings.catch_warnings():  # object-store memory is read-only; the class docstring says to clone to write
             warnings.simplefilter("ignore", UserWarning)
             pixels = torch.from_numpy(imgs)
@@ -405,8 +464,11 @@ class RayEngine(Engine):
         finally:
             if finished and self._early and hint is not None:
                 self._ahead = _Ahead(hint[0], hint[1], early_mosaic_closed, self._early)
+                self._early = []  # kept for the next epoch, not dropped
             # The rest (an abandoned or failed epoch) is dropped with its references: the actors finish those
-            # batches and Ray frees them. Not ray.cancel(): it stalls an actor's later tasks for tens of seconds.
+            # batches and Ray frees them (their slots once they are finished). Not ray.cancel(): it stalls an
+            # actor's later tasks for tens of seconds.
+            self._drop(self._queue + self._early)
             self._queue, self._early = [], []
 
     @property
@@ -423,7 +485,13 @@ class RayEngine(Engine):
             self._early_stats[0] += len(ahead.tasks)
             return list(ahead.tasks)
         self._early_stats[1] += len(ahead.tasks)
+        self._drop(ahead.tasks)
         return []
+
+    def _drop(self, tasks: list[_Task]) -> None:
+        if self._slots is not None:
+            for t in tasks:
+                self._slots.drop(t.ref, t.slot)
 
     # -- shutdown ---------------------------------------------------------------------------------------
     def _kill_actors(self) -> None:
@@ -453,4 +521,7 @@ class RayEngine(Engine):
             self._active = None
         self._ahead = None
         self._kill_actors()
+        if self._slots is not None:  # after the actors: none writes into the slots any more
+            self._slots.close()
+            self._slots = None
 

@@ -36,7 +36,6 @@ import json
 import mmap
 import os
 import re
-import shutil
 import warnings
 from pathlib import Path
 from typing import Any, Callable
@@ -234,7 +233,7 @@ class _NoRoom(OSError):
 
 
 def _build(segment: Path, hw: np.ndarray, budget: int, imgsz: int, recipe: str) -> None:
-    """Create the segment (under the holders lock, via a temporary sibling and a rename)."""
+    """Create the segment (under the holders lock)."""
     n = len(hw)
     pixels_at = -(-max(n, 1) // _PAGE) * _PAGE
     total = int((hw[:, 0] * hw[:, 1] * 3).sum())
@@ -249,22 +248,10 @@ def _build(segment: Path, hw: np.ndarray, budget: int, imgsz: int, recipe: str) 
                       f"e.g. docker --shm-size)")
         capacity = room
     slots, _, nbytes = _layout(hw, capacity)
-    tmp = segment.with_name(segment.name + f".partial-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    fd = os.open(tmp / _DATA, os.O_RDWR | os.O_CREAT, 0o666)
-    try:
-        try:  # reserve the memory now: a full filesystem fails here, not as a SIGBUS in a worker's write
-            if hasattr(os, "posix_fallocate"):
-                os.posix_fallocate(fd, 0, pixels_at + nbytes)
-            else:  # macOS: no reservation, the free-space check above is all there is
-                os.ftruncate(fd, pixels_at + nbytes)
-        except OSError as e:
-            raise _NoRoom(f"cannot reserve {fmt_bytes(pixels_at + nbytes)} for a decoded-image cache in "
-                          f"{segment.parent}: {e.strerror}") from e
-    finally:
-        os.close(fd)
     meta = {"layout": LAYOUT_VERSION, "n": n, "imgsz": int(imgsz), "recipe": recipe, "capacity": capacity,
             "slots": slots, "pixels_at": pixels_at, "pixel_bytes": nbytes, "policy": POLICY}
-    (tmp / _META).write_text(json.dumps(meta))
-    os.rename(tmp, segment)
+    try:
+        shm.build_reserved(segment, _DATA, pixels_at + nbytes, meta)
+    except OSError as e:
+        raise _NoRoom(f"cannot reserve {fmt_bytes(pixels_at + nbytes)} for a decoded-image cache in "
+                      f"{segment.parent}: {e.strerror or e}") from e
