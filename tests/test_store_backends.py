@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import multiprocessing
+import subprocess
+import sys
 import zlib
 from pathlib import Path
 
@@ -193,3 +195,30 @@ def test_conversion_workers_die_on_sigterm_whatever_the_parent_installed():
         assert all(convert_mod.parallel_map(_sigterm_is_default, list(range(8)), workers=2))
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+SLOW_WORKER = """
+import os, signal, sys, time
+import fastload.store.convert as convert_mod
+
+signal.signal(signal.SIGTERM, lambda *_: None)  # as `fastload bench --convert` does
+plain = convert_mod._plain_worker_signals
+
+def slow_second_worker():
+    try:
+        os.close(os.open(sys.argv[1], os.O_CREAT | os.O_EXCL))  # the first worker to start goes on at once
+    except FileExistsError:
+        time.sleep(2.0)  # the other is still starting when the first has done every task
+    plain()
+
+convert_mod._plain_worker_signals = slow_second_worker
+print(sum(convert_mod.parallel_map(abs, list(range(8)), workers=2)), flush=True)
+"""
+
+
+def test_a_conversion_pool_whose_worker_is_still_starting_at_the_end_does_not_hang(tmp_path):
+    """Under load a worker can still be starting (before its initializer) when the other has finished every
+    task; stopping the pool then must not wait for it forever (a CI run hung there once)."""
+    res = subprocess.run([sys.executable, "-c", SLOW_WORKER, str(tmp_path / "first")], capture_output=True, text=True,
+                         timeout=60)
+    assert res.returncode == 0 and res.stdout.strip() == "28", res.stderr

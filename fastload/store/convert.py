@@ -130,8 +130,17 @@ def parallel_map(fn: Callable[[Any], Any], tasks: Sequence[Any], workers: int) -
         yield from map(fn, tasks)
         return
     chunk = max(1, min(32, len(tasks) // (workers * 8)))
-    with multiprocessing.get_context("fork").Pool(workers, initializer=_plain_worker_signals) as pool:
+    pool = multiprocessing.get_context("fork").Pool(workers, initializer=_plain_worker_signals)
+    try:
         yield from pool.imap(fn, tasks, chunksize=chunk)
+    except BaseException:  # an error, Ctrl-C or an abandoned iteration: stop the workers now
+        pool.terminate()
+        raise
+    # Finished: the workers exit on their own. Not terminate(): it holds the task queue's lock while it joins
+    # workers it has sent SIGTERM, and a worker still starting (before its initializer) survives that
+    # signal and then waits for the lock forever (seen in a loaded CI run).
+    pool.close()
+    pool.join()
 
 
 def _plain_worker_signals() -> None:
