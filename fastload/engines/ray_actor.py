@@ -101,7 +101,7 @@ def node_name() -> str:
 
 def _node_id() -> str | None:
     """This process's Ray node id (None outside Ray)."""
-    try:
+    try:  # Ray, an optional dependency, is present in every actor process; this module imports without it
         import ray
 
         return ray.get_runtime_context().get_node_id()
