@@ -11,7 +11,8 @@ import multiprocessing as mp
 import numpy as np
 import pytest
 
-from fastload.engines.ray_slots import PREFIX, SlotPool, map_slot_file, slot_view
+from fastload.engines.cpu_render import batch_view
+from fastload.engines.ray_slots import PREFIX, SlotPool, map_slot_file
 from fastload.store import shm
 
 
@@ -27,7 +28,7 @@ class FakeRay:
 
 
 def _write(spec, slot, value):
-    slot_view(map_slot_file(spec), slot, 2, 4, 4, "nhwc")[...] = value
+    batch_view(map_slot_file(spec)[slot], 2, 4, 4, "nhwc")[...] = value
 
 
 def test_slots_are_reused_after_keep_batches_and_abandoned_ones_once_finished(shm_root):
@@ -60,11 +61,11 @@ def test_another_process_writes_what_this_one_reads_and_close_removes_the_file(s
     p.start()
     p.join(60)
     assert p.exitcode == 0
-    view = slot_view(pool.slots, 1, 2, 4, 4, "nhwc")
+    view = batch_view(pool.slots[1], 2, 4, 4, "nhwc")
     assert view.shape == (2, 4, 4, 3) and (view == 7).all() and not pool.slots[0].any() and not pool.slots[2].any()
     kept = view.copy()
     pool.close()
     assert not segment.exists() and not shm.holders_path(segment).exists()
     assert np.array_equal(kept, np.full((2, 4, 4, 3), 7, np.uint8))
     with pytest.raises(ValueError, match="does not fit"):
-        slot_view(np.zeros((1, 10), np.uint8), 0, 1, 2, 2, "nhwc")
+        batch_view(np.zeros(10, np.uint8), 1, 2, 2, "nhwc")

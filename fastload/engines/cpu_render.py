@@ -27,6 +27,15 @@ if TYPE_CHECKING:  # a name for annotations only: importing engines.base would l
     from fastload.engines.base import Layout
 
 
+def batch_view(flat: np.ndarray, b: int, h: int, w: int, layout: str) -> np.ndarray:
+    """The first ``b*h*w*3`` bytes of the flat uint8 buffer ``flat`` as ``[b, h, w, 3]`` (nhwc) or ``[b, 3, h, w]``
+    (nchw): the batch buffers the renderer draws into (shared slots, an actor's reused buffer)."""
+    n = b * h * w * 3
+    if n > flat.size:
+        raise ValueError(f"batch {b}x{h}x{w}x3 does not fit a {flat.size}-byte slot")
+    return flat[:n].reshape((b, h, w, 3) if layout == "nhwc" else (b, 3, h, w))
+
+
 @dataclass
 class SlotResult:
     """What rendering a batch into a slot returns besides the pixels (which are in the slot)."""

@@ -32,8 +32,8 @@ from fastload._version import __version__
 from fastload.augment.functional.tiles import AxisKernel
 from fastload.augment.params import ParamSampler, shapes_to_array
 from fastload.data.images import ShrinkFilter
-from fastload.engines.cpu_render import BatchRenderer
-from fastload.engines.ray_slots import SlotFile, map_slot_file, slot_view
+from fastload.engines.cpu_render import BatchRenderer, batch_view
+from fastload.engines.ray_slots import SlotFile, map_slot_file
 from fastload.engines.shm_cache import open_decode_cache
 from fastload.store.base import Store, StoreError, split_labels
 from fastload.store.factory import open_path
@@ -205,11 +205,10 @@ class RenderActor:
 
         def out_array(b: int, h: int, w: int) -> np.ndarray:
             if slot is not None:
-                return slot_view(self.slots, slot, b, h, w, renderer.layout)
+                return batch_view(self.slots[slot], b, h, w, renderer.layout)
             if self.buffer.size < self.max_batch_bytes:  # one reused buffer, made when first needed: Ray copies
                 self.buffer = np.empty(self.max_batch_bytes, np.uint8)  # the returned pixels before the next task
-            flat = self.buffer[: b * h * w * 3]
-            return flat.reshape((b, h, w, 3) if renderer.layout == "nhwc" else (b, 3, h, w))
+            return batch_view(self.buffer, b, h, w, renderer.layout)
 
         out = renderer.render(int(epoch), np.asarray(indices, np.int64), out_array)
         h, w = out.hw

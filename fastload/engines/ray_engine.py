@@ -39,8 +39,9 @@ from fastload.augment.functional.tiles import check_axis_kernel
 from fastload.augment.params import ParamSampler, image_of, shapes_from_array
 from fastload.engines.base import (Batch, Engine, EngineOptionError, EngineSettings, HostRenderOptions, Rendered,
                                    WorkerError, chunks)
+from fastload.engines.cpu_render import batch_view
 from fastload.engines.ray_actor import RenderActor, RenderSpec, StoreSpec, versions
-from fastload.engines.ray_slots import SlotPool, slot_view
+from fastload.engines.ray_slots import SlotPool
 from fastload.store.base import Store, StoreError, join_labels
 from fastload.store.view import StoreView
 
@@ -410,7 +411,7 @@ class RayEngine(Engine):
         if self._slots is not None:
             self._slots.delivered(task.slot)  # frees the slots of batches older than the keep latest
         if task.slot is not None:
-            imgs = slot_view(self._slots.slots, task.slot, len(task.indices), h, w, self.settings.layout)
+            imgs = batch_view(self._slots.slots[task.slot], len(task.indices), h, w, self.settings.layout)
         with warnings.catch_warnings():  # object-store memory is read-only; the class docstring says to clone to write
             warnings.simplefilter("ignore", UserWarning)
             pixels = torch.from_numpy(imgs)

@@ -56,14 +56,6 @@ def map_slot_file(spec: SlotFile) -> np.ndarray:
     return np.frombuffer(m, np.uint8).reshape(spec.n_slots, spec.slot_bytes)
 
 
-def slot_view(slots: np.ndarray, slot: int, b: int, h: int, w: int, layout: str) -> np.ndarray:
-    """Slot ``slot`` as a ``[b, h, w, 3]`` (nhwc) or ``[b, 3, h, w]`` (nchw) array."""
-    n = b * h * w * 3
-    if n > slots.shape[1]:
-        raise ValueError(f"batch {b}x{h}x{w}x3 does not fit a {slots.shape[1]}-byte slot")
-    return slots[slot, :n].reshape((b, h, w, 3) if layout == "nhwc" else (b, 3, h, w))
-
-
 class SlotPool:
     """The consumer's side: the slot file, and which slot is free, in flight, held or draining.
 

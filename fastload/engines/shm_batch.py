@@ -16,6 +16,8 @@ import mmap
 import numpy as np
 import torch
 
+from fastload.engines.cpu_render import batch_view
+
 
 class SlotRing:
     """``n_slots`` buffers of ``slot_bytes`` each, shared with forked children.
@@ -52,11 +54,7 @@ class SlotRing:
     # -- views ----------------------------------------------------------------------------------------
     def array(self, slot: int, b: int, h: int, w: int, layout: str = "nhwc") -> np.ndarray:
         """Numpy view of slot ``slot`` as ``[b, h, w, 3]`` (nhwc) or ``[b, 3, h, w]`` (nchw)."""
-        n = b * h * w * 3
-        if n > self.slot_bytes:
-            raise ValueError(f"batch {b}x{h}x{w}x3 does not fit a {self.slot_bytes}-byte slot")
-        flat = self._arrays[slot][:n]
-        return flat.reshape((b, h, w, 3) if layout == "nhwc" else (b, 3, h, w))
+        return batch_view(self._arrays[slot], b, h, w, layout)
 
     def tensor(self, slot: int, b: int, h: int, w: int, layout: str = "nhwc") -> torch.Tensor:
         """``uint8 [b, 3, h, w]`` tensor sharing memory with the slot."""
