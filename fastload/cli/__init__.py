@@ -13,7 +13,7 @@ import sys
 from typing import Sequence
 
 from fastload._version import __version__
-from fastload.cli.errors import EXIT_USAGE, OneLineParser, add_debug_flag, run_reported
+from fastload.cli.errors import EXIT_USAGE, OneLineParser, SubcommandParser, add_debug_flag, run_reported
 
 # (sub-command module, one-line help) in the order `fastload --help` lists them.
 COMMANDS: tuple[tuple[str, str], ...] = (
@@ -36,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"fastload {__version__}")
     add_debug_flag(parser, top=True)
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="subcommand", metavar="COMMAND", parser_class=SubcommandParser)
     for name, help_text in COMMANDS:
         module = importlib.import_module(f"fastload.cli.{name}_cmd")
         module.register(sub, help_text)
@@ -50,7 +50,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return EXIT_USAGE
-    return run_reported(f"fastload {args.command}", lambda: args.func(args), debug=args.debug)
+    return run_reported(f"fastload {args.subcommand}", lambda: args.func(args), debug=args.debug)
 
 
 if __name__ == "__main__":  # pragma: no cover

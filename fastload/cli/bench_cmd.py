@@ -6,7 +6,7 @@ import signal
 import sys
 from typing import Any
 
-from fastload.cli.errors import UsageError
+from fastload.cli.errors import UsageError, image_size, positive_seconds, whole
 
 
 def register(sub: Any, help_text: str) -> argparse.ArgumentParser:
@@ -29,11 +29,11 @@ def register(sub: Any, help_text: str) -> argparse.ArgumentParser:
     p.add_argument("--decoders", help="comma list of fastload,reduced,cv2,pil,torchvision,turbojpeg (default: all)")
     p.add_argument("--convert", action="store_true",
                    help="build missing lmdb/disk/ram stores in a temporary folder (removed afterwards) instead of skipping them")
-    p.add_argument("--batch", type=int, default=64, help="loader batch size (default 64)")
-    p.add_argument("--workers", type=int, help="loader workers (default: usable cores, at most 8)")
-    p.add_argument("--imgsz", type=int, default=640, help="training image size (default 640)")
+    p.add_argument("--batch", type=whole(1), default=64, help="loader batch size (default 64)")
+    p.add_argument("--workers", type=whole(0), help="loader workers (default: usable cores, at most 8)")
+    p.add_argument("--imgsz", type=image_size, default=640, help="training image size (default 640)")
     p.add_argument("--hyp", help="augmentation hyp yaml (default: YOLOv9 scratch-high)")
-    p.add_argument("--seconds", type=float, default=5.0, help="time budget of each measurement (default 5)")
+    p.add_argument("--seconds", type=positive_seconds, default=5.0, help="time budget of each measurement (default 5)")
     p.add_argument("--json", dest="json_out", help="write every figure to this JSON file")
     p.add_argument("--plot", help="write a PNG bar chart")
     p.add_argument("--quiet", action="store_true", help="no progress lines (the report is still printed)")

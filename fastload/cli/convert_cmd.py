@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from fastload.cli.errors import UsageError
+from fastload.cli.errors import check_choices, check_splits, whole
 
 
 def register(sub: argparse._SubParsersAction, help_text: str) -> None:
@@ -12,12 +12,12 @@ def register(sub: argparse._SubParsersAction, help_text: str) -> None:
     p.add_argument("data", help="data.yaml of the dataset")
     p.add_argument("--to", default="lmdb", help="store kinds, comma separated: lmdb, disk, ram (default lmdb)")
     p.add_argument("--out", default=None, help="output folder (default <dataset root>/fastload)")
-    p.add_argument("--imgsz", type=int, default=640, help="long side of decoded disk/ram images (default 640)")
+    p.add_argument("--imgsz", type=whole(1), default=640, help="long side of decoded disk/ram images (default 640)")
     p.add_argument("--split", default=None, help="splits to convert, comma separated (default: all in the yaml)")
-    p.add_argument("--workers", type=int, default=None, help="decode/encode processes (default: CPUs, at most 8)")
+    p.add_argument("--workers", type=whole(1), default=None, help="decode/encode processes (default: CPUs, at most 8)")
     p.add_argument("--resume", action="store_true", help="continue an interrupted LMDB conversion")
-    p.add_argument("--max-side", type=int, default=None, help="lmdb: re-encode images whose long side exceeds N")
-    p.add_argument("--quality", type=int, default=90, help="JPEG quality for --max-side re-encoding (default 90)")
+    p.add_argument("--max-side", type=whole(1), default=None, help="lmdb: re-encode images whose long side exceeds N")
+    p.add_argument("--quality", type=whole(1, 100), default=90, help="JPEG quality for --max-side re-encoding (default 90)")
     p.add_argument("--force", action="store_true",
                    help="replace the stores of another dataset in --out (a folder holds one dataset's stores), and "
                         "remove stores built before the images changed that this run does not rebuild")
@@ -28,11 +28,12 @@ def register(sub: argparse._SubParsersAction, help_text: str) -> None:
 def run(args: argparse.Namespace) -> int:
     # imported when the command runs: `fastload --help` stays light
     from fastload.store.convert import convert
+    from fastload.store.kinds import CONVERT_KINDS
 
-    if not 1 <= args.quality <= 100:
-        raise UsageError(f"--quality must be in 1..100, got {args.quality}")
+    kinds = check_choices("--to", args.to, CONVERT_KINDS, "store kind(s)")
+    splits = check_splits("--split", args.split, args.data)
     convert(
-        args.data, args.to, out=args.out, imgsz=args.imgsz, splits=args.split, workers=args.workers,
+        args.data, kinds, out=args.out, imgsz=args.imgsz, splits=splits, workers=args.workers,
         resume=args.resume, max_side=args.max_side, quality=args.quality, progress=not args.no_progress,
         force=args.force,
     )

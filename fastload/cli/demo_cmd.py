@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterable
 import numpy as np
 
 import fastload
-from fastload.cli.errors import UsageError
+from fastload.cli.errors import UsageError, image_size, whole
 
 # (row, what it measures) in the order the table prints them; "stock" is the baseline of the ratios.
 ROWS: tuple[tuple[str, str], ...] = (
@@ -30,10 +30,10 @@ ROWS: tuple[tuple[str, str], ...] = (
 def register(sub: argparse._SubParsersAction, help_text: str) -> None:
     p = sub.add_parser("demo", help=help_text, description=__doc__.split("\n\n")[1].replace("\n", " "))
     p.add_argument("--out", type=Path, default=Path("fastload_demo"), help="working folder (default: ./fastload_demo)")
-    p.add_argument("--images", type=int, default=192, help="synthetic training images (default: 192)")
-    p.add_argument("--imgsz", type=int, default=640, help="output image size (default: 640)")
-    p.add_argument("--batch", type=int, default=32, help="batch size (default: 32)")
-    p.add_argument("--workers", type=int, default=2, help="loader worker processes of every row (default: 2)")
+    p.add_argument("--images", type=whole(2), default=192, help="synthetic training images (default: 192)")
+    p.add_argument("--imgsz", type=image_size, default=640, help="output image size (default: 640)")
+    p.add_argument("--batch", type=whole(1), default=32, help="batch size (default: 32)")
+    p.add_argument("--workers", type=whole(0), default=2, help="loader worker processes of every row (default: 2)")
     p.add_argument("--keep-ram", action="store_true", help="leave the RAM store in /dev/shm afterwards")
     p.set_defaults(func=run)
 
@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     from fastload.store import shm
     from fastload.store.convert import convert
 
-    if args.batch < 1 or args.images < 2 * args.batch:
+    if args.images < 2 * args.batch:
         raise UsageError(f"--images ({args.images}) must be at least two batches (--batch {args.batch}): "
                          f"epoch 1 is timed after one warm-up batch")
     out: Path = args.out

@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Callable, NoReturn
+from typing import Callable, NoReturn, Sequence
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -73,11 +73,94 @@ def run_reported(prog: str, fn: Callable[[], int | None], *, debug: bool = False
         return EXIT_USAGE if isinstance(exc, UsageError) else EXIT_FAILED
 
 
+# ----------------------------------------------------------------------------- option values
+# argparse ``type=`` functions: a value out of range is refused while parsing, so it exits 2 with the
+# parser's one line (``fastload demo: argument --batch: must be >= 1, got 0 (see ...)``) before any work.
+def whole(low: int, high: int | None = None) -> Callable[[str], int]:
+    """An ``int`` option that must be ``>= low`` (and ``<= high`` when given)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"want a whole number, got {text!r}") from None
+        if value < low or (high is not None and value > high):
+            span = f"in {low}..{high}" if high is not None else f">= {low}"
+            raise argparse.ArgumentTypeError(f"must be {span}, got {value}")
+        return value
+
+    return parse
+
+
+def positive_seconds(text: str) -> float:
+    """A duration in seconds, ``> 0``."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"want a number of seconds, got {text!r}") from None
+    if not value > 0:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"must be > 0 seconds, got {text}")
+    return value
+
+
+def image_size(text: str) -> int:
+    """A training image size: a positive multiple of 32 (the YOLO models' largest stride, the loader's default)."""
+    value = whole(32)(text)
+    if value % 32:
+        near = max(32, round(value / 32) * 32)
+        raise argparse.ArgumentTypeError(f"must be a multiple of 32 (the models' largest stride), got {value}; "
+                                         f"use e.g. {near}")
+    return value
+
+
+def index_list(text: str) -> list[int]:
+    """A comma list of indices ``>= 0`` (``--gpus 0,1``)."""
+    indices = [whole(0)(item) for item in text.split(",") if item.strip()]
+    if not indices:
+        raise argparse.ArgumentTypeError(f"want comma-separated indices such as 0,1, got {text!r}")
+    return indices
+
+
+def check_choices(option: str, value: str, allowed: Sequence[str], what: str) -> list[str]:
+    """The items of the comma list ``value``, each one of ``allowed``; otherwise a UsageError naming the bad ones."""
+    items = [x.strip() for x in value.split(",") if x.strip()]
+    bad = [x for x in items if x not in allowed]
+    if bad or not items:
+        raise UsageError(f"{option} {value!r}: unknown {what} {', '.join(bad) or '(none given)'}; "
+                         f"choose from {', '.join(allowed)}")
+    return items
+
+
+def check_splits(option: str, value: str | None, data: str | os.PathLike) -> list[str] | None:
+    """The splits a ``--split`` comma list names, each defined by the data.yaml ``data``; None when not given.
+
+    A split the yaml does not define is the command line's mistake (exit 2); a yaml that cannot be read is the
+    data's (its DataConfigError passes through: exit 1).
+    """
+    if value is None:
+        return None
+    # imported when the check runs: `fastload --help` stays light
+    from fastload.data.config import load_data_config
+
+    return check_choices(option, value, list(load_data_config(data).splits), f"split(s) of {data}:")
+
+
 class OneLineParser(argparse.ArgumentParser):
     """An argparse parser whose usage errors are one line (the option, the problem, where help is) and exit 2."""
 
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_USAGE, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
+class SubcommandParser(OneLineParser):
+    """A sub-command's parser: an argument it does not know is its own error (``fastload verify: unrecognized
+    arguments: --jsn``), not the top-level parser's (which would only say ``fastload:``)."""
+
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[no-untyped-def]  # argparse's signature
+        parsed, extra = super().parse_known_args(args, namespace)
+        if extra:
+            self.error(f"unrecognized arguments: {' '.join(extra)}")
+        return parsed, extra
 
 
 def add_debug_flag(parser: argparse.ArgumentParser, *, top: bool = False) -> None:

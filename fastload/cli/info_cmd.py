@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
-from fastload.cli.errors import UsageError
+from fastload.cli.errors import UsageError, check_splits
 
 
 def register(sub: argparse._SubParsersAction, help_text: str) -> None:
@@ -19,12 +20,16 @@ def register(sub: argparse._SubParsersAction, help_text: str) -> None:
 def run(args: argparse.Namespace) -> int:
     # imported when the command runs: `fastload --help` stays light
     from fastload.store.info import dataset_info, format_info, format_shm, shm_info
+    from fastload.store.kinds import detect_kind
 
     if not args.target and not args.shm:
         raise UsageError("give a data.yaml or store folder, or --shm")
     out: dict = {}
     if args.target:
-        splits = [s for s in args.split.split(",") if s] if args.split else None
+        target = Path(args.target)
+        if args.split is not None and target.is_dir() and detect_kind(target) is not None:
+            raise UsageError(f"--split applies to a data.yaml or a converted folder; {target} is one store")
+        splits = check_splits("--split", args.split, target / "data.yaml" if target.is_dir() else target)
         out = dataset_info(args.target, splits)
     if args.shm:
         out["shm"] = shm_info()

@@ -6,7 +6,7 @@ import json
 import sys
 from typing import Any
 
-from fastload.cli.errors import UsageError
+from fastload.cli.errors import UsageError, index_list, positive_seconds, whole
 
 
 def register(sub: Any, help_text: str) -> argparse.ArgumentParser:
@@ -20,12 +20,12 @@ def register(sub: Any, help_text: str) -> argparse.ArgumentParser:
         ),
         epilog="example: fastload monitor --interval 1 --out run.csv --plot run.png -- python train.py --data coco.yaml",
     )
-    p.add_argument("--interval", type=float, default=1.0, help="seconds between samples (default 1)")
+    p.add_argument("--interval", type=positive_seconds, default=1.0, help="seconds between samples (default 1)")
     p.add_argument("--out", help="CSV file, one row per sample")
     p.add_argument("--plot", help="PNG time-series plot written at the end")
-    p.add_argument("--pid", type=int, help="watch this running process (and its children) instead of a command")
-    p.add_argument("--duration", type=float, help="stop monitoring after this many seconds")
-    p.add_argument("--gpus", help="comma-separated NVML GPU indices to record (default: all)")
+    p.add_argument("--pid", type=whole(1), help="watch this running process (and its children) instead of a command")
+    p.add_argument("--duration", type=positive_seconds, help="stop monitoring after this many seconds")
+    p.add_argument("--gpus", type=index_list, help="comma-separated NVML GPU indices to record (default: all)")
     p.add_argument("--json", dest="json_out", help="also write the summary as JSON")
     p.add_argument("--quiet", action="store_true", help="no line per sample (summary only)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the command to run, after --")
@@ -42,7 +42,6 @@ def run(args: argparse.Namespace) -> int:
         command = command[1:]
     if command and args.pid is not None:
         raise UsageError("give either -- COMMAND or --pid, not both")
-    gpus = [int(g) for g in args.gpus.split(",") if g.strip()] if args.gpus else None
     try:
         result = monitor(
             command or None,
@@ -51,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
             out=args.out,
             plot=args.plot,
             duration=args.duration,
-            gpus=gpus,
+            gpus=args.gpus,
             echo=None if args.quiet else sys.stderr,
         )
     except (ValueError, FileNotFoundError, ProcessLookupError) as e:  # the options name what cannot be watched

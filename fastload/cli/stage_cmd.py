@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
+
+from fastload.cli.errors import UsageError, check_splits
 
 
 def register(sub: argparse._SubParsersAction, help_text: str) -> None:
@@ -18,6 +21,9 @@ def run(args: argparse.Namespace) -> int:
     # imported when the command runs: `fastload --help` stays light
     from fastload.store.stage import stage
 
-    splits = [s for s in args.split.split(",") if s] if args.split else None
+    source = Path(args.source)
+    if args.split is not None and source.is_dir():
+        raise UsageError(f"--split applies to a data.yaml; the folder {source} is staged whole")
+    splits = check_splits("--split", args.split, source)
     stage(args.source, args.to, splits=splits, progress=not args.no_progress)
     return 0

@@ -4,20 +4,20 @@ from __future__ import annotations
 import argparse
 import time
 
-from fastload.cli.errors import UsageError
+from fastload.cli.errors import UsageError, whole
 
 
 def register(sub: "argparse._SubParsersAction", help_text: str) -> argparse.ArgumentParser:
     """Add the ``synth`` parser to the ``fastload`` sub-commands."""
     p = sub.add_parser("synth", help=help_text, description=help_text)
     p.add_argument("out", help="output folder (images/, labels/ and data.yaml are written into it)")
-    p.add_argument("--n-train", type=int, default=64, help="train images (default 64)")
-    p.add_argument("--n-val", type=int, default=16, help="val images (default 16)")
-    p.add_argument("--nc", type=int, default=3, help="number of classes (default 3: square, circle, triangle)")
+    p.add_argument("--n-train", type=whole(0), default=64, help="train images (default 64)")
+    p.add_argument("--n-val", type=whole(0), default=16, help="val images (default 16)")
+    p.add_argument("--nc", type=whole(1), default=3, help="number of classes (default 3: square, circle, triangle)")
     p.add_argument("--seed", type=int, default=0, help="random seed; the same seed writes the same bytes")
-    p.add_argument("--min-size", type=int, default=96, help="smallest random long side in pixels (default 96)")
-    p.add_argument("--max-size", type=int, default=640, help="largest random long side in pixels (default 640)")
-    p.add_argument("--max-objects", type=int, default=6, help="objects per image at most (default 6)")
+    p.add_argument("--min-size", type=whole(16), default=96, help="smallest random long side in pixels (default 96)")
+    p.add_argument("--max-size", type=whole(16), default=640, help="largest random long side in pixels (default 640)")
+    p.add_argument("--max-objects", type=whole(0), default=6, help="objects per image at most (default 6)")
     p.add_argument("--plant-faults", action="store_true",
                    help="also add one file of each fault (truncated JPEG, zero-byte file, PNG named .jpg, class 99, "
                         "x=1.7, 4 columns, text) to train, to see what `fastload info`/`convert` report")

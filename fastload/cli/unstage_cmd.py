@@ -28,6 +28,8 @@ def run(args: argparse.Namespace) -> int:
 
     if not (args.path or args.stale or args.list):
         raise UsageError("give a PATH, --stale or --list")
+    if args.force and not args.path:
+        raise UsageError("--force applies to the PATHs given (--stale removes only segments nobody alive holds)")
     if args.list:
         print(format_shm(shm_info()))
         for p in list_staged(shm_root()):
