@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import sys
 
 from fastload.cli.errors import check_choices, check_splits, whole
 
@@ -27,14 +29,22 @@ def register(sub: argparse._SubParsersAction, help_text: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     # imported when the command runs: `fastload --help` stays light
-    from fastload.store.convert import convert
-    from fastload.store.kinds import CONVERT_KINDS
+    from fastload.data.config import load_data_config
+    from fastload.store.convert import convert, output_folder
+    from fastload.store.kinds import CONVERT_KINDS, finish_hint, unfinished_conversions
 
     kinds = check_choices("--to", args.to, CONVERT_KINDS, "store kind(s)")
     splits = check_splits("--split", args.split, args.data)
-    convert(
-        args.data, kinds, out=args.out, imgsz=args.imgsz, splits=splits, workers=args.workers,
-        resume=args.resume, max_side=args.max_side, quality=args.quality, progress=not args.no_progress,
-        force=args.force,
-    )
+    try:
+        convert(
+            args.data, kinds, out=args.out, imgsz=args.imgsz, splits=splits, workers=args.workers,
+            resume=args.resume, max_side=args.max_side, quality=args.quality, progress=not args.no_progress,
+            force=args.force,
+        )
+    except KeyboardInterrupt:
+        # before the "interrupted" line: what was left and the command that finishes it
+        with contextlib.suppress(Exception):  # a yaml that cannot be read had no conversion to leave behind
+            for partial in unfinished_conversions(output_folder(load_data_config(args.data), args.out)):
+                print(f"fastload convert: {partial} is {finish_hint(partial)}", file=sys.stderr)
+        raise
     return 0

@@ -40,7 +40,10 @@ from fastload.data.images import ShrinkFilter, decode_image, probe_shape, resize
 from fastload.data.index import DatasetIndex, build_index
 from fastload.store import shm
 from fastload.store.base import StoreError
-from fastload.store.kinds import CONVERT_KINDS, detect_kind, in_shm, ram_segment_path
+from fastload.store.kinds import (
+    CONVERT_KINDS, PARTIAL, RESUMABLE_KINDS, detect_kind, finish_note_path, in_shm, ram_segment_path,
+    write_finish_note,
+)
 from fastload.store.lmdb_store import LmdbWriter
 from fastload.store.origin import source_fingerprint, store_source
 from fastload.store.packed import META, PackedWriter, packed_nbytes, read_meta, replace_dir
@@ -62,8 +65,10 @@ def default_workers() -> int:
 @contextlib.contextmanager
 def output_lock(out: Path) -> Iterator[None]:
     """Exclusive lock on ``out`` for one converter; a second one refuses at once. The lock file is removed
-    when the holder finishes (while it still holds the lock)."""
+    when the holder finishes (while it still holds the lock), and so are the folders this call created
+    when they are left empty (a conversion that failed before writing anything)."""
     lock_path = out / ".convert.lock"
+    created = [d for d in (out, *out.parents) if not d.exists()]  # innermost first
     try:
         out.mkdir(parents=True, exist_ok=True)
         fd = shm.flock_current(lock_path, wait=False)
@@ -81,6 +86,11 @@ def output_lock(out: Path) -> Iterator[None]:
         with contextlib.suppress(OSError):
             os.unlink(lock_path)
         os.close(fd)
+        for folder in created:
+            try:
+                folder.rmdir()
+            except OSError:  # not empty (stores, an interrupted conversion, another writer's lock): kept
+                break
 
 
 
@@ -391,12 +401,7 @@ def convert(
     missing = [s for s in wanted if s not in cfg.splits]
     if missing:
         raise StoreError(f"split(s) {missing} not in {cfg.origin} (it defines {', '.join(cfg.splits)})")
-    if out is None:
-        root = Path(cfg.root)
-        # honour a folder marked read-only even for root, who could write into it anyway
-        if root.is_dir() and not (root.stat().st_mode & 0o222 and os.access(root, os.W_OK)):
-            raise StoreError(f"the dataset folder {root} is read-only; choose where the stores go with --out DIR")
-    out_dir = Path(out) if out else Path(cfg.root) / "fastload"
+    out_dir = output_folder(cfg, out)
     workers = default_workers() if workers is None else max(1, int(workers))
 
     stores: dict[str, dict[str, Path]] = {}
@@ -420,10 +425,20 @@ def convert(
             _drop_stale_stores(kept, group, kinds, source_fingerprint(index.im_files), out_dir, cfg,
                                force=force, log=log)
             for kind in kinds:
-                path, skipped = _write_kind(
-                    kind, cfg, name, index, out_dir, imgsz=imgsz, workers=workers, resume=resume,
-                    max_side=max_side, quality=quality, progress=progress, log=log,
-                )
+                final = _store_path(kind, cfg, name, out_dir, imgsz)
+                partial = final.with_name(final.name + PARTIAL)
+                if kind != "ram":  # a ram store's partial is removed on any failure: nothing to finish
+                    write_finish_note(partial, _finish_command(
+                        cfg, kinds, out_dir, splits=wanted if splits else None, imgsz=imgsz, max_side=max_side,
+                        quality=quality))
+                try:
+                    path, skipped = _write_kind(
+                        kind, cfg, name, index, out_dir, imgsz=imgsz, workers=workers, resume=resume,
+                        max_side=max_side, quality=quality, progress=progress, log=log,
+                    )
+                finally:
+                    if not partial.exists():  # finished, or removed on failure: the note has nothing to finish
+                        finish_note_path(partial).unlink(missing_ok=True)
                 for f, why in skipped:
                     log(f"skipped {f}: {why}")
                 skipped_all += skipped
@@ -437,18 +452,55 @@ def convert(
     return ConvertResult(yaml_path, stores, reports, skipped_all)
 
 
+def output_folder(cfg: DataConfig, out: str | Path | None) -> Path:
+    """Where :func:`convert` writes: ``out``, else ``<dataset root>/fastload`` (refused when the dataset folder
+    is read-only)."""
+    if out is not None:
+        return Path(out)
+    root = Path(cfg.root)
+    # honour a folder marked read-only even for root, who could write into it anyway
+    if root.is_dir() and not (root.stat().st_mode & 0o222 and os.access(root, os.W_OK)):
+        raise StoreError(f"the dataset folder {root} is read-only; choose where the stores go with --out DIR")
+    return root / "fastload"
+
+
+def _store_path(kind: str, cfg: DataConfig, name: str, out_dir: Path, imgsz: int) -> Path:
+    """Where the ``kind`` store of split group ``name`` goes (ram: its shared-memory segment)."""
+    if kind == "lmdb":
+        return out_dir / f"{name}.lmdb"
+    if kind == "disk":
+        return out_dir / f"{name}-{imgsz}.disk"
+    return ram_segment_path(cfg, name, imgsz)
+
+
+def _finish_command(cfg: DataConfig, kinds: Sequence[str], out_dir: Path, *, splits: Sequence[str] | None, imgsz: int,
+                    max_side: int | None, quality: int) -> list[str]:
+    """The command line that finishes this run after an interruption (see ``finish_hint``): the same stores,
+    splits and options, with ``--resume`` when a kind can resume. Every kind and split the run was to write,
+    not only the interrupted one: which ones had finished is not known when the note is written."""
+    command = ["fastload", "convert", str(Path(cfg.yaml_path).resolve()) if cfg.yaml_path else "DATA.yaml",
+               "--to", ",".join(kinds), "--out", str(out_dir.resolve())]
+    if splits:
+        command += ["--split", ",".join(splits)]
+    if any(k != "lmdb" for k in kinds):
+        command += ["--imgsz", str(imgsz)]
+    if "lmdb" in kinds and max_side:
+        command += ["--max-side", str(max_side), "--quality", str(quality)]
+    return command + (["--resume"] if any(k in RESUMABLE_KINDS for k in kinds) else [])
+
+
 def _write_kind(kind: str, cfg: DataConfig, name: str, index: DatasetIndex, out_dir: Path, *, imgsz: int, workers: int,
                 resume: bool, max_side: int | None, quality: int, progress: bool,
                 log: Callable[[str], None]) -> tuple[Path, list[tuple[str, str]]]:
     if kind == "lmdb":
-        return _write_lmdb(index, out_dir / f"{name}.lmdb", names=cfg.names, workers=workers, resume=resume,
-                          max_side=max_side, quality=quality, progress=progress, log=log)
+        return _write_lmdb(index, _store_path(kind, cfg, name, out_dir, imgsz), names=cfg.names, workers=workers,
+                           resume=resume, max_side=max_side, quality=quality, progress=progress, log=log)
     if kind == "disk":
-        return _write_packed(index, out_dir / f"{name}-{imgsz}.disk", imgsz=imgsz, names=cfg.names,
-                            workers=workers, progress=progress)
+        return _write_packed(index, _store_path(kind, cfg, name, out_dir, imgsz), imgsz=imgsz, names=cfg.names,
+                             workers=workers, progress=progress)
     # ram: pinned in shared memory until `fastload unstage` (or a reboot; open_store then rebuilds it)
-    seg = ram_segment_path(cfg, name, imgsz)
-    disk = out_dir / f"{name}-{imgsz}.disk"
+    seg = _store_path(kind, cfg, name, out_dir, imgsz)
+    disk = _store_path("disk", cfg, name, out_dir, imgsz)
     skipped: list[tuple[str, str]] = []
     with shm.locked(seg) as reg:
         reg.prune()

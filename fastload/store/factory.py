@@ -18,7 +18,7 @@ from fastload.data.config import DataConfig, load_data_config
 from fastload.store import convert, shm
 from fastload.store.base import IncompleteStoreError, Store, StoreError
 from fastload.store.files import FileStore
-from fastload.store.kinds import AUTO_ORDER, KINDS, detect_kind, ram_segment_path, store_imgsz
+from fastload.store.kinds import AUTO_ORDER, KINDS, PARTIAL, detect_kind, finish_hint, ram_segment_path, store_imgsz
 from fastload.store.lmdb_store import LmdbStore
 from fastload.store.origin import check_one_source
 from fastload.store.packed import PackedStore, RamStore
@@ -115,11 +115,11 @@ def open_store(
 def open_path(path: str | Path, kind: str = "auto", imgsz: int | None = None) -> Store:
     """Open a store directory, detecting its kind (lmdb environment or packed layout)."""
     path = Path(path)
-    if path.name.endswith(".partial") or (path.with_name(path.name + ".partial").exists() and not path.exists()):
-        raise IncompleteStoreError(
-            f"{path} is an interrupted conversion, not a finished store; run `fastload convert` again "
-            f"(with --resume an lmdb conversion continues where it stopped)"
-        )
+    partial = path if path.name.endswith(PARTIAL) else path.with_name(path.name + PARTIAL)
+    if path == partial:
+        raise IncompleteStoreError(f"{path} is {finish_hint(partial)}")
+    if partial.exists() and not path.exists():
+        raise IncompleteStoreError(f"{path} was never finished: {partial} is {finish_hint(partial)}")
     if not path.exists():
         raise StoreError(f"no store at {path}")
     found = detect_kind(path)

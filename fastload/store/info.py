@@ -16,7 +16,8 @@ from fastload.data.config import load_data_config
 from fastload.data.index import build_index
 from fastload.store import shm
 from fastload.store.factory import open_path
-from fastload.store.kinds import detect_kind, shm_root
+from fastload.store.base import StoreError
+from fastload.store.kinds import detect_kind, finish_hint, shm_root, unfinished_conversions
 from fastload.store.origin import mixed_sources
 from fastload.store.space import fmt_bytes, tree_bytes
 
@@ -65,8 +66,14 @@ def dataset_info(target: str | Path, splits: Sequence[str] | None = None) -> dic
         return store_info(target)
     if target.is_dir() and (target / "data.yaml").is_file():
         target = target / "data.yaml"
+    elif target.is_dir() and unfinished_conversions(target):  # a convert interrupted before it wrote the yaml
+        raise StoreError(f"{target} holds no data.yaml and no finished store: " + "; ".join(
+            f"{p} is {finish_hint(p)}" for p in unfinished_conversions(target)))
     cfg = load_data_config(target)
     out: dict[str, Any] = {"source": str(target), "type": "dataset", "names": cfg.names, "splits": {}}
+    unfinished = unfinished_conversions(target.parent)
+    if unfinished:
+        out["unfinished"] = {str(p): finish_hint(p) for p in unfinished}
     for split in splits or list(cfg.splits):
         index = build_index(cfg, split, progress=False)
         rep = index.report
@@ -155,4 +162,6 @@ def format_info(info: dict[str, Any], top: int = 20) -> str:
         if s.get("mixed_stores"):
             lines.append(f"  WARNING: these stores come from different datasets ({s['mixed_stores']}); loaders refuse "
                          f"them until the dataset is converted again with --force")
+    for path, hint in info.get("unfinished", {}).items():
+        lines.append(f"UNFINISHED {path}: {hint}")
     return "\n".join(lines)

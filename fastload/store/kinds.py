@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import re
+import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -69,3 +70,54 @@ def ram_segment_path(cfg: DataConfig, split: str, imgsz: int) -> Path:
     digest = hashlib.sha1(json.dumps([sources, imgsz, PACKED_SCHEMA]).encode()).hexdigest()[:10]
     slug = re.sub(r"[^A-Za-z0-9_.]+", "_", Path(cfg.root).name or "data")[:32]
     return shm_root() / f"{SHM_PREFIX}{slug}-{digest}-{imgsz}"
+
+
+# ----------------------------------------------------------------------------- interrupted conversions
+PARTIAL = ".partial"  # a store being written is <final>.partial until it is renamed into place
+RESUMABLE_KINDS = ("lmdb",)  # `convert --resume` continues these; disk/ram conversions start over
+
+
+def finish_note_path(partial: str | Path) -> Path:
+    """The hidden file beside ``<final>.partial`` holding the command that finishes that conversion."""
+    partial = Path(partial)
+    return partial.with_name(f".{partial.name}.json")
+
+
+def write_finish_note(partial: str | Path, command: list[str]) -> Path:
+    """Record ``command`` (argv) as the way to finish the conversion writing ``partial``."""
+    note = finish_note_path(partial)
+    note.write_text(json.dumps({"finish": command}))
+    return note
+
+
+def _kind_of_partial(partial: Path) -> str | None:
+    final = partial.name[: -len(PARTIAL)]
+    for kind in ("lmdb", "disk"):
+        if final.endswith(f".{kind}"):
+            return kind
+    return "ram" if final.startswith(SHM_PREFIX) else None
+
+
+def finish_hint(partial: str | Path) -> str:
+    """What ``partial`` is and the exact command that finishes it, to follow "<partial> is " or "<partial>: "
+    (the command was recorded by the convert that started it; without that record a placeholder stands in
+    for the data.yaml)."""
+    partial = Path(partial)
+    kind = _kind_of_partial(partial)
+    try:
+        command = shlex.join(json.loads(finish_note_path(partial).read_text())["finish"])
+    except (OSError, ValueError, KeyError, TypeError):
+        extra = " --resume" if kind in RESUMABLE_KINDS else ""
+        command = f"fastload convert DATA.yaml --to {kind or 'KIND'} --out {shlex.quote(str(partial.parent))}{extra}"
+    return (f"an interrupted conversion ({kind + ' store; ' if kind else ''}loaders never use it); finish it with "
+            f"`{command}` (--resume continues an {'/'.join(RESUMABLE_KINDS)} conversion where it stopped; "
+            f"{'/'.join(k for k in CONVERT_KINDS if k not in RESUMABLE_KINDS)} conversions start over)")
+
+
+def unfinished_conversions(folder: str | Path) -> list[Path]:
+    """The interrupted conversions (``*.partial`` folders) directly inside ``folder``, sorted."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    return sorted(p for p in folder.glob(f"*{PARTIAL}") if p.is_dir())
+

@@ -29,6 +29,7 @@ import msgpack
 import numpy as np
 
 from fastload.store.base import SCHEMA_VERSION, IncompleteStoreError, Store, StoreError, check_schema, join_labels, split_labels
+from fastload.store.kinds import PARTIAL, finish_hint
 from fastload.store.packed import replace_dir
 
 META_KEY = b"__meta__"
@@ -112,11 +113,9 @@ def read_lmdb_meta(path: Path) -> dict[str, Any]:
     """The committed metadata of an LMDB store, or IncompleteStoreError naming the directory."""
     path = Path(path)
     if not (path / "data.mdb").is_file():
-        if path.with_name(path.name + ".partial").exists():
-            raise IncompleteStoreError(
-                f"{path} was never finished (an interrupted conversion left {path.name}.partial); "
-                f"continue it with `fastload convert ... --to lmdb --resume`"
-            )
+        partial = path.with_name(path.name + PARTIAL)
+        if partial.exists():
+            raise IncompleteStoreError(f"{path} was never finished: {partial} is {finish_hint(partial)}")
         raise StoreError(f"no LMDB store at {path} (no data.mdb)")
     env = _acquire_env(path)
     try:

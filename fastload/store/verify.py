@@ -15,7 +15,7 @@ from tqdm import tqdm
 from fastload.data.config import load_data_config
 from fastload.store.base import StoreError
 from fastload.store.factory import open_path
-from fastload.store.kinds import detect_kind
+from fastload.store.kinds import PARTIAL, detect_kind, finish_hint, unfinished_conversions
 from fastload.store.origin import mixed_sources
 
 
@@ -52,6 +52,9 @@ def verify_store(path: str | Path, *, progress: bool = False) -> VerifyResult:
     """Check every record of the store at ``path``; never raises for a damaged or unfinished store."""
     path = Path(path)
     result = VerifyResult(str(path), detect_kind(path) if path.exists() else None)
+    if path.name.endswith(PARTIAL) and path.is_dir():
+        result.error = finish_hint(path)
+        return result
     try:
         store = open_path(path)
     except (StoreError, OSError, ValueError) as e:
@@ -93,11 +96,15 @@ def verify_target(target: str | Path, *, progress: bool = False) -> list[VerifyR
             if why:
                 results.append(VerifyResult(str(target), None, error=(
                     f"the {split} stores come from different datasets ({why}); convert the dataset again with --force")))
-        for partial in sorted(target.parent.glob("*.partial")):
-            results.append(VerifyResult(str(partial), detect_kind(partial), error=(
-                "an interrupted conversion (loaders never use it); finish it with `fastload convert ... --resume` "
-                "(lmdb) or convert again, or delete it")))
-        return results
-    if target.is_dir() and (target / "data.yaml").is_file() and not (target / "data.mdb").exists() and not (target / "meta.json").exists():
-        return verify_target(target / "data.yaml", progress=progress)
+        return results + _unfinished(target.parent)
+    if target.is_dir() and detect_kind(target) is None:
+        if (target / "data.yaml").is_file():
+            return verify_target(target / "data.yaml", progress=progress)
+        if unfinished_conversions(target):  # a convert interrupted before it wrote the yaml
+            return _unfinished(target)
     return [verify_store(target, progress=progress)]
+
+
+def _unfinished(folder: Path) -> list[VerifyResult]:
+    """One failed result per interrupted conversion in ``folder``, saying how to finish it."""
+    return [VerifyResult(str(p), detect_kind(p), error=finish_hint(p)) for p in unfinished_conversions(folder)]
