@@ -14,7 +14,7 @@ def register(sub: Any, help_text: str) -> argparse.ArgumentParser:
         "monitor",
         help=help_text,
         description=(
-            "Sample GPU utilisation, memory, power and clocks (NVML) plus CPU use and the process tree's RSS "
+            "Sample GPU utilisation, memory, power and clocks (NVML) plus CPU use and the process tree's memory (PSS) "
             "once per interval while COMMAND runs (or while --pid lives, or until Ctrl-C). Writes a CSV "
             "(flushed each row) and a PNG plot, prints a summary, and exits with COMMAND's exit code."
         ),

@@ -49,7 +49,11 @@ def plot_monitor(
 
     for i in gpu_indices:
         ax_mem.plot(t, _series(table, f"gpu{i}_mem_used_mib") / 1024, label=f"GPU {i} memory", lw=1.4)
-    ax_mem.plot(t, _series(table, "proc_rss_mib") / 1024, label="process tree RSS", lw=1.2, color="tab:gray")
+    pss = _series(table, "proc_pss_mib")
+    if np.isfinite(pss).any():
+        ax_mem.plot(t, pss / 1024, label="process tree PSS", lw=1.2, color="tab:gray")
+    else:  # PSS not reported here: summed RSS, which counts shared pages once per process
+        ax_mem.plot(t, _series(table, "proc_rss_mib") / 1024, label="process tree RSS (summed)", lw=1.2, color="tab:gray")
     ax_mem.set_ylim(bottom=0)
     ax_mem.set_ylabel("GiB")
     ax_mem.legend(loc="upper right", fontsize=8)

@@ -112,6 +112,7 @@ def monitor(
             raise FileNotFoundError(f"cannot start {command[0]!r}: {e}") from e
         pid = child.pid
     host = HostSampler(pid)
+    say = _Lines(echo, shared_with_child=child is not None) if echo is not None else None
 
     received: list[int] = []
 
@@ -137,8 +138,8 @@ def monitor(
             writer = csv.writer(fh)
             writer.writerow(header)
             fh.flush()
-        if echo is not None:
-            print(_echo_header(nvml), file=echo, flush=True)
+        if say is not None:
+            say.line(_echo_header(nvml, host))
         k = 0
         while True:
             k += 1
@@ -155,8 +156,8 @@ def monitor(
             if writer is not None:
                 writer.writerow(row)
                 fh.flush()
-            if echo is not None:
-                print(_echo_line(elapsed, reading, gpu_readings, host.cores), file=echo, flush=True)
+            if say is not None:
+                say.line(_echo_line(elapsed, reading, gpu_readings, host.cores))
             if stopped:
                 break
         exit_code = 0  # watching a pid or the machine ends normally, also on Ctrl-C
@@ -188,9 +189,36 @@ def monitor(
     )
     if plot:
         result.plot_path = plot_monitor(table, plot, gpu_indices=gpu_indices, cores=host.cores, title=_title(command, pid))
-    if echo is not None:
-        print(format_summary(summary), file=echo, flush=True)
+    if say is not None:
+        say.line(format_summary(summary))
     return result
+
+
+class _Lines:
+    """Writes the monitor's lines to ``stream``, each on lines of its own even when a child writes there too.
+
+    The child inherits the monitor's terminal. Its progress bar (tqdm, the trainer's) leaves the cursor at
+    the end of the bar and redraws it after a bare ``\r``: a row written at that moment would be glued to
+    the bar, then overwritten by its next redraw. So while a child shares the stream, every write starts by
+    moving to a line of its own: on a terminal by erasing the bar's line (the bar redraws itself on its
+    next update, below the row, as with ``tqdm.write``); on a file or pipe, where nothing is redrawn, by
+    starting a new line. Every write ends with a newline.
+    """
+
+    def __init__(self, stream: TextIO, *, shared_with_child: bool) -> None:
+        self.stream = stream
+        self.lead = ("\r\x1b[2K" if _is_terminal(stream) else "\n") if shared_with_child else ""
+
+    def line(self, text: str) -> None:
+        self.stream.write(f"{self.lead}{text}\n")
+        self.stream.flush()
+
+
+def _is_terminal(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):  # a closed or file-like stream without a terminal behind it
+        return False
 
 
 def _wait_until(
@@ -245,13 +273,14 @@ def _title(command: Sequence[str] | None, pid: int | None) -> str:
     return f"pid {pid}" if pid is not None else "whole machine"
 
 
-def _echo_header(nvml: NvmlSampler) -> str:
+def _echo_header(nvml: NvmlSampler, host: HostSampler) -> str:
     gpu = "".join(f" | gpu{i}  sm%   memGiB  W" for i in nvml.indices)
-    return f"#  time_s   cpu%  iow%  tree%  rssGiB{gpu}"
+    return f"#  time_s   cpu%  iow%  tree%  {'pss' if host.pss_available else 'rss'}GiB{gpu}"
 
 
 def _echo_line(elapsed: float, h: HostReading, gpus: list[GpuReading], cores: int) -> str:
-    line = f"{elapsed:8.1f} {h.cpu_pct:6.1f} {h.iowait_pct:5.1f} {h.proc_cpu_pct:6.0f} {h.proc_rss_mib / 1024:7.2f}"
+    mem = h.proc_rss_mib if math.isnan(h.proc_pss_mib) else h.proc_pss_mib
+    line = f"{elapsed:8.1f} {h.cpu_pct:6.1f} {h.iowait_pct:5.1f} {h.proc_cpu_pct:6.0f} {mem / 1024:7.2f}"
     for g in gpus:
         line += f" |      {g.util_pct:4.0f} {g.mem_used_mib / 1024:8.2f} {g.power_w:4.0f}"
     return line
@@ -293,14 +322,19 @@ def summarise(
     cpu = _col(table, "cpu_pct")
     iow = _col(table, "iowait_pct")
     tree_cpu = _col(table, "proc_cpu_pct")
+    pss = _col(table, "proc_pss_mib")
     rss = _col(table, "proc_rss_mib")
+    used = _col(table, "mem_used_mib")
     host = {
         "cores": int(cores),
         "cpu_mean_pct": float(cpu.mean()) if cpu.size else math.nan,
         "cpu_max_pct": float(cpu.max()) if cpu.size else math.nan,
         "iowait_mean_pct": float(iow.mean()) if iow.size else math.nan,
         "tree_cpu_mean_pct": float(tree_cpu.mean()) if tree_cpu.size else math.nan,
+        # PSS where every sample has it (blank cells are samples it could not be read)
+        "tree_pss_max_mib": float(pss.max()) if pss.size and pss.size == rss.size else math.nan,
         "tree_rss_max_mib": float(rss.max()) if rss.size else math.nan,
+        "mem_used_rise_mib": float(used.max() - used[0]) if used.size else math.nan,
     }
     elapsed = _col(table, "elapsed_s")
     summary: dict[str, Any] = {
@@ -348,14 +382,24 @@ def verdict(summary: dict[str, Any]) -> str:
     )
 
 
+def _tree_memory(host: dict[str, Any]) -> str:
+    """The watched tree's peak memory: PSS (shared pages split between their processes) where the platform
+    reports it, else summed RSS, labelled as such (shared pages counted once per process)."""
+    rss = f"{host['tree_rss_max_mib'] / 1024:.2f} GiB"
+    if math.isnan(host.get("tree_pss_max_mib", math.nan)):
+        return f"watched tree peak RSS {rss} (summed: a page shared by N processes counts N times; PSS not available here)"
+    return (f"watched tree peak PSS {host['tree_pss_max_mib'] / 1024:.2f} GiB (summed RSS {rss} counts a page "
+            f"shared by N processes N times)")
+
+
 def format_summary(summary: dict[str, Any]) -> str:
     """Human-readable summary lines ending with the verdict."""
     host = summary["host"]
     lines = [
         f"fastload monitor: {summary['samples']} sample(s) every {summary['interval_s']:g} s over {summary['span_s']:.1f} s",
         f"  host: {host['cores']} cores, cpu mean {host['cpu_mean_pct']:.0f} % (max {host['cpu_max_pct']:.0f} %), "
-        f"iowait {host['iowait_mean_pct']:.1f} %, watched tree {host['tree_cpu_mean_pct']:.0f} % of one core, "
-        f"peak RSS {host['tree_rss_max_mib'] / 1024:.2f} GiB",
+        f"iowait {host['iowait_mean_pct']:.1f} %, watched tree {host['tree_cpu_mean_pct']:.0f} % of one core",
+        f"  memory: {_tree_memory(host)}; the machine's used memory rose {host['mem_used_rise_mib'] / 1024:.2f} GiB",
     ]
     for g in summary["gpus"]:
         lines.append(

@@ -30,6 +30,7 @@ HOST_FIELDS: tuple[str, ...] = (
     "iowait_pct",
     "mem_used_mib",
     "proc_cpu_pct",
+    "proc_pss_mib",
     "proc_rss_mib",
     "nprocs",
 )
@@ -65,14 +66,19 @@ class HostReading:
     """The machine and the watched process tree at one instant.
 
     ``cpu_pct`` is machine-wide (100 = every core busy); ``proc_cpu_pct`` is the tree's own use
-    where 100 means one core (so 2 busy workers read 200); ``proc_rss_mib`` sums RSS over the tree
-    (shared pages are counted once per process, as ``top`` would).
+    where 100 means one core (so 2 busy workers read 200). ``proc_pss_mib`` sums PSS over the tree: each
+    shared page is split between the processes that map it, so the sum is the memory the tree holds
+    (data-loader workers share the dataset's pages, the batch ring and the libraries); NaN where the
+    platform does not report PSS (Linux does) or a process of the tree cannot be read. ``proc_rss_mib``
+    sums RSS, counting a shared page once per process that maps it (as adding up ``top``'s column would):
+    with N workers it can exceed the machine's memory use many times over.
     """
 
     cpu_pct: float
     iowait_pct: float
     mem_used_mib: float
     proc_cpu_pct: float
+    proc_pss_mib: float
     proc_rss_mib: float
     nprocs: int
 
@@ -194,6 +200,7 @@ class HostSampler:
         self.pid = pid
         self.cores = psutil.cpu_count(logical=True) or os.cpu_count() or 1
         self._procs: dict[int, psutil.Process] = {}
+        self.pss_available = _reports_pss()
         psutil.cpu_percent(None)
         psutil.cpu_times_percent(None)
         self._root: psutil.Process | None = None
@@ -238,12 +245,18 @@ class HostSampler:
         # the tree so that processes born during the interval are primed for the next reading.
         proc_cpu = 0.0
         rss = 0
+        pss: float = 0.0 if self.pss_available else math.nan
         n = 0
         for p in list(self._procs.values()):
             try:
                 with p.oneshot():
                     proc_cpu += p.cpu_percent(None)
                     rss += p.memory_info().rss
+                    if not math.isnan(pss):
+                        try:
+                            pss += p.memory_full_info().pss
+                        except psutil.AccessDenied:  # another user's process: a partial sum would mislead
+                            pss = math.nan
                 n += 1
             except psutil.Error:  # exited between listing and reading
                 continue
@@ -253,6 +266,15 @@ class HostSampler:
             iowait_pct=float(getattr(times, "iowait", math.nan)),
             mem_used_mib=float(vm.total - vm.available) / _MIB,
             proc_cpu_pct=float(proc_cpu),
+            proc_pss_mib=float(pss) / _MIB,
             proc_rss_mib=float(rss) / _MIB,
             nprocs=n,
         )
+
+
+def _reports_pss() -> bool:
+    """True where psutil reports a process's PSS (Linux: /proc/PID/smaps_rollup)."""
+    try:
+        return hasattr(psutil.Process().memory_full_info(), "pss")
+    except (psutil.Error, OSError):
+        return False
