@@ -8,6 +8,12 @@ its traceback instead. Exit codes (docs/stores.md, "Errors and exit codes"):
 * 1 - it could not (bad or missing data, a damaged store, no space, a refused conversion);
 * 2 - the command line is wrong (unknown option, a value out of range);
 * 130 - interrupted (Ctrl-C); 141 - its output pipe was closed (``fastload info | head``).
+
+Usage errors are found before any work, in one of two ways: a value is checked while parsing by the
+``type=`` functions here (:func:`whole`, :func:`image_size`, :func:`positive_seconds`, :func:`index_list`);
+a value that needs a look at the data (a ``--split`` the yaml lacks) or a light import (the store kinds)
+is checked first thing in the command by :func:`check_splits` / :func:`check_choices`, or raised as a
+:class:`UsageError`.
 """
 from __future__ import annotations
 
@@ -156,7 +162,8 @@ class SubcommandParser(OneLineParser):
     """A sub-command's parser: an argument it does not know is its own error (``fastload verify: unrecognized
     arguments: --jsn``), not the top-level parser's (which would only say ``fastload:``)."""
 
-    def parse_known_args(self, args=None, namespace=None):  # type: ignore[no-untyped-def]  # argparse's signature
+    def parse_known_args(self, args: Sequence[str] | None = None,
+                         namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:
         parsed, extra = super().parse_known_args(args, namespace)
         if extra:
             self.error(f"unrecognized arguments: {' '.join(extra)}")
