@@ -85,6 +85,7 @@ class RenderSpec:
     shrink: ShrinkFilter
     max_batch_bytes: int
     threads: int
+    strict: bool
 
 
 def node_name() -> str:
@@ -171,7 +172,7 @@ class RenderActor:
             return
         self.renderer = BatchRenderer(store, sampler, cache=cache, hsv_in_worker=render.hsv_in_worker,
                                       layout=render.layout, reduced_decode=render.decode_scale == "reduced",
-                                      axis_kernel=render.axis_kernel, shrink=render.shrink)
+                                      axis_kernel=render.axis_kernel, shrink=render.shrink, strict=render.strict)
         self.max_batch_bytes = render.max_batch_bytes
 
     def hello(self, slots: SlotFile | None = None) -> dict[str, Any]:
@@ -192,9 +193,12 @@ class RenderActor:
         slot ``slot`` when given (the actor must have mapped the slots: :meth:`hello`).
 
         Returns ``(imgs, hw, targets float32 [N, 6], shapes float64 [B, 6], HSV gains float32 [B, 3] or None,
-        this process's pid, counts)``: ``imgs`` is the batch (uint8 ``[B, H, W, 3]`` or ``[B, 3, H, W]``), or
-        None when it was written into the slot; ``hw`` its ``(H, W)``; ``counts`` this actor's totals so far
-        (its tasks run in the order they were sent): ``[decodes, cache hits, cache misses]``.
+        this process's pid, counts, images int64 [B], replaced, damaged)``: ``imgs`` is the batch (uint8
+        ``[B, H, W, 3]`` or ``[B, 3, H, W]``), or None when it was written into the slot; ``hw`` its ``(H, W)``;
+        ``counts`` this actor's totals so far (its tasks run in the order they were sent): ``[decodes, cache
+        hits, cache misses]``; ``images``, ``replaced``, ``damaged``: the renderer's damage report
+        (:class:`~fastload.engines.cpu_render.SlotResult`). With ``strict`` a damaged record raises its
+        :class:`~fastload.store.base.DamagedRecordError`, which the engine re-raises as it is.
         """
         if self.renderer is None:
             raise StoreError(self.error)
@@ -216,7 +220,7 @@ class RenderActor:
         shapes = np.stack([shapes_to_array(s) for s in out.shapes])
         cache = renderer.cache
         counts = [renderer.decodes, cache.hits if cache is not None else 0, cache.misses if cache is not None else 0]
-        return imgs, (h, w), out.targets, shapes, out.gains, os.getpid(), counts
+        return imgs, (h, w), out.targets, shapes, out.gains, os.getpid(), counts, out.images, out.replaced, out.damaged
 
     def close(self) -> None:
         """Drop this actor's hold on the node's decoded cache (the last holder removes it) and close its store;
