@@ -114,7 +114,7 @@ def _epoch(kw: dict[str, Any], workers: int, *, epochs: int = 1, engine: str = "
     """Every batch of ``epochs`` epochs (pixels cloned), the loader's stats and the damage warnings raised."""
     from fastload.fastloader import loader
 
-    opts = {"decode_cache_mb": 0} if engine == "cpu" else None
+    opts = {"cpu": {"decode_cache_mb": 0}, "ray": {"actors": 2, "decode_cache_mb": 0}}.get(engine)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         with loader(kw["data"], imgsz=IMGSZ, batch_size=4, workers=workers, engine=engine, seed=5,
@@ -230,3 +230,50 @@ def test_replacement_is_a_pure_function_of_seed_epoch_index_attempt():
     bad = {a.sample(2, 5).index}
     record = a.first_usable(2, 5, lambda r: not bad & set(r.sources))
     assert not bad & set(record.sources) and record == b.first_usable(2, 5, lambda r: not bad & set(r.sources))
+
+
+def test_compat_strict_flag_and_environment(stores, monkeypatch):
+    from fastload.compat.yolov9.dataloader import create_dataloader
+    from fastload.compat.yolov9.launcher import split_args
+    from fastload.compat.yolov9.options import CompatOptions
+
+    kw, rest = split_args(["train_dual.py", "--fastload-strict", "1", "--batch", "4"])
+    assert kw == {"strict": True} and rest == ["train_dual.py", "--batch", "4"]
+    assert CompatOptions.resolve({}, {"FASTLOAD_STRICT": "1"}).strict is True
+    assert CompatOptions.resolve({}, {}).strict is False
+    monkeypatch.setenv("FASTLOAD_STRICT", "1")
+    loader, _ = create_dataloader(str(stores["data"] / "images" / "train"), 64, 4, 32, workers=0, num_workers=0)
+    try:
+        assert loader.engine.settings.strict is True
+    finally:
+        loader.close()
+
+
+@pytest.mark.parametrize("kind", ["lmdb_crc", "disk"])
+def test_ray_actors_report_to_the_consumer(kind, stores, tmp_path, local_ray):
+    kw, path, record, damage = damaged_loader_source(kind, stores, tmp_path)
+    file = kw["data"].im_files[record]
+    ray_batches, stats, msgs = _epoch(kw, 0, epochs=2, engine="ray")
+    _check(stats, msgs, path, record, file, damage)
+    cpu, cpu_stats, _ = _epoch(kw, 0, epochs=2)
+    _same(ray_batches, cpu)
+    assert stats["replaced_samples"] == cpu_stats["replaced_samples"]
+    with pytest.raises(DamagedRecordError) as err:
+        _epoch(kw, 0, engine="ray", strict=True)
+    assert "\n" not in str(err.value) and f"{path}, record {record} ({file})" in str(err.value)
+
+
+@pytest.mark.parametrize("kind,partners", [("lmdb_crc", "batch"), ("disk", "dataset")])
+def test_dali_cpu_reports_to_the_consumer(kind, partners, stores, tmp_path):
+    pytest.importorskip("nvidia.dali", reason="NVIDIA DALI is not installed (pip install fastload[dali])")
+    kw, path, record, damage = damaged_loader_source(kind, stores, tmp_path)
+    file = kw["data"].im_files[record]
+    dali, stats, msgs = _epoch(kw, 1, engine="dali", device="cpu", partners=partners)
+    _check(stats, msgs, path, record, file, damage)
+    cpu, cpu_stats, _ = _epoch(kw, 0, partners=partners)
+    assert [p for _, _, p in dali] == [p for _, _, p in cpu]  # the same records; DALI's pixels are its own
+    for (_, td, _), (_, tc, _) in zip(dali, cpu):
+        assert np.allclose(td.numpy(), tc.numpy(), atol=1e-3)
+    assert stats["replaced_samples"] == cpu_stats["replaced_samples"]
+    with pytest.raises(DamagedRecordError, match=f"record {record} "):
+        _epoch(kw, 1, engine="dali", device="cpu", partners=partners, strict=True)

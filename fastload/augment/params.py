@@ -45,7 +45,7 @@ __all__ = [
 ]
 
 #: How many replacement draws :meth:`ParamSampler.first_usable` makes for one sample before giving up
-#: (each is uniform over the dataset: only a mostly damaged dataset gets there).
+#: (each is uniform over the dataset, or the batch: only a mostly damaged dataset or batch gets there).
 MAX_REPLACEMENTS = 64
 # A spawn key keeps the replacement draws apart from the sample streams (SeedSequence([seed, epoch,
 # index])) and from the epoch order (fastload.order's own key).
@@ -415,10 +415,11 @@ class ParamSampler:
         """The ``attempt``-th (>= 1) replacement record of output sample ``index``: drawn when an image that
         sample's earlier draws read is damaged (the engines skip it), so the epoch keeps its length.
 
-        A pure function of ``(seed, epoch, index, attempt)`` (and of ``batch`` with ``partners="batch"``,
-        whose partners it draws as :meth:`sample` does): its image is uniform over the dataset, drawn from
-        ``SeedSequence([seed, epoch, index, attempt])`` under a spawn key of its own, which then draws the
-        rest of the record; in rect mode it is letterboxed into the sample's own rect shape. Every engine
+        A pure function of ``(seed, epoch, index, attempt)`` (and of ``batch`` with ``partners="batch"``):
+        its image is uniform over the dataset (with ``partners="batch"``: over the batch's images, so every
+        source of a batch's records stays one of its own images), drawn from ``SeedSequence([seed, epoch,
+        index, attempt])`` under a spawn key of its own, which then draws the rest of the record as
+        :meth:`sample` does; in rect mode it is letterboxed into the sample's own rect shape. Every engine
         and any number of workers therefore replace a damaged sample identically.
         """
         if attempt < 1:
@@ -427,8 +428,9 @@ class ParamSampler:
         n = len(self.loaded_shapes)
         ss = np.random.SeedSequence([self.seed, int(epoch), sample_id, int(attempt)], spawn_key=_REPLACEMENT_STREAM)
         rng = np.random.Generator(np.random.PCG64(ss))
-        image = int(rng.integers(0, n))
-        return dataclasses.replace(self._record(rng, epoch, image, sample_id % n, self._pool(batch)), attempt=int(attempt))
+        pool = self._pool(batch)
+        image = self._draw(rng, n, pool, 1)[0]
+        return dataclasses.replace(self._record(rng, epoch, image, sample_id % n, pool), attempt=int(attempt))
 
     def first_usable(self, epoch: int, index: int, usable: Callable[[SampleParams], bool],
                      batch: Sequence[int] | np.ndarray | None = None, *, record: SampleParams | None = None) -> SampleParams:

@@ -214,7 +214,7 @@ class Engine(abc.ABC):
         self.decodes = 0  # encoded images decoded (JPEG/PNG -> pixels) for the batches rendered so far
         self._delivered = [0, 0]  # batches, images
         self._damaged: dict[tuple[str, int], str] = {}  # (store path, record) -> damage kind, as reported
-        self._replaced = 0  # samples of the delivered batches drawn again because of a damaged record
+        self._redrawn = 0  # samples of the delivered batches drawn again because of a damaged record
         self._closed = False
 
     def _refuse(self, setting: str, value: Any, why: str) -> None:
@@ -264,7 +264,7 @@ class Engine(abc.ABC):
             self._damaged[(err.path, err.record)] = err.kind
             warnings.warn(f"fastload: skipped damaged record: {err} (its samples are drawn again; strict=True stops "
                           f"instead)", DamagedRecordWarning, stacklevel=3)
-        self._replaced += int(replaced)
+        self._redrawn += int(replaced)
 
     def expect_next(self, epoch: int, indices: np.ndarray) -> None:
         """A hint, given before an iteration: the one after it will most likely be
@@ -302,7 +302,7 @@ class Engine(abc.ABC):
                 "damaged_records": len(self._damaged),
                 "damaged_record_ids": sorted(record for _, record in self._damaged),
                 "damaged_by_kind": {k: kinds.count(k) for k in DAMAGE_KINDS},
-                "replaced_samples": self._replaced}
+                "replaced_samples": self._redrawn}
 
     def _check_open(self) -> None:
         """Raise if :meth:`close` ran (its workers, buffers or pipeline are gone)."""

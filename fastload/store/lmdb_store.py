@@ -139,6 +139,9 @@ class LmdbStore(Store):
 
     kind = "lmdb"
     decoded = False
+    #: check each read's crc32 (False only to measure what the check costs: ``benchmarks/store_read.py
+    #: --check-cost``)
+    check_on_read = True
 
     def __init__(self, path: str | Path) -> None:
         super().__init__()
@@ -184,7 +187,7 @@ class LmdbStore(Store):
         :class:`~fastload.store.base.DamagedRecordError` when they (or its labels) changed."""
         i = self.check_index(i)
         buf = self._read_bytes(i)
-        if record_checksum(buf, self.labels[i]) != int(self.checksums[i]):
+        if self.check_on_read and record_checksum(buf, self.labels[i]) != int(self.checksums[i]):
             raise self.damaged(i, "checksum", "crc32 mismatch (image bytes or labels changed since conversion)")
         return buf
 
