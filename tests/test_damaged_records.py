@@ -85,10 +85,11 @@ def _jpeg_record(store_path: Path) -> int:
 
 def damaged_loader_source(kind: str, stores: dict[str, Path], tmp_path: Path) -> tuple[dict[str, Any], str, int, str]:
     """``(loader keywords, store path, record, damage kind)`` for a damaged copy of a store of ``kind``."""
-    if kind == "lmdb_crc":
+    if kind in ("lmdb_crc", "lmdb_crc_record0"):  # record 0: the one a Ray actor reads when it opens the store
+        record = 0 if kind == "lmdb_crc_record0" else RECORD
         path = shutil.copytree(stores["lmdb"], tmp_path / "train.lmdb")
-        _lmdb_put_image(path, RECORD, _flip, keep_crc=False)
-        return {"data": LmdbStore(path)}, str(path), RECORD, "checksum"
+        _lmdb_put_image(path, record, _flip, keep_crc=False)
+        return {"data": LmdbStore(path)}, str(path), record, "checksum"
     if kind == "lmdb_truncated":
         path = shutil.copytree(stores["lmdb"], tmp_path / "train.lmdb")
         record = _jpeg_record(path)
@@ -249,7 +250,7 @@ def test_compat_strict_flag_and_environment(stores, monkeypatch):
         loader.close()
 
 
-@pytest.mark.parametrize("kind", ["lmdb_crc", "disk"])
+@pytest.mark.parametrize("kind", ["lmdb_crc_record0", "disk"])
 def test_ray_actors_report_to_the_consumer(kind, stores, tmp_path, local_ray):
     kw, path, record, damage = damaged_loader_source(kind, stores, tmp_path)
     file = kw["data"].im_files[record]

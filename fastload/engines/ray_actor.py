@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import socket
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import cv2
@@ -35,7 +36,7 @@ from fastload.data.images import ShrinkFilter
 from fastload.engines.cpu_render import BatchRenderer, batch_view
 from fastload.engines.ray_slots import SlotFile, map_slot_file
 from fastload.engines.shm_cache import open_decode_cache
-from fastload.store.base import Store, StoreError, split_labels
+from fastload.store.base import DamagedRecordError, Store, StoreError, split_labels
 from fastload.store.factory import open_path
 from fastload.store.files import FileStore
 from fastload.store.view import StoreView
@@ -120,7 +121,12 @@ def open_view(spec: StoreSpec) -> Store:
     labels = split_labels(spec.label_rows, spec.label_counts)
     if spec.kind == "files":
         store: Store = FileStore(spec.im_files, labels, spec.shapes, spec.names, path=spec.path)
-        store.read_image(0)  # the images are on this node's filesystem (a missing mount fails here)
+        try:
+            store.read_image(0)  # the images are on this node's filesystem (a missing mount fails here)
+        except DamagedRecordError:
+            if not Path(spec.im_files[0]).parent.is_dir():
+                raise
+            # one unreadable image: the renderer's to skip (or to raise under strict), not the actor's start
         return store
     if spec.path is None:
         raise StoreError(f"the loader's {spec.kind} store has no path to open")
@@ -132,7 +138,10 @@ def open_view(spec: StoreSpec) -> Store:
         view = StoreView(base, spec.base_indices, labels)
         if not np.array_equal(view.shapes, spec.shapes):
             raise StoreError("its image sizes differ from the loader's store: another dataset, or another version of it")
-        view.read_image(0)
+        try:
+            view.read_image(0)
+        except DamagedRecordError:  # a damaged record is the renderer's to skip (or to raise under strict)
+            pass
         return view
     except BaseException:
         base.close()
