@@ -231,6 +231,12 @@ def test_replacement_is_a_pure_function_of_seed_epoch_index_attempt():
     bad = {a.sample(2, 5).index}
     record = a.first_usable(2, 5, lambda r: not bad & set(r.sources))
     assert not bad & set(record.sources) and record == b.first_usable(2, 5, lambda r: not bad & set(r.sources))
+    rect = np.array([[48, 64], [64, 48]] * 6)  # validation rect batches: a replacement keeps the sample's shape
+    val = ParamSampler(shapes, None, 64, augment=False, rect_shapes=rect)
+    assert all(val.replacement(0, 1, k).image.out_hw == (64, 48) for k in range(1, 10))
+    batch = np.array([4, 7, 9])
+    by_batch = ParamSampler(shapes, None, 64, partners="batch")  # the batch's records read only its images
+    assert all(set(by_batch.replacement(0, 7, k, batch).sources) <= {4, 7, 9} for k in range(1, 20))
 
 
 def test_compat_strict_flag_and_environment(stores, monkeypatch):
