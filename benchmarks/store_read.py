@@ -1,6 +1,7 @@
 """Read throughput of every store kind side by side, beside this machine's memcpy ceiling.
 
     python benchmarks/store_read.py [--data data.yaml] [--seconds 2] [--imgsz 640] [--json out.json]
+    python benchmarks/store_read.py --check-cost [--rounds 5] [--workers 2] [--batch 16] [--epochs 3]
 
 Default data: coco128 (``$FASTLOAD_COCO128`` or ../shared/datasets/coco128) if present, else a
 synthetic set. The dataset is converted to lmdb and disk stores in a temporary folder and a ram store
@@ -14,6 +15,16 @@ thread, warm page cache, random order:
 
 Ratios: ``x files`` compares loaded samples/s with the plain files store; ``% memcpy`` compares read
 MB/s with one core's ``numpy.copyto`` rate.
+
+``--check-cost``: what the load-time checksum of decoded stores costs (a disk/ram record's crc32 is
+checked on its first read in each process), with and without the check side by side, rounds
+interleaved, the best round reported (other work on the machine only ever slows a round down): ``first read`` reads every record of a freshly opened disk/ram store once
+(each read checked: the worst case, no augmentation), ``loader epoch 1`` is the images/s of the first
+epoch of a fresh ``fastload.loader`` (cpu engine, fresh workers: every record checked in every worker
+that reads it), ``loader epochs 1-E`` of its first ``--epochs`` epochs (later epochs check only the
+records a worker had not read yet); each also per CPU second of the loader's processes (``/cpu s``),
+which a machine shared with other work disturbs less than the wall clock. ``loaded lmdb`` is the same for the crc32 an LMDB store
+checks on every read: ``store.load`` (decode + resize) of every record, with and without it.
 """
 from __future__ import annotations
 
@@ -111,6 +122,111 @@ def run(data: Path | None, seconds: float, imgsz: int, split: str) -> dict[str, 
     }
 
 
+def _first_reads(path: str) -> float:
+    """Records/s of reading (and copying) every record of the packed store at ``path`` once, each a first read
+    (a store object opened for it: a fresh bitmap of checked records)."""
+    from fastload.store.packed import PackedStore
+
+    with PackedStore(path) as store:
+        buf = np.empty(0, np.uint8)
+        t0 = time.perf_counter()
+        for i in range(len(store)):
+            img = store.read_image(i).reshape(-1)
+            if img.size > buf.size:
+                buf = np.empty(img.size, np.uint8)
+            np.copyto(buf[: img.size], img)
+        return len(store) / (time.perf_counter() - t0)
+
+
+def _loaded(store: Any, imgsz: int) -> float:
+    """Records/s of ``store.load`` (decode + resize for an encoded store) over every record once."""
+    t0 = time.perf_counter()
+    for i in range(len(store)):
+        store.load(i, imgsz)
+    return len(store) / (time.perf_counter() - t0)
+
+
+def _cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU seconds of these processes so far (the loader's workers)."""
+    import psutil
+
+    return sum(sum(psutil.Process(pid).cpu_times()[:2]) for pid in pids)
+
+
+def _epochs(yaml_path: Path, kind: str, imgsz: int, batch: int, workers: int, epochs: int) -> tuple[float, ...]:
+    """Images/s of the first epoch and of the first ``epochs`` epochs of a fresh loader (its workers check
+    every record on its first read), by the wall clock and per CPU second (the loader's processes)."""
+    from fastload.fastloader import loader
+
+    with loader(yaml_path, store=kind, imgsz=imgsz, batch_size=batch, workers=workers, seed=0) as fl:
+        t0, c0 = time.perf_counter(), time.process_time()
+        images = [sum(len(paths) for _, _, paths, _ in fl)]
+        pids = fl.stats()["worker_pids"]  # fresh workers: their whole CPU time is this loader's
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0 + _cpu_seconds(pids)
+        images += [sum(len(paths) for _, _, paths, _ in fl) for _ in range(epochs - 1)]
+        wall_all, cpu_all = time.perf_counter() - t0, time.process_time() - c0 + _cpu_seconds(pids)
+        return images[0] / wall, sum(images) / wall_all, images[0] / cpu, sum(images) / cpu_all
+
+
+def run_check_cost(data: Path | None, imgsz: int, split: str, rounds: int, batch: int, workers: int,
+                   epochs: int) -> dict[str, Any]:
+    from fastload.store import open_store
+    from fastload.store.convert import convert
+    from fastload.store.lmdb_store import LmdbStore
+    from fastload.store.packed import PackedStore
+
+    with tempfile.TemporaryDirectory(prefix="store_check_") as tmp_s:
+        tmp = Path(tmp_s)
+        data = data or default_data(tmp)
+        res = convert(data, "lmdb,disk", out=tmp / "stores", imgsz=imgsz, splits=split, progress=False, log=lambda s: None)
+        stores = {kind: open_store(res.yaml_path, split, kind=kind, imgsz=imgsz) for kind in ("disk", "ram")}
+        lmdb = open_store(res.yaml_path, split, kind="lmdb")
+        loader_rows = ("loader epoch 1", f"loader epochs 1-{epochs}", "loader epoch 1 /cpu s",
+                       f"loader epochs 1-{epochs} /cpu s")
+        runs: dict[str, dict[str, list[float]]] = {
+            f"{what} {kind}": {"check": [], "no check": []} for what in ("first read", *loader_rows) for kind in stores}
+        runs["loaded lmdb"] = {"check": [], "no check": []}
+        try:
+            for s in stores.values():  # warm the page cache
+                _first_reads(s.path)
+            for r in range(rounds):
+                for check in ((True, False) if r % 2 == 0 else (False, True)):  # alternate which goes first
+                    # class attributes: forked workers inherit them
+                    PackedStore.check_on_read = LmdbStore.check_on_read = check
+                    label = "check" if check else "no check"
+                    for kind, s in stores.items():
+                        runs[f"first read {kind}"][label].append(_first_reads(s.path))
+                        rates = _epochs(res.yaml_path, kind, imgsz, batch, workers, epochs)
+                        for what, rate in zip(loader_rows, rates):
+                            runs[f"{what} {kind}"][label].append(rate)
+                    runs["loaded lmdb"][label].append(_loaded(lmdb, imgsz))
+        finally:
+            PackedStore.check_on_read = LmdbStore.check_on_read = True
+            n = len(stores["disk"])
+            for s in [*stores.values(), lmdb]:
+                s.close()
+    rows = {name: {label: float(np.max(v)) for label, v in by.items()} for name, by in runs.items()}
+    for row in rows.values():
+        row["cost_pct"] = 100 * (1 - row["check"] / row["no check"])
+    return {"data": str(data), "split": split, "samples": n, "imgsz": imgsz, "rounds": rounds, "batch": batch,
+            "workers": workers, "epochs": epochs, "cpus": os.cpu_count(), "rows": rows}
+
+
+def format_check_cost(r: dict[str, Any]) -> str:
+    lines = [
+        f"load-time checksum of decoded stores: {r['samples']} samples of {r['data']} ({r['split']}), imgsz {r['imgsz']}, "
+        f"best of {r['rounds']} interleaved rounds; loader: cpu engine, {r['workers']} workers, batch {r['batch']}",
+        "",
+        "| measure | images/s with check | images/s without | cost |",
+        "|---|---:|---:|---:|",
+    ]
+    for name, row in r["rows"].items():
+        lines.append(f"| {name} | {row['check']:.0f} | {row['no check']:.0f} | {row['cost_pct']:+.1f} % |")
+    lines += ["", "first read = every record read once from a freshly opened store (each read checked); "
+              "loader = a fresh loader's first epoch(s): each worker checks a record on its first read of it"]
+    return "\n".join(lines)
+
+
 def format_table(r: dict[str, Any]) -> str:
     lines = [
         f"store read throughput: {r['samples']} samples of {r['data']} ({r['split']}), imgsz {r['imgsz']}, "
@@ -137,9 +253,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=2.0, help="seconds per store and mode (default 2)")
     p.add_argument("--imgsz", type=int, default=640)
     p.add_argument("--json", type=Path, default=None, help="also write the results to this JSON file")
+    p.add_argument("--check-cost", action="store_true",
+                   help="only the cost of the decoded stores' load-time checksum, with and without it side by side")
+    p.add_argument("--rounds", type=int, default=7, help="--check-cost: interleaved rounds (the best reported)")
+    p.add_argument("--batch", type=int, default=16, help="--check-cost: the loader's batch size")
+    p.add_argument("--workers", type=int, default=2, help="--check-cost: the loader's worker processes")
+    p.add_argument("--epochs", type=int, default=3, help="--check-cost: epochs of each loader run")
     args = p.parse_args(argv)
-    result = run(args.data, args.seconds, args.imgsz, args.split)
-    print(format_table(result))
+    if args.check_cost:
+        result = run_check_cost(args.data, args.imgsz, args.split, args.rounds, args.batch, args.workers, args.epochs)
+        print(format_check_cost(result))
+    else:
+        result = run(args.data, args.seconds, args.imgsz, args.split)
+        print(format_table(result))
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
     return 0

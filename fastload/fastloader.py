@@ -247,8 +247,9 @@ class FastLoader:
     def stats(self) -> dict[str, Any]:
         """Counters for benchmarks: ``store`` (its kind) plus the engine's :meth:`~fastload.engines.base.Engine.stats`
         (every engine: ``engine``, ``batches``, ``images``, ``worker_pids``, ``partners``, ``decodes``,
-        ``decodes_per_image``; the CPU engine adds its decoded cache's hits/misses and machine-wide
-        state and the next epoch's batches rendered early, used / dropped)."""
+        ``decodes_per_image``, the damaged records skipped: ``damaged_records``, ``damaged_record_ids``,
+        ``damaged_by_kind``, ``replaced_samples``; the CPU engine adds its decoded cache's hits/misses and
+        machine-wide state and the next epoch's batches rendered early, used / dropped)."""
         return {"store": self.store.kind, **self.engine.stats()}
 
     def close(self) -> None:
@@ -318,6 +319,7 @@ def loader(
     layout: Layout = "nhwc",
     prefetch: int = 2,
     partners: Partners | None = None,
+    strict: bool = False,
     engine_options: Any = None,
 ) -> FastLoader:
     """Build a YOLOv9-compatible loader.
@@ -327,7 +329,7 @@ def loader(
     normalised, ``paths`` tuple of str, ``shapes`` tuple (None for mosaic samples, else
     ``((h0, w0), ((h / h0, w / w0), (padw, padh)))``).
 
-    The keywords up to ``partners`` mean the same for every engine (an engine that cannot honour
+    The keywords up to ``strict`` mean the same for every engine (an engine that cannot honour
     one refuses it with :class:`~fastload.engines.base.EngineOptionError`); what only one engine
     has goes in ``engine_options``.
 
@@ -393,6 +395,15 @@ def loader(
             each engine's docstring says why). Only training batches with mosaic have partners: passing
             ``"batch"`` to a loader that draws no mosaic (``augment=False``, ``rect=True``, hyp
             ``mosaic: 0``) raises ``ValueError``.
+        strict: what a record that fails its check at load time does (an LMDB crc mismatch, a truncated or
+            undecodable image, a disk/ram record whose pixels no longer match their checksum, checked on
+            its first read in each process). False (the default): it is skipped: warned once (a
+            ``DamagedRecordWarning`` naming ``<store path>, record N (<source file>)``), counted in
+            :meth:`FastLoader.stats` (``damaged_records``, ``damaged_record_ids``, ``damaged_by_kind``,
+            ``replaced_samples``), and every sample that reads it is drawn again with a replacement draw
+            that depends only on ``(seed, epoch, index, attempt)``, so batches stay the same for any
+            worker count. True: the loader raises that one-line
+            :class:`~fastload.store.base.DamagedRecordError` (a ``StoreError``) instead, from any worker.
         engine_options: what only the chosen engine has: a :class:`~fastload.CPUOptions`,
             :class:`~fastload.TorchGPUOptions`, :class:`~fastload.DALIOptions` or
             :class:`~fastload.RayOptions`, or a dict of its
@@ -416,7 +427,8 @@ def loader(
                       "with torch ops (slow on a CPU); use hsv_on='worker' there")
     rank, world_size = _resolve_world(rank, world_size)
     settings = EngineSettings(batch_size=batch_size, workers=cls.default_workers if workers is None else int(workers),
-                              device=device, hsv_on=hsv_on, layout=layout, prefetch=prefetch, world_size=world_size)
+                              device=device, hsv_on=hsv_on, layout=layout, prefetch=prefetch, world_size=world_size,
+                              strict=bool(strict))
     if partners is not None and partners not in PARTNERS:
         raise ValueError(f"partners must be None or one of {', '.join(PARTNERS)}, got {partners!r}")
     owns_store = not isinstance(data, Store) and not isinstance(store, Store)

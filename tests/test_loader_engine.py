@@ -56,10 +56,16 @@ class FakeImage:
 @dataclass
 class FakeParams:
     index: int
+    partner: int
     epoch: int
     image: FakeImage
     hsv_gain: tuple[float, float, float]
     shapes: object
+    attempt: int = 0
+
+    @property
+    def sources(self) -> tuple[int, int]:
+        return self.index, self.partner
 
 
 class FakeSampler:
@@ -83,17 +89,22 @@ class FakeSampler:
         rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([self.seed, epoch, index])))
         partner = int(rng.integers(self.n))
         shapes = None if not self.closed else ((IMGSZ, IMGSZ), ((1.0, 1.0), (0.0, 0.0)))
-        return FakeParams(index * 1000 + partner, epoch, FakeImage((IMGSZ, IMGSZ)), (1.0, 1.0, float(rng.uniform(0.5, 1.5))), shapes)
+        return FakeParams(index, partner, epoch, FakeImage((IMGSZ, IMGSZ)), (1.0, 1.0, float(rng.uniform(0.5, 1.5))), shapes)
 
     def sample_batch(self, epoch: int, indices) -> list[FakeParams]:
         return [self.sample(epoch, int(i)) for i in indices]
+
+    def first_usable(self, epoch: int, index: int, usable, batch=None, *, record=None) -> FakeParams:
+        record = record or self.sample(epoch, index)
+        assert usable(record)  # loads its images; nothing here is damaged
+        return record
 
     def close_mosaic(self) -> None:
         self.closed = True
 
 
 def fake_render(p: FakeParams, get_image, out=None, *, hsv=True, axis_kernel=None):
-    a, b = get_image(p.index // 1000), get_image(p.index % 1000)
+    a, b = get_image(p.index), get_image(p.partner)
     img = (a // 2 + b // 2).astype(np.uint8)
     if hsv:
         img = np.clip(img * p.hsv_gain[2], 0, 255).astype(np.uint8)
@@ -104,7 +115,7 @@ def fake_render(p: FakeParams, get_image, out=None, *, hsv=True, axis_kernel=Non
 
 
 def fake_targets(records, labels):
-    return collate_targets([labels[p.index // 1000] for p in records])
+    return collate_targets([labels[p.index] for p in records])
 
 
 @pytest.fixture(autouse=True)

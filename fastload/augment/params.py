@@ -16,9 +16,10 @@ convention (integer coordinates are pixel centres; source -> destination).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any, Literal, Mapping, NamedTuple, Sequence, get_args
+from typing import Any, Callable, Literal, Mapping, NamedTuple, Sequence, get_args
 
 import numpy as np
 
@@ -40,7 +41,15 @@ __all__ = [
     "shapes_from_array",
     "visit_ids",
     "image_of",
+    "MAX_REPLACEMENTS",
 ]
+
+#: How many replacement draws :meth:`ParamSampler.first_usable` makes for one sample before giving up
+#: (each is uniform over the dataset, or the batch: only a mostly damaged dataset or batch gets there).
+MAX_REPLACEMENTS = 64
+# A spawn key keeps the replacement draws apart from the sample streams (SeedSequence([seed, epoch,
+# index])) and from the epoch order (fastload.order's own key).
+_REPLACEMENT_STREAM = (0x7265706C61,)  # "repla"
 
 #: Where a mosaic's partners (and the mixup image with its partners) are drawn from:
 #: ``"dataset"``: uniformly from the whole dataset (YOLOv9's ``random.choices(self.indices, k=3)``);
@@ -173,6 +182,8 @@ class SampleParams:
         mosaic: whether ``image`` is a mosaic.
         shapes: YOLOv9's shapes entry: None for mosaic samples, else
             ``((h0, w0), ((h / h0, w / w0), (padw, padh)))``.
+        attempt: 0 for the sample's own draw; ``k`` for its ``k``-th replacement draw
+            (:meth:`ParamSampler.replacement`: an image an earlier draw read was damaged).
     """
 
     index: int
@@ -185,6 +196,7 @@ class SampleParams:
     flip_lr: bool = False
     mosaic: bool = False
     shapes: Any = None
+    attempt: int = 0
 
     @property
     def out_hw(self) -> tuple[int, int]:
@@ -395,20 +407,69 @@ class ParamSampler:
         ``partners="batch"`` (required then; ignored with ``"dataset"``). Engines call
         :meth:`sample_batch`.
         """
-        sample_id = int(index)
+        sample_id = self._sample_id(index)
         n = len(self.loaded_shapes)
+        return self._record(make_rng(self.seed, epoch, sample_id), epoch, sample_id % n, sample_id % n, self._pool(batch))
+
+    def replacement(self, epoch: int, index: int, attempt: int, batch: Sequence[int] | np.ndarray | None = None) -> SampleParams:
+        """The ``attempt``-th (>= 1) replacement record of output sample ``index``: drawn when an image that
+        sample's earlier draws read is damaged (the engines skip it), so the epoch keeps its length.
+
+        A pure function of ``(seed, epoch, index, attempt)`` (and of ``batch`` with ``partners="batch"``):
+        its image is uniform over the dataset (with ``partners="batch"``: over the batch's images, so every
+        source of a batch's records stays one of its own images), drawn from ``SeedSequence([seed, epoch,
+        index, attempt])`` under a spawn key of its own, which then draws the rest of the record as
+        :meth:`sample` does; in rect mode it is letterboxed into the sample's own rect shape. Every engine
+        and any number of workers therefore replace a damaged sample identically.
+        """
+        if attempt < 1:
+            raise ValueError(f"a replacement draw is attempt 1 or later, got {attempt}")
+        sample_id = self._sample_id(index)
+        n = len(self.loaded_shapes)
+        ss = np.random.SeedSequence([self.seed, int(epoch), sample_id, int(attempt)], spawn_key=_REPLACEMENT_STREAM)
+        rng = np.random.Generator(np.random.PCG64(ss))
+        pool = self._pool(batch)
+        image = self._draw(rng, n, pool, 1)[0]
+        return dataclasses.replace(self._record(rng, epoch, image, sample_id % n, pool), attempt=int(attempt))
+
+    def first_usable(self, epoch: int, index: int, usable: Callable[[SampleParams], bool],
+                     batch: Sequence[int] | np.ndarray | None = None, *, record: SampleParams | None = None) -> SampleParams:
+        """The record an engine renders for output sample ``index``: :meth:`sample`'s when ``usable`` accepts
+        it, else the first of the :meth:`replacement` draws it accepts (engines pass a ``usable`` that loads
+        the record's images and says False when one of them is damaged). ``record``: the sample's own draw
+        when the engine has it already (from :meth:`sample_batch`). Raises ``RuntimeError`` after
+        :data:`MAX_REPLACEMENTS` refused draws."""
+        if record is None:
+            record = self.sample(epoch, index, batch)
+        attempt = 0
+        while not usable(record):
+            attempt += 1
+            if attempt > MAX_REPLACEMENTS:
+                raise RuntimeError(f"sample {index} of epoch {epoch}: {MAX_REPLACEMENTS} replacement draws all read "
+                                   f"damaged images; check the store with `fastload verify`")
+            record = self.replacement(epoch, index, attempt, batch)
+        return record
+
+    def _sample_id(self, index: int) -> int:
+        sample_id = int(index)
         if sample_id < 0:
-            raise IndexError(f"index {sample_id} out of range for {n} images")
-        index = sample_id % n
-        pool: np.ndarray | None = None
-        if self.partners == "batch":
-            if batch is None:
-                raise ValueError("partners='batch' draws from the sample's batch: pass batch= (or use sample_batch)")
-            pool = np.asarray(batch, np.int64).reshape(-1)
-            if len(pool) == 0 or pool.min() < 0:
-                raise IndexError(f"batch indices must be image indices or sample ids (>= 0), got {pool.tolist()}")
-            pool = image_of(pool, n)
-        rng = make_rng(self.seed, epoch, sample_id)
+            raise IndexError(f"index {sample_id} out of range for {len(self.loaded_shapes)} images")
+        return sample_id
+
+    def _pool(self, batch: Sequence[int] | np.ndarray | None) -> np.ndarray | None:
+        """The image indices partners are drawn from (``partners="batch"``), None for the whole dataset."""
+        if self.partners != "batch":
+            return None
+        if batch is None:
+            raise ValueError("partners='batch' draws from the sample's batch: pass batch= (or use sample_batch)")
+        pool = np.asarray(batch, np.int64).reshape(-1)
+        if len(pool) == 0 or pool.min() < 0:
+            raise IndexError(f"batch indices must be image indices or sample ids (>= 0), got {pool.tolist()}")
+        return image_of(pool, len(self.loaded_shapes))
+
+    def _record(self, rng: np.random.Generator, epoch: int, index: int, shape_of: int, pool: np.ndarray | None) -> SampleParams:
+        """The record of image ``index`` drawn from ``rng``; ``shape_of``: the index whose rect shape it fills."""
+        n = len(self.loaded_shapes)
         hyp = self.hyp
         mosaic = bool(self.augment and self.mosaic_prob > 0 and rng.random() < self.mosaic_prob)
         mixup, ratio, shapes = None, 1.0, None
@@ -418,7 +479,7 @@ class ParamSampler:
                 mixup = self._mosaic(rng, self._draw(rng, n, pool, 1)[0], pool)
                 ratio = float(rng.beta(32.0, 32.0))
         else:
-            image, shapes = self._letterbox(rng, index)
+            image, shapes = self._letterbox(rng, index, shape_of)
         gain = (1.0, 1.0, 1.0)
         flip_ud = flip_lr = False
         if self.augment:
@@ -491,10 +552,10 @@ class ParamSampler:
         )
         return ImageParams(tiles, (out, out), 114, scale)
 
-    def _letterbox(self, rng: np.random.Generator, index: int) -> tuple[ImageParams, Any]:
+    def _letterbox(self, rng: np.random.Generator, index: int, shape_of: int) -> tuple[ImageParams, Any]:
         h, w = (int(v) for v in self.loaded_shapes[index])
         if self.rect_shapes is not None:
-            oh, ow = (int(v) for v in self.rect_shapes[index])
+            oh, ow = (int(v) for v in self.rect_shapes[shape_of])
         else:
             oh = ow = self.imgsz
         r = min(oh / h, ow / w)

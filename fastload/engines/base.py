@@ -26,6 +26,7 @@ unapplied are applied to the whole batch (``hsv_on="consumer"``, by
 from __future__ import annotations
 
 import abc
+import warnings
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generator, Iterator, Literal, NamedTuple, Sequence, get_args
 
@@ -36,7 +37,7 @@ from fastload.augment.functional.tiles import AXIS_KERNELS, AxisKernel
 from fastload.augment.functional.torch_ops import apply_hsv_batch
 from fastload.augment.params import ParamSampler, Partners
 from fastload.data.images import ShrinkFilter, shrink_filter
-from fastload.store.base import Store
+from fastload.store.base import DAMAGE_KINDS, DamagedRecordError, Store
 
 HSVMode = Literal["worker", "consumer", "defer"]
 HSV_MODES: tuple[str, ...] = get_args(HSVMode)
@@ -48,6 +49,10 @@ _MEMORY_FORMAT = {"nhwc": torch.channels_last, "nchw": torch.contiguous_format}
 class WorkerError(RuntimeError):
     """An engine's worker (a CPU worker process, a Ray render actor) died or raised; the message says which
     one, on which batch, and why."""
+
+
+class DamagedRecordWarning(UserWarning):
+    """A damaged record was skipped (``loader(strict=False)``): said once per record, by the consumer."""
 
 
 class EngineOptionError(TypeError, ValueError):
@@ -108,6 +113,10 @@ class EngineSettings:
             prefetch queue, at least 1).
         world_size: ranks of the job (the Ray engine's default actor count splits the cluster's CPUs
             between the ranks).
+        strict: a record that fails its check at load time (:class:`~fastload.store.base.DamagedRecordError`)
+            stops the loader with that one-line error; False (the default): it is skipped, warned once and
+            counted in :meth:`Engine.stats`, and every sample that reads it is drawn again
+            (:meth:`~fastload.augment.params.ParamSampler.first_usable`).
     """
 
     batch_size: int
@@ -117,6 +126,7 @@ class EngineSettings:
     layout: Layout = "nhwc"
     prefetch: int = 2
     world_size: int = 1
+    strict: bool = False
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
@@ -203,6 +213,8 @@ class Engine(abc.ABC):
         self.mosaic_closed = False
         self.decodes = 0  # encoded images decoded (JPEG/PNG -> pixels) for the batches rendered so far
         self._delivered = [0, 0]  # batches, images
+        self._damaged: dict[tuple[str, int], str] = {}  # (store path, record) -> damage kind, as reported
+        self._redrawn = 0  # samples of the delivered batches drawn again because of a damaged record
         self._closed = False
 
     def _refuse(self, setting: str, value: Any, why: str) -> None:
@@ -241,6 +253,19 @@ class Engine(abc.ABC):
         self._delivered[1] += len(batch.paths)
         return batch._replace(imgs=imgs)
 
+    def _note_damage(self, found: Sequence[Sequence[Any]], replaced: int) -> None:
+        """Take a delivered batch's damage report (its renderer's newly damaged records, as
+        :meth:`DamagedRecordError.fields`, and how many of its samples were drawn again): each record is
+        warned about once per loader, here in the consumer, whichever worker or actor met it."""
+        for fields in found:
+            err = DamagedRecordError.from_fields(list(fields))
+            if (err.path, err.record) in self._damaged:
+                continue
+            self._damaged[(err.path, err.record)] = err.kind
+            warnings.warn(f"fastload: skipped damaged record: {err} (its samples are drawn again; strict=True stops "
+                          f"instead)", DamagedRecordWarning, stacklevel=3)
+        self._redrawn += int(replaced)
+
     def expect_next(self, epoch: int, indices: np.ndarray) -> None:
         """A hint, given before an iteration: the one after it will most likely be
         ``iter_batches(epoch, indices)``. An engine may start rendering those batches while the
@@ -264,11 +289,20 @@ class Engine(abc.ABC):
         far: 0 for decoded stores, and for images a decoded-image cache served) and
         ``decodes_per_image`` (``decodes / images``; about 4.6 with scratch-high and
         ``partners="dataset"`` without a cache, at most 1 with ``partners="batch"``).
+        Damaged records skipped so far (``strict=False``): ``damaged_records`` (how many),
+        ``damaged_record_ids`` (their record numbers in the store, sorted, as ``fastload verify`` numbers
+        them), ``damaged_by_kind`` (``{"checksum": n, "decode": n, "read": n}``) and ``replaced_samples``
+        (samples of the delivered batches drawn again because an image they read was damaged).
         Engines add their own keys (see each engine's docstring)."""
         images = self._delivered[1]
+        kinds = list(self._damaged.values())
         return {"engine": self.name, "batches": self._delivered[0], "images": images, "worker_pids": [],
                 "partners": self.sampler.partners, "decodes": self.decodes,
-                "decodes_per_image": self.decodes / images if images else 0.0}
+                "decodes_per_image": self.decodes / images if images else 0.0,
+                "damaged_records": len(self._damaged),
+                "damaged_record_ids": sorted(record for _, record in self._damaged),
+                "damaged_by_kind": {k: kinds.count(k) for k in DAMAGE_KINDS},
+                "replaced_samples": self._redrawn}
 
     def _check_open(self) -> None:
         """Raise if :meth:`close` ran (its workers, buffers or pipeline are gone)."""

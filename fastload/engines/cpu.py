@@ -20,7 +20,7 @@ from typing import Any, ClassVar, Generator, NamedTuple
 import numpy as np
 import torch
 
-from fastload.augment.params import ParamSampler, image_of, shapes_from_array
+from fastload.augment.params import ParamSampler, shapes_from_array
 from fastload.engines.base import Batch, Engine, EngineSettings, HostRenderOptions, Rendered, chunks
 from fastload.engines.cpu_render import BatchRenderer
 from fastload.engines.cpu_workers import WorkerPool, default_start_method_ok
@@ -125,6 +125,7 @@ class CPUEngine(Engine):
         self.renderer = BatchRenderer(
             store, sampler, cache=cache, hsv_in_worker=(settings.hsv_on == "worker"), layout=self.layout,
             reduced_decode=opts.decode_scale == "reduced", axis_kernel=opts.axis_kernel, shrink=self.shrink,
+            strict=settings.strict,
         )
         n_slots = self.workers * self.prefetch + self.keep if self.workers else self.keep
         self.ring = SlotRing(n_slots, self.batch_size * self.max_hw[0] * self.max_hw[1] * 3)
@@ -177,13 +178,14 @@ class CPUEngine(Engine):
         self._active = gen
         return gen
 
-    def _rendered(self, slot: int, idx: np.ndarray, hw: tuple[int, int], targets: np.ndarray, shapes: list[Any],
+    def _rendered(self, slot: int, images: np.ndarray, hw: tuple[int, int], targets: np.ndarray, shapes: list[Any],
                   gains: np.ndarray | None) -> Rendered:
+        """The batch in ``slot``; ``images``: the image each sample shows (a replacement's for a damaged one)."""
         h, w = hw
-        imgs = self.ring.tensor(slot, len(idx), h, w, self.layout)
+        imgs = self.ring.tensor(slot, len(images), h, w, self.layout)
         if self.device is not None and self.device.type != "cpu":
             imgs = imgs.to(self.device, non_blocking=False)
-        paths = tuple(self.store.im_files[i] for i in image_of(idx, len(self.store)).tolist())
+        paths = tuple(self.store.im_files[i] for i in images.tolist())
         batch = Batch(imgs, torch.from_numpy(targets), paths, tuple(shapes))
         return Rendered(batch, None if gains is None else torch.from_numpy(gains))
 
@@ -209,7 +211,8 @@ class CPUEngine(Engine):
             self._cache_stats = [cache.hits if cache is not None else 0, cache.misses if cache is not None else 0,
                                  self.renderer.decodes]
             self.decodes = self.renderer.decodes
-            yield self._rendered(slot, idx, out.hw, out.targets, out.shapes, out.gains)
+            self._note_damage(out.damaged, out.replaced)
+            yield self._rendered(slot, out.images, out.hw, out.targets, out.shapes, out.gains)
 
     def _iter_workers(self, epoch: int, indices: np.ndarray) -> Generator[Rendered, None, None]:
         pool = self._start()
@@ -223,7 +226,7 @@ class CPUEngine(Engine):
         received = 0
         finished = False
         try:
-            for seq, idx in enumerate(batches):
+            for seq in range(len(batches)):
                 self._release_old()
                 while True:  # fill the free slots: this epoch's batches first, then the next epoch's
                     if len(sent) < len(batches):
@@ -250,7 +253,9 @@ class CPUEngine(Engine):
                 targets = np.frombuffer(bytearray(msg["t"]), np.float32).reshape(-1, 6)
                 shapes = [shapes_from_array(a) for a in np.frombuffer(msg["sh"], np.float64).reshape(-1, 6)]
                 gains = None if msg["g"] is None else np.frombuffer(bytearray(msg["g"]), np.float32).reshape(-1, 3)
-                yield self._rendered(slot, idx, tuple(msg["hw"]), targets, shapes, gains)
+                self._note_damage(msg["d"], msg["rp"])
+                images = np.frombuffer(msg["ix"], np.int64)
+                yield self._rendered(slot, images, tuple(msg["hw"]), targets, shapes, gains)
             finished = True
         finally:
             if finished and early and hint is not None:

@@ -7,6 +7,13 @@ which process renders it), draws every sample straight into the batch buffer wit
 :func:`fastload.augment.pipeline.render_sample` and moves the boxes of the whole batch with
 :func:`fastload.augment.boxes.batch_targets`. With ``partners="batch"`` every image the batch reads
 is one of its own, so each is loaded (decoded) once per batch, before drawing.
+
+Damaged records: every record is drawn with :meth:`~fastload.augment.params.ParamSampler.first_usable`,
+which takes the sample's own draw when all the images it reads load, else the first replacement draw
+whose images do (a pure function of ``(seed, epoch, index, attempt)``, so the batch is the same in any
+process). A record whose image fails its check (:class:`~fastload.store.base.DamagedRecordError`) is
+remembered by this process (never read again) and reported once in :attr:`SlotResult.damaged`; with
+``strict=True`` the error is raised instead.
 """
 from __future__ import annotations
 
@@ -17,11 +24,11 @@ import numpy as np
 
 from fastload.augment.boxes import batch_targets
 from fastload.augment.functional.tiles import AxisKernel, check_axis_kernel
-from fastload.augment.params import ParamSampler, image_of
+from fastload.augment.params import ParamSampler, SampleParams, image_of
 from fastload.augment.pipeline import render_sample
 from fastload.data.images import ShrinkFilter
 from fastload.engines.shm_cache import SharedDecodeCache
-from fastload.store.base import Store
+from fastload.store.base import DamagedRecords, Store
 
 if TYPE_CHECKING:  # a name for annotations only: importing engines.base would load torch into Ray actors
     from fastload.engines.base import Layout
@@ -44,6 +51,9 @@ class SlotResult:
     targets: np.ndarray  # float32 [N, 6]
     shapes: list[Any]
     gains: np.ndarray | None  # float32 [B, 3] HSV gains still to apply (hsv_on consumer/defer), else None
+    images: np.ndarray  # int64 [B] the image each sample shows (a replacement's when its own was damaged)
+    replaced: int  # samples of the batch drawn again because an image they read was damaged
+    damaged: list[list[Any]]  # DamagedRecordError.fields() of each damaged record this process met first here
 
 
 class BatchRenderer:
@@ -61,6 +71,8 @@ class BatchRenderer:
             :func:`fastload.augment.functional.tiles.default_axis_kernel`.
         shrink: the filter encoded stores are shrunk to the loaded size with, ``"area"`` or ``"linear"``
             (see :meth:`Store.load`).
+        strict: raise :class:`~fastload.store.base.DamagedRecordError` at the first damaged record
+            (False: replace the samples that read it, see the module docstring).
     """
 
     def __init__(
@@ -74,6 +86,7 @@ class BatchRenderer:
         reduced_decode: bool = False,
         axis_kernel: AxisKernel | None = None,
         shrink: ShrinkFilter = "area",
+        strict: bool = False,
     ) -> None:
         self.store = store
         self.sampler = sampler
@@ -87,6 +100,7 @@ class BatchRenderer:
         self.labels: Sequence[np.ndarray] = store.labels
         self._scratch: np.ndarray | None = None
         self.decodes = 0  # encoded images this process decoded (cache misses included, hits not)
+        self.damaged = DamagedRecords(strict)
 
     # -- images ---------------------------------------------------------------------------------------
     def _load(self, i: int) -> np.ndarray:
@@ -99,6 +113,10 @@ class BatchRenderer:
         if self.cache is not None and not self.store.decoded:
             return self.cache.get(int(i), self._load)
         return self._load(i)
+
+    def _usable(self, record: SampleParams, images: dict[int, np.ndarray]) -> bool:
+        """Load every image ``record`` reads into ``images``; False when one of them is damaged."""
+        return all(self.damaged.load_into(src, images, self.get_image) for src in record.sources)
 
     # -- state that the consumer may change between epochs ------------------------------------------------
     def sync(self, mosaic_closed: bool) -> None:
@@ -118,22 +136,28 @@ class BatchRenderer:
         if len(hws) != 1:
             raise ValueError(f"samples of one batch have different output sizes {sorted(hws)} (indices {list(indices)})")
         h, w = hws.pop()
-        get_image: Callable[[int], np.ndarray] = self.get_image
-        if self.sampler.partners == "batch":  # every source is one of the batch's own images: load each once
-            images = image_of(np.asarray(indices, np.int64), len(self.sampler.loaded_shapes))  # indices may be sample ids
-            loaded = {i: self.get_image(i) for i in dict.fromkeys(images.tolist())}
-            get_image = loaded.__getitem__
+        ids = np.asarray(indices, np.int64)
+        by_batch = self.sampler.partners == "batch"
+        loaded: dict[int, np.ndarray] = {}
+        if by_batch:  # every source is one of the batch's own images: load each once
+            for i in dict.fromkeys(image_of(ids, len(self.sampler.loaded_shapes)).tolist()):  # ids may be sample ids
+                self.damaged.load_into(i, loaded, self.get_image)
         out = slot_array(len(params), h, w)
-        for k, p in enumerate(params):
+        for k, sample_id in enumerate(ids.tolist()):
+            images = loaded if by_batch else {}  # a sample's own images, dropped once it is drawn
+            p = params[k] = self.sampler.first_usable(epoch, sample_id, lambda r: self._usable(r, images),
+                                                      ids if by_batch else None, record=params[k])
             if self.layout == "nhwc":
-                render_sample(p, get_image, out=out[k], hsv=self.hsv_in_worker, axis_kernel=self.axis_kernel)
+                render_sample(p, images.__getitem__, out=out[k], hsv=self.hsv_in_worker, axis_kernel=self.axis_kernel)
             else:
                 if self._scratch is None or self._scratch.shape != (h, w, 3):
                     self._scratch = np.empty((h, w, 3), np.uint8)
-                img = render_sample(p, get_image, out=self._scratch, hsv=self.hsv_in_worker, axis_kernel=self.axis_kernel)
+                img = render_sample(p, images.__getitem__, out=self._scratch, hsv=self.hsv_in_worker, axis_kernel=self.axis_kernel)
                 np.copyto(out[k], img.transpose(2, 0, 1))
         gains = None
         if not self.hsv_in_worker:
             gains = np.array([p.hsv_gain for p in params], np.float32).reshape(-1, 3)
-        return SlotResult((h, w), batch_targets(params, self.labels), [p.shapes for p in params], gains)
+        return SlotResult((h, w), batch_targets(params, self.labels), [p.shapes for p in params], gains,
+                          np.array([p.index for p in params], np.int64), sum(p.attempt > 0 for p in params),
+                          self.damaged.take_found())
 

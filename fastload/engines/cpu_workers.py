@@ -3,7 +3,10 @@
 Protocol (msgpack over one pipe pair per worker, no pickle):
   task   ``{"s": seq, "e": epoch, "slot": k, "idx": int64 bytes, "mc": mosaic_closed}``, or ``{"stop": 1}``
   result ``{"s": seq, "slot": k, "hw": [h, w], "t": float32 [N, 6] bytes, "sh": float64 [B, 6] bytes,
-           "g": float32 [B, 3] bytes | None, "c": [cache hits, cache misses, decodes]}`` (the worker's totals), or ``{"s": seq, "err": traceback}``
+           "g": float32 [B, 3] bytes | None, "c": [cache hits, cache misses, decodes] (the worker's totals),
+           "ix": int64 [B] bytes (the image each sample shows), "rp": samples drawn again,
+           "d": [DamagedRecordError fields of the damaged records it met first]}``,
+         or ``{"s": seq, "damaged": fields}`` (``strict``: the first damaged record), or ``{"s": seq, "err": traceback}``
 
 Batch ``seq`` always goes to worker ``seq % n``, and each worker answers in task order, so the
 consumer reads results in batch order from one pipe at a time. A worker that dies is noticed by
@@ -30,6 +33,7 @@ from fastload.augment.params import shapes_to_array
 from fastload.engines.base import WorkerError
 from fastload.engines.cpu_render import BatchRenderer
 from fastload.engines.shm_batch import SlotRing
+from fastload.store.base import DamagedRecordError
 
 
 def _worker_main(
@@ -72,7 +76,12 @@ def _worker_main(
                 "sh": np.stack([shapes_to_array(s) for s in out.shapes]).tobytes(),
                 "g": None if out.gains is None else out.gains.tobytes(),
                 "c": [hits, misses, renderer.decodes],
+                "ix": out.images.tobytes(),
+                "rp": out.replaced,
+                "d": out.damaged,
             }
+        except DamagedRecordError as e:  # strict: one line for the consumer to raise, not a traceback
+            msg = {"s": seq, "slot": slot, "damaged": e.fields()}
         except Exception:
             msg = {"s": seq, "slot": slot, "err": traceback.format_exc()}
         try:
@@ -163,6 +172,8 @@ class WorkerPool:
         self.inflight[wid] -= 1
         if msg["s"] != seq:
             raise WorkerError(f"fastload worker {wid} answered batch {msg['s']} while batch {seq} was expected")
+        if "damaged" in msg:
+            raise DamagedRecordError.from_fields(msg["damaged"])
         if "err" in msg:
             raise WorkerError(f"fastload worker {wid} failed on batch {seq}:\n{msg['err']}")
         return msg

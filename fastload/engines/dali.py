@@ -28,6 +28,7 @@ the bounds); training shrinks with plain linear interpolation, as YOLOv9's INTER
 """
 from __future__ import annotations
 
+import json
 import shutil
 import tempfile
 import warnings
@@ -42,7 +43,7 @@ from fastload.engines.base import Batch, Engine, EngineOptionError, EngineSettin
 from fastload.engines.dali_graph import build_pipeline
 from fastload.engines.dali_source import SampleSource, TileSlots, write_plan
 from fastload.engines.main_guard import unguarded_main_line
-from fastload.store.base import Store
+from fastload.store.base import DamagedRecordError, Store
 
 __all__ = ["DALIEngine", "DALIOptions", "require_dali"]
 
@@ -219,8 +220,12 @@ class DALIEngine(Engine):
         self._clean = True
 
     def _rendered(self, outs: tuple, n: int) -> Rendered:
-        index_tl, boxes_tl, shapes_tl, gain_tl, decodes_tl, img_tl = outs
+        index_tl, boxes_tl, shapes_tl, gain_tl, decodes_tl, attempt_tl, damaged_tl, img_tl = outs
         self.decodes += sum(int(np.asarray(decodes_tl[k])[0]) for k in range(len(decodes_tl)))  # padding included
+        found = [f for k in range(len(damaged_tl)) for f in json.loads(np.asarray(damaged_tl[k]).tobytes())]
+        if found and self.settings.strict:  # the sources never raise: strict is applied here, in the consumer
+            raise DamagedRecordError.from_fields(found[0])
+        self._note_damage(found, sum(int(np.asarray(attempt_tl[k])[0]) > 0 for k in range(n)))
         index = [int(np.asarray(index_tl[k])[0]) for k in range(n)]
         boxes = [np.asarray(boxes_tl[k]).reshape(-1, 5) for k in range(n)]
         shapes = tuple(shapes_from_array(np.asarray(shapes_tl[k])) for k in range(n))

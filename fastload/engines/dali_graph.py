@@ -83,8 +83,8 @@ def build_pipeline(
     seed: int = 0,
     antialias: bool = True,
 ) -> Any:
-    """The DALI pipeline (not yet built) whose outputs are index, boxes, shapes, gain, decodes (CPU)
-    then the uint8 images (HWC for ``layout="nhwc"``, CHW for ``"nchw"``).
+    """The DALI pipeline (not yet built) whose outputs are index, boxes, shapes, gain, decodes, attempt,
+    damaged (CPU) then the uint8 images (HWC for ``layout="nhwc"``, CHW for ``"nchw"``).
 
     ``antialias``: shrink encoded images with the antialiased linear filter (INTER_AREA's stand-in,
     YOLOv9 validation) or, False, with plain linear interpolation (YOLOv9 training's INTER_LINEAR).
@@ -130,6 +130,6 @@ def build_pipeline(
         img = fn.flip(img, horizontal=head["flip_lr"][0], vertical=head["flip_ud"][0])
         if layout == "nchw":
             img = fn.transpose(img, perm=[2, 0, 1])
-        return tuple(head[k] for k in ("index", "boxes", "shapes", "gain", "decodes")) + (img,)
+        return tuple(head[k] for k in ("index", "boxes", "shapes", "gain", "decodes", "attempt", "damaged")) + (img,)
 
     return graph()

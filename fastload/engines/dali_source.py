@@ -14,6 +14,15 @@ numbers that place one:
   position in the batch of the sample whose image it draws, and the graph gathers it with
   ``fn.permute_batch`` (as DALI's own YOLO mosaic example builds its mosaics).
 
+Damaged records: each record is the sampler's
+:meth:`~fastload.augment.params.ParamSampler.first_usable` draw, whose every image this source could
+fetch (LMDB bytes checked against their crc, header and JPEG end marker; disk/ram pixels against their
+checksum on first read); the errors of the damaged records this worker met first go to the engine in
+the ``damaged`` output (JSON of :meth:`~fastload.store.base.DamagedRecordError.fields`), which warns,
+counts, or raises them (``strict``) in the consumer. With ``partners="batch"`` a sample whose own image
+is damaged emits a placeholder as its own image: no usable record of the batch reads it. An encoded
+image that passes those checks but that DALI's decoder rejects still fails the pipeline.
+
 The graph (:mod:`fastload.engines.dali_graph`) has a fixed number of slots: unused ones carry
 weight 0 (and, with ``"dataset"``, a tiny placeholder image).
 
@@ -26,7 +35,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import cv2
 import numpy as np
@@ -35,14 +44,17 @@ from fastload.augment.boxes import transform_labels
 from fastload.augment.functional import tiles
 from fastload.augment.functional.tiles import DrawMethod
 from fastload.augment.params import ImageParams, ParamSampler, SampleParams, TileParams, shapes_to_array, translation
-from fastload.store.base import Store
+from fastload.store.base import DamagedRecords, Store
 
 __all__ = ["SampleSource", "TileSlots", "write_plan", "HEAD", "PLACEMENT", "n_outputs"]
 
 _HALF = translation(0.5, 0.5)
 _MINUS_HALF = translation(-0.5, -0.5)
-#: per sample, first: the record's numbers (``decodes``: dataset images this sample makes the graph decode)
-HEAD = ("index", "boxes", "shapes", "out_hw", "fill", "ratio", "flip_lr", "flip_ud", "gain", "decodes")
+#: per sample, first: the record's numbers (``decodes``: dataset images this sample makes the graph decode;
+#: ``attempt``: the record's replacement attempt, 0 for its own draw; ``damaged``: JSON bytes of the
+#: damaged records' error fields this worker met first while drawing it)
+HEAD = ("index", "boxes", "shapes", "out_hw", "fill", "ratio", "flip_lr", "flip_ud", "gain", "decodes", "attempt",
+        "damaged")
 #: per slot, after its image (``"dataset"``: image, loaded size) or its batch position (``"batch"``)
 PLACEMENT = ("part_box", "crop_box", "part_m", "crop_m", "kind", "weight")
 
@@ -143,6 +155,12 @@ class SampleSource:
         self._plan: tuple[int, int, int, np.ndarray] | None = None  # (dali epoch, our epoch, real count, indices)
         self._positions: tuple[tuple[int, int], dict[int, int]] | None = None  # ((dali epoch, batch), index -> position)
         self._placeholder: np.ndarray | None = None
+        self.damaged = DamagedRecords(strict=False)  # the engine raises in the consumer under strict
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["damaged"] = DamagedRecords(strict=False)  # each worker process remembers its own
+        return state
 
     def _epoch_plan(self, k: int) -> tuple[int, int, np.ndarray]:
         if self._plan is None or self._plan[0] != k:
@@ -155,11 +173,17 @@ class SampleSource:
         return self._plan[1], self._plan[2], self._plan[3]
 
     def _image(self, i: int) -> np.ndarray:
+        """Loader index ``i`` as the graph takes it (checked encoded bytes, or the loaded array); raises
+        :class:`~fastload.store.base.DamagedRecordError` for a damaged record."""
         if self.encoded:
-            return np.frombuffer(bytes(self.store.read_image(i)), np.uint8)
+            return np.frombuffer(self.store.read_encoded(i), np.uint8)
         return np.ascontiguousarray(self.store.load(i, self.imgsz))
 
-    def _slots(self, image: ImageParams | None, n: int, positions: dict[int, int] | None, own: int) -> tuple[list[np.ndarray], int]:
+    def _usable(self, images: dict[int, np.ndarray]) -> Callable[[SampleParams], bool]:
+        return lambda record: all(self.damaged.load_into(src, images, self._image) for src in record.sources)
+
+    def _slots(self, image: ImageParams | None, n: int, positions: dict[int, int] | None, own: int,
+               images: dict[int, np.ndarray]) -> tuple[list[np.ndarray], int]:
         """The slots of one composed image (per drawn tile its image or batch position, and its
         placement) and how many of them draw a tile."""
         out: list[np.ndarray] = []
@@ -176,7 +200,7 @@ class SampleSource:
             if positions is not None:
                 out.append(np.array(positions[tile.src], np.int32))
             else:
-                out += [self._image(tile.src), np.array(hw, np.float32)]
+                out += [images[tile.src], np.array(hw, np.float32)]
             out += list(slot) + [np.array([1.0], np.float32)]
             used += 1
         box = np.array([0, 0, 8, 8], np.int32)
@@ -191,21 +215,29 @@ class SampleSource:
             out += [box, box, eye, eye, np.array([0.0], np.float32), np.array([0.0], np.float32)]
         return out, used
 
-    def record_arrays(self, rec: SampleParams, positions: dict[int, int] | None = None, own: int = 0) -> list[np.ndarray]:
+    def record_arrays(self, rec: SampleParams, images: dict[int, np.ndarray], positions: dict[int, int] | None = None,
+                      own: int = 0, own_index: int = 0) -> list[np.ndarray]:
         """Everything the graph needs for one record, in output order (see :func:`n_outputs`).
 
-        ``positions`` (``partners="batch"``): batch position of every loader index of the batch;
-        ``own``: this sample's position.
+        ``images``: what :meth:`_image` gave for the record's sources (and, with ``partners="batch"``, for
+        this sample's own image when it is not damaged). ``positions`` (``partners="batch"``): batch
+        position of every loader index of the batch; ``own``: this sample's position; ``own_index``: its
+        loader index, whose image it emits for the batch to gather.
         """
         oh, ow = rec.image.out_hw
-        main, used = self._slots(rec.image, self.slots.main, positions, own)
-        mixup, used_mixup = self._slots(rec.mixup, self.slots.mixup, positions, own)
+        main, used = self._slots(rec.image, self.slots.main, positions, own, images)
+        mixup, used_mixup = self._slots(rec.mixup, self.slots.mixup, positions, own, images)
         if positions is not None:  # the graph decodes this sample's own image, once
             decodes = int(self.encoded)
-            images = [self._image(rec.index), np.array(self.sampler.loaded_shapes[rec.index], np.float32)]
+            if own_index in images:
+                own_image = [images[own_index], np.array(self.sampler.loaded_shapes[own_index], np.float32)]
+            else:  # damaged: no usable record of the batch reads it
+                if self._placeholder is None:
+                    self._placeholder = _placeholder_image(self.encoded)
+                own_image = [self._placeholder, np.array([8.0, 8.0], np.float32)]
         else:  # the graph decodes the image of every slot that draws a tile
             decodes = (used + used_mixup) if self.encoded else 0
-            images = []
+            own_image = []
         head = [
             np.array([rec.index], np.int64),
             np.ascontiguousarray(transform_labels(rec, self.store.labels), np.float32).reshape(-1, 5),
@@ -217,8 +249,10 @@ class SampleSource:
             np.array([int(rec.flip_ud)], np.int32),
             np.array(rec.hsv_gain, np.float32),
             np.array([decodes], np.int32),
+            np.array([rec.attempt], np.int32),
+            np.frombuffer(json.dumps(self.damaged.take_found()).encode(), np.uint8),
         ]
-        return head + images + main + mixup
+        return head + own_image + main + mixup
 
     def _batch_positions(self, k: int, b: int, batch: np.ndarray) -> dict[int, int]:
         """Loader index -> its first position in batch ``b`` of DALI epoch ``k`` (kept for the next sample)."""
@@ -236,14 +270,16 @@ class SampleSource:
         if j >= len(indices):
             raise StopIteration
         index = int(indices[j])
+        images: dict[int, np.ndarray] = {}
         if not self.by_batch:
-            return self.record_arrays(self.sampler.sample(epoch, index))
+            return self.record_arrays(self.sampler.first_usable(epoch, index, self._usable(images)), images)
         b = j // self.batch_size
         start = b * self.batch_size
         batch = indices[start : start + self.batch_size]
         real = indices[start : min(start + self.batch_size, n)]  # the padding repeats an index: not a partner
-        rec = self.sampler.sample(epoch, index, batch=real)
-        return self.record_arrays(rec, self._batch_positions(k, b, batch), j - start)
+        self.damaged.load_into(index, images, self._image)  # emitted for the batch to gather, unless damaged
+        rec = self.sampler.first_usable(epoch, index, self._usable(images), real)
+        return self.record_arrays(rec, images, self._batch_positions(k, b, batch), j - start, index)
 
 
 def n_outputs(slots: TileSlots, by_batch: bool) -> int:

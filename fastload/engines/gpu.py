@@ -31,7 +31,7 @@ import queue
 import threading
 import warnings
 from dataclasses import dataclass
-from typing import Any, Generator, Literal
+from typing import Any, Generator, Literal, NamedTuple
 
 import numpy as np
 import torch
@@ -39,10 +39,10 @@ import torch
 from fastload.augment.boxes import batch_targets
 from fastload.augment.functional.torch_ops import apply_hsv_batch
 from fastload.augment.functional.torch_tiles import ImageBank, chw_to_rows, render_batch
-from fastload.augment.params import ParamSampler
+from fastload.augment.params import ParamSampler, SampleParams
 from fastload.data.torch_images import decode_on_device
 from fastload.engines.base import Batch, Engine, EngineOptionError, EngineSettings, Rendered, chunks
-from fastload.store.base import Store
+from fastload.store.base import DamagedRecords, Store
 
 __all__ = ["GPUEngine", "TorchGPUOptions"]
 
@@ -71,14 +71,23 @@ class TorchGPUOptions:
             raise EngineOptionError(f"engine 'gpu': max_elements must be None or >= 1, got {self.max_elements}")
 
 
+class _Report(NamedTuple):
+    """What one batch's rendering counted, taken in by the engine when the batch is delivered: the images
+    decoded for it, the damaged records met first there (their errors' fields) and its samples drawn again."""
+
+    decodes: int
+    damaged: list[list[Any]]
+    replaced: int
+
+
 @dataclass
 class _Ready:
     """A finished batch, its unapplied HSV gains, the event its device work recorded (None on CPU) and
-    the images decoded for it (counted in :attr:`Engine.decodes` when it is delivered)."""
+    its counts (:class:`_Report`)."""
 
     rendered: Rendered
     event: torch.cuda.Event | None
-    decodes: int
+    report: _Report
 
 
 def _resolve_device(device: str | torch.device | None) -> torch.device:
@@ -130,6 +139,7 @@ class GPUEngine(Engine):
         self.imgsz = int(sampler.imgsz)
         self.loaded_hw = np.asarray(sampler.loaded_shapes, np.int64).reshape(-1, 2)
         self.resident = self._resident_images(store)
+        self.damaged = DamagedRecords(settings.strict)
         self._stream = torch.cuda.Stream(self.device) if self.cuda else None
         self._worker: threading.Thread | None = None
         self._stop = threading.Event()
@@ -147,14 +157,42 @@ class GPUEngine(Engine):
             raise ValueError(f"store='gpu' holds images at imgsz={store.imgsz}, the loader asks for {self.imgsz}")
         return ImageBank(res.pixels, res.offsets, res.hw)
 
-    def _bank(self, srcs: list[int]) -> tuple[ImageBank, dict[int, int]]:
-        """An ImageBank holding the loaded images ``srcs`` (loader indices) and the index -> slot map."""
+    def _fetch(self, i: int) -> np.ndarray | bytes:
+        """What the bank is built from for loader index ``i``: its loaded image (decoded stores, or
+        ``decode_on="cpu"``) or its checked encoded bytes (decoded on the device); raises
+        :class:`~fastload.store.base.DamagedRecordError` for a damaged record."""
+        if self.store.decoded or self.decode_on == "cpu":
+            return np.asarray(self.store.load(i, self.imgsz, shrink=self.shrink))
+        return self.store.read_encoded(i)
+
+    def _records(self, epoch: int, idx: np.ndarray) -> tuple[list[SampleParams], dict[int, Any]]:
+        """The batch's records, each the first usable draw (see ``strict`` in :class:`EngineSettings`), and
+        what :meth:`_fetch` gave for each of their sources (nothing for resident images: checked when loaded)."""
+        records = self.sampler.sample_batch(epoch, idx)
+        fetched: dict[int, Any] = {}
+        if self.resident is not None:
+            return records, fetched
+        by_batch = self.sampler.partners == "batch"
+        if by_batch:
+            for i in dict.fromkeys(int(v) for v in idx):
+                self.damaged.load_into(i, fetched, self._fetch)
+
+        def usable(record: SampleParams) -> bool:
+            return all(self.damaged.load_into(src, fetched, self._fetch) for src in record.sources)
+
+        records = [self.sampler.first_usable(epoch, int(i), usable, idx if by_batch else None, record=r)
+                   for i, r in zip(idx.tolist(), records)]
+        return records, fetched
+
+    def _bank(self, srcs: list[int], fetched: dict[int, Any]) -> tuple[ImageBank, dict[int, int]]:
+        """An ImageBank holding the loaded images ``srcs`` (loader indices, each fetched already) and the
+        index -> slot map."""
         if self.resident is not None:
             return self.resident, {i: i for i in srcs}
         slot = {s: k for k, s in enumerate(srcs)}
         hw = self.loaded_hw[srcs]
         if self.store.decoded or self.decode_on == "cpu":
-            arrays = [np.asarray(self.store.load(i, self.imgsz, shrink=self.shrink)) for i in srcs]
+            arrays = [fetched[i] for i in srcs]
             for i, a in zip(srcs, arrays):
                 if a.shape[:2] != tuple(self.loaded_hw[i]):
                     raise ValueError(f"{self.store.im_files[i]}: loaded image is {a.shape[:2]}, expected {tuple(self.loaded_hw[i])}")
@@ -168,7 +206,7 @@ class GPUEngine(Engine):
             pixels = stage.to(self.device, non_blocking=True).view(-1, 3)
             offsets = np.concatenate(([0], np.cumsum(sizes // 3)[:-1])).astype(np.int64)
             return ImageBank(pixels, offsets, hw), slot
-        bufs = [bytes(self.store.read_image(i)) for i in srcs]
+        bufs = [fetched[i] for i in srcs]
         imgs = decode_on_device(bufs, [self.store.im_files[i] for i in srcs], [tuple(v) for v in hw], self.device,
                                 shrink=self.shrink)
         pixels = torch.cat([chw_to_rows(im) for im in imgs], 0)
@@ -177,15 +215,17 @@ class GPUEngine(Engine):
         return ImageBank(pixels, offsets, hw), slot
 
     # -- one batch ------------------------------------------------------------------------------------
-    def _render(self, epoch: int, idx: np.ndarray) -> tuple[Rendered, int]:
-        """Everything for one batch (device work goes to the current stream), and the images it decoded."""
-        records = self.sampler.sample_batch(epoch, idx)
-        if self.sampler.partners == "batch":  # every source is one of the batch's images: one decode each
-            srcs = sorted({int(i) for i in idx})
-        else:
-            srcs = sorted({s for r in records for s in r.sources})
-        bank, slot = self._bank(srcs)
-        decodes = len(srcs) if self.resident is None and not self.store.decoded else 0
+    def _render(self, epoch: int, idx: np.ndarray) -> tuple[Rendered, _Report]:
+        """Everything for one batch (device work goes to the current stream), and its counts."""
+        records, fetched = self._records(epoch, idx)
+        # every source a record reads (with partners="batch" the batch's own images, one decode each, plus
+        # the images of replacement draws)
+        srcs = sorted({s for r in records for s in r.sources})
+        bank, slot = self._bank(srcs, fetched)
+        if self.resident is not None or self.store.decoded:
+            decodes = 0
+        else:  # on the CPU every image fetched, on the device the sources the records kept
+            decodes = len(fetched) if self.decode_on == "cpu" else len(srcs)
         hwc = render_batch(records, bank, slot.__getitem__, max_elements=self.max_elements)
         imgs = hwc.permute(0, 3, 1, 2)
         gains: torch.Tensor | None = torch.tensor([r.hsv_gain for r in records], dtype=torch.float32)
@@ -199,9 +239,10 @@ class GPUEngine(Engine):
         targets = torch.from_numpy(targets_np)
         if self.cuda:
             targets = targets.pin_memory().to(self.device, non_blocking=True)
-        paths = tuple(self.store.im_files[int(i)] for i in idx)
+        paths = tuple(self.store.im_files[r.index] for r in records)
         shapes = tuple(r.shapes for r in records)
-        return Rendered(Batch(imgs, targets, paths, shapes), gains), decodes
+        return Rendered(Batch(imgs, targets, paths, shapes), gains), _Report(decodes, self.damaged.take_found(),
+                                                                             sum(r.attempt > 0 for r in records))
 
     def _produce(self, epoch: int, batches: list[np.ndarray], out: "queue.Queue[Any]", stop: threading.Event) -> None:
         """Background thread: render batches in order onto the side stream, hand them over with events."""
@@ -224,21 +265,25 @@ class GPUEngine(Engine):
                 for idx in batches:
                     if stop.is_set():
                         return
-                    rendered, decodes = self._render(epoch, idx)
+                    rendered, report = self._render(epoch, idx)
                     event = None
                     if self.cuda:
                         event = torch.cuda.Event()
                         event.record(self._stream)
-                    if not put(_Ready(rendered, event, decodes)):
+                    if not put(_Ready(rendered, event, report)):
                         return
         except BaseException as exc:  # handed to the consumer, which re-raises it
             put(exc)
         finally:
             put(_STOP)
 
+    def _count(self, report: _Report) -> None:
+        self.decodes += report.decodes
+        self._note_damage(report.damaged, report.replaced)
+
     def _deliver(self, ready: _Ready) -> Rendered:
         """Make the consumer's stream wait for the batch (no host sync) and keep its memory alive."""
-        self.decodes += ready.decodes
+        self._count(ready.report)
         if ready.event is not None:
             consumer = torch.cuda.current_stream(self.device)
             consumer.wait_event(ready.event)
@@ -256,8 +301,8 @@ class GPUEngine(Engine):
 
     def _iter_inline(self, epoch: int, batches: list[np.ndarray]) -> Generator[Rendered, None, None]:
         for idx in batches:
-            rendered, decodes = self._render(epoch, idx)
-            self.decodes += decodes
+            rendered, report = self._render(epoch, idx)
+            self._count(report)
             yield rendered
 
     def _iter_thread(self, epoch: int, batches: list[np.ndarray]) -> Generator[Rendered, None, None]:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import socket
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import cv2
@@ -35,7 +36,7 @@ from fastload.data.images import ShrinkFilter
 from fastload.engines.cpu_render import BatchRenderer, batch_view
 from fastload.engines.ray_slots import SlotFile, map_slot_file
 from fastload.engines.shm_cache import open_decode_cache
-from fastload.store.base import Store, StoreError, split_labels
+from fastload.store.base import DamagedRecordError, Store, StoreError, split_labels
 from fastload.store.factory import open_path
 from fastload.store.files import FileStore
 from fastload.store.view import StoreView
@@ -85,6 +86,7 @@ class RenderSpec:
     shrink: ShrinkFilter
     max_batch_bytes: int
     threads: int
+    strict: bool
 
 
 def node_name() -> str:
@@ -119,7 +121,12 @@ def open_view(spec: StoreSpec) -> Store:
     labels = split_labels(spec.label_rows, spec.label_counts)
     if spec.kind == "files":
         store: Store = FileStore(spec.im_files, labels, spec.shapes, spec.names, path=spec.path)
-        store.read_image(0)  # the images are on this node's filesystem (a missing mount fails here)
+        try:
+            store.read_image(0)  # the images are on this node's filesystem (a missing mount fails here)
+        except DamagedRecordError:
+            if not Path(spec.im_files[0]).parent.is_dir():
+                raise
+            # one unreadable image: the renderer's to skip (or to raise under strict), not the actor's start
         return store
     if spec.path is None:
         raise StoreError(f"the loader's {spec.kind} store has no path to open")
@@ -131,7 +138,10 @@ def open_view(spec: StoreSpec) -> Store:
         view = StoreView(base, spec.base_indices, labels)
         if not np.array_equal(view.shapes, spec.shapes):
             raise StoreError("its image sizes differ from the loader's store: another dataset, or another version of it")
-        view.read_image(0)
+        try:
+            view.read_image(0)
+        except DamagedRecordError:  # a damaged record is the renderer's to skip (or to raise under strict)
+            pass
         return view
     except BaseException:
         base.close()
@@ -171,7 +181,7 @@ class RenderActor:
             return
         self.renderer = BatchRenderer(store, sampler, cache=cache, hsv_in_worker=render.hsv_in_worker,
                                       layout=render.layout, reduced_decode=render.decode_scale == "reduced",
-                                      axis_kernel=render.axis_kernel, shrink=render.shrink)
+                                      axis_kernel=render.axis_kernel, shrink=render.shrink, strict=render.strict)
         self.max_batch_bytes = render.max_batch_bytes
 
     def hello(self, slots: SlotFile | None = None) -> dict[str, Any]:
@@ -192,9 +202,12 @@ class RenderActor:
         slot ``slot`` when given (the actor must have mapped the slots: :meth:`hello`).
 
         Returns ``(imgs, hw, targets float32 [N, 6], shapes float64 [B, 6], HSV gains float32 [B, 3] or None,
-        this process's pid, counts)``: ``imgs`` is the batch (uint8 ``[B, H, W, 3]`` or ``[B, 3, H, W]``), or
-        None when it was written into the slot; ``hw`` its ``(H, W)``; ``counts`` this actor's totals so far
-        (its tasks run in the order they were sent): ``[decodes, cache hits, cache misses]``.
+        this process's pid, counts, images int64 [B], replaced, damaged)``: ``imgs`` is the batch (uint8
+        ``[B, H, W, 3]`` or ``[B, 3, H, W]``), or None when it was written into the slot; ``hw`` its ``(H, W)``;
+        ``counts`` this actor's totals so far (its tasks run in the order they were sent): ``[decodes, cache
+        hits, cache misses]``; ``images``, ``replaced``, ``damaged``: the renderer's damage report
+        (:class:`~fastload.engines.cpu_render.SlotResult`). With ``strict`` a damaged record raises its
+        :class:`~fastload.store.base.DamagedRecordError`, which the engine re-raises as it is.
         """
         if self.renderer is None:
             raise StoreError(self.error)
@@ -216,7 +229,7 @@ class RenderActor:
         shapes = np.stack([shapes_to_array(s) for s in out.shapes])
         cache = renderer.cache
         counts = [renderer.decodes, cache.hits if cache is not None else 0, cache.misses if cache is not None else 0]
-        return imgs, (h, w), out.targets, shapes, out.gains, os.getpid(), counts
+        return imgs, (h, w), out.targets, shapes, out.gains, os.getpid(), counts, out.images, out.replaced, out.damaged
 
     def close(self) -> None:
         """Drop this actor's hold on the node's decoded cache (the last holder removes it) and close its store;

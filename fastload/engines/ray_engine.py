@@ -36,13 +36,13 @@ import numpy as np
 import torch
 
 from fastload.augment.functional.tiles import check_axis_kernel
-from fastload.augment.params import ParamSampler, image_of, shapes_from_array
+from fastload.augment.params import ParamSampler, shapes_from_array
 from fastload.engines.base import (Batch, Engine, EngineOptionError, EngineSettings, HostRenderOptions, Rendered,
                                    WorkerError, chunks)
 from fastload.engines.cpu_render import batch_view
 from fastload.engines.ray_actor import RenderActor, RenderSpec, StoreSpec, versions
 from fastload.engines.ray_slots import SlotPool
-from fastload.store.base import Store, StoreError, join_labels
+from fastload.store.base import DamagedRecordError, Store, StoreError, join_labels
 from fastload.store.view import StoreView
 
 __all__ = ["RayEngine", "RayOptions", "require_ray"]
@@ -247,6 +247,7 @@ class RayEngine(Engine):
             decode_cache_mb=opts.decode_cache_mb,
             axis_kernel=check_axis_kernel(opts.axis_kernel), shrink=self.shrink,
             max_batch_bytes=self.batch_size * int(np.prod(sampler.max_out_hw)) * 3, threads=max(1, int(opts.cpus_per_actor)),
+            strict=settings.strict,
         )
         # Replacing dead actors is done here, not by Ray's max_restarts: Ray would need the constructor's
         # arguments kept in its object store and warns on every start; the engine keeps them itself.
@@ -400,10 +401,13 @@ class RayEngine(Engine):
         except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError) as e:
             raise _ActorLost(f"{type(e).__name__} on batch {seq} of epoch {task.epoch}") from None
         except ray.exceptions.RayTaskError as e:
+            if isinstance(e.cause, DamagedRecordError):  # strict: its one line, not the actor's traceback
+                raise DamagedRecordError.from_fields(e.cause.fields()) from None
             raise WorkerError(f"engine 'ray': render actor {task.actor} failed on batch {seq} of epoch {task.epoch}:\n{e}") from None
 
     def _deliver(self, task: _Task, result: tuple[Any, ...]) -> Rendered:
-        imgs, (h, w), targets, shapes, gains, pid, counts = result
+        imgs, (h, w), targets, shapes, gains, pid, counts, images, replaced, damaged = result
+        self._note_damage(damaged, replaced)
         self.pids[task.actor] = int(pid)
         self._counts[task.actor] = [int(c) for c in counts]
         self.decodes = self._total_counts()[0]
@@ -418,7 +422,7 @@ class RayEngine(Engine):
         imgs_t = pixels.permute(0, 3, 1, 2) if self.settings.layout == "nhwc" else pixels
         if self.device is not None and self.device.type != "cpu":
             imgs_t = imgs_t.to(self.device)
-        paths = tuple(self.store.im_files[i] for i in image_of(task.indices, len(self.store)).tolist())
+        paths = tuple(self.store.im_files[i] for i in np.asarray(images).tolist())
         batch = Batch(imgs_t, torch.from_numpy(np.array(targets, np.float32)), paths,
                       tuple(shapes_from_array(a) for a in shapes))
         return Rendered(batch, None if gains is None else torch.from_numpy(np.array(gains, np.float32)))

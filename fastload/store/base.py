@@ -12,11 +12,20 @@ from __future__ import annotations
 
 import abc
 import os
-from typing import TYPE_CHECKING, Any, NamedTuple, Union
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Union
 
 import numpy as np
 
-from fastload.data.images import ShrinkFilter, decode_image, decode_image_reduced, loaded_shape, resize_to
+from fastload.data.images import (
+    CorruptImageError,
+    ShrinkFilter,
+    decode_image,
+    decode_image_reduced,
+    jpeg_is_complete,
+    loaded_shape,
+    probe_header,
+    resize_to,
+)
 
 if TYPE_CHECKING:  # torch is needed only by stores whose images live on a device
     import torch
@@ -55,6 +64,81 @@ def check_schema(path: object, meta: dict[str, Any], layout: str, version: int =
 
 class IncompleteStoreError(StoreError):
     """The store was never finished (interrupted conversion): no commit marker."""
+
+
+#: What made a record unusable (:attr:`DamagedRecordError.kind`): its stored checksum does not match
+#: (lmdb: the image bytes; disk/ram: the decoded pixels; labels included), its image cannot be decoded
+#: (truncated, damaged), or its bytes cannot be read at all (a vanished file, a missing LMDB value).
+DAMAGE_KINDS = ("checksum", "decode", "read")
+
+
+class DamagedRecordError(StoreError):
+    """One record of a store failed its check at load time; the message is one line naming the store,
+    the record (its index in that store, as ``fastload verify`` numbers them) and its source file.
+
+    The fields (``path``, ``record``, ``file``, ``kind``: one of :data:`DAMAGE_KINDS`, ``reason``) cross
+    process boundaries as :meth:`fields` (plain values, no pickle) and come back with :meth:`from_fields`.
+    """
+
+    def __init__(self, path: str | None, record: int, file: str, kind: str, reason: str, store_kind: str = "") -> None:
+        self.path = str(path) if path else f"the {store_kind or 'in-memory'} store"
+        self.record = int(record)
+        self.file = str(file)
+        self.kind = kind
+        self.reason = reason
+        self.store_kind = store_kind
+        if store_kind == "files":  # no stored checksum to verify: the source image itself is bad
+            hint = "replace the image or remove it from the dataset"
+        else:
+            hint = f"check the store with `fastload verify {self.path}`"
+        super().__init__(f"{self.path}, record {self.record} ({self.file}): {reason}; {hint}")
+
+    def fields(self) -> list[Any]:
+        """The error as plain values (for a worker's message to the consumer)."""
+        return [self.path, self.record, self.file, self.kind, self.reason, self.store_kind]
+
+    @classmethod
+    def from_fields(cls, fields: list[Any]) -> "DamagedRecordError":
+        return cls(*fields)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Ray ships an actor's exception to the caller by pickling it: rebuild it from its fields
+        return (type(self), tuple(self.fields()))
+
+
+class DamagedRecords:
+    """The damaged records one rendering process met, for engines that skip them (``strict=False``).
+
+    :meth:`load_into` loads a record through the engine's own loader, remembers a record whose
+    :class:`DamagedRecordError` it caught (it is never read again in this process) and keeps the error's
+    fields until :meth:`take_found` hands them to the consumer, once; with ``strict`` it raises instead.
+    """
+
+    def __init__(self, strict: bool) -> None:
+        self.strict = bool(strict)
+        self.indices: set[int] = set()  # loader indices found damaged
+        self._found: list[list[Any]] = []  # DamagedRecordError.fields() not yet reported
+
+    def load_into(self, i: int, images: dict[int, Any], load: Callable[[int], Any]) -> bool:
+        """Put ``load(i)`` into ``images`` (unless there already); False when record ``i`` is damaged."""
+        if i in images:
+            return True
+        if i in self.indices:
+            return False
+        try:
+            images[i] = load(i)
+        except DamagedRecordError as e:
+            if self.strict:
+                raise
+            self.indices.add(i)
+            self._found.append(e.fields())
+            return False
+        return True
+
+    def take_found(self) -> list[list[Any]]:
+        """The fields of the damaged records met since the last call."""
+        found, self._found = self._found, []
+        return found
 
 
 class ResidentImages(NamedTuple):
@@ -129,17 +213,37 @@ class Store(abc.ABC):
         """
         target = imgsz or self.imgsz
         sample = self.read_image(i)
-        if isinstance(sample, np.ndarray):
-            img = sample
-        elif reduced and target is not None:
-            img = decode_image_reduced(bytes(sample), target, self.im_files[i])
-        else:
-            img = decode_image(bytes(sample), self.im_files[i])
+        try:
+            if isinstance(sample, np.ndarray):
+                img = sample
+            elif reduced and target is not None:
+                img = decode_image_reduced(bytes(sample), target, self.im_files[i])
+            else:
+                img = decode_image(bytes(sample), self.im_files[i])
+        except CorruptImageError as e:
+            raise self.damaged(i, "decode", e.reason) from None
         if target is None:
             return img
         h0, w0 = (int(v) for v in self.shapes[i])
         # YOLOv9 decides between enlarging and shrinking from the original size
         return resize_to(img, loaded_shape(h0, w0, target), enlarge=max(h0, w0) < target, shrink=shrink)
+
+    def read_encoded(self, i: int) -> bytes:
+        """Encoded store: the bytes of image ``i`` after the checks that need no decode (the stored
+        checksum where there is one, a readable header, a JPEG's end-of-image marker), for engines that
+        decode elsewhere (on a device, in a DALI graph). Raises :class:`DamagedRecordError`."""
+        buf = bytes(self.read_image(i))
+        try:
+            fmt = probe_header(buf, self.im_files[i])[0]
+        except CorruptImageError as e:
+            raise self.damaged(i, "decode", e.reason) from None
+        if fmt == "jpeg" and not jpeg_is_complete(buf):
+            raise self.damaged(i, "decode", "truncated JPEG (no end-of-image marker after the last scan)")
+        return buf
+
+    def damaged(self, i: int, kind: str, reason: str) -> DamagedRecordError:
+        """The error for record ``i`` of this store (``kind``: one of :data:`DAMAGE_KINDS`)."""
+        return DamagedRecordError(self.path, i, self.im_files[i], kind, reason, self.kind)
 
     def nbytes(self, i: int) -> int:
         """Bytes of sample ``i`` as stored (for throughput figures)."""

@@ -53,8 +53,8 @@ class FileStore(Store):
         return cls.from_index(index, path=str(source[0]) if source else None)
 
     def read_image(self, i: int) -> bytes:
-        path = self.im_files[self.check_index(i)]
+        i = self.check_index(i)
         try:
-            return Path(path).read_bytes()
+            return Path(self.im_files[i]).read_bytes()
         except OSError as e:
-            raise StoreError(f"cannot read image {path}: {e}") from e
+            raise self.damaged(i, "read", f"cannot read the file ({e.strerror or e})") from None

@@ -76,6 +76,9 @@ class PackedStore(Store):
 
     kind = "disk"
     decoded = True
+    #: check each record's checksum on its first read in a process (False only to measure what the check
+    #: costs: ``benchmarks/store_read.py --check-cost``)
+    check_on_read = True
 
     def __init__(self, path: str | Path) -> None:
         super().__init__()
@@ -98,13 +101,15 @@ class PackedStore(Store):
         if size != int(self.offsets[-1]):
             raise StoreError(f"{root / PIXELS} holds {size} bytes, the index expects {int(self.offsets[-1])}")
         self._mm: np.ndarray | None = None
+        self._checked: np.ndarray | None = None  # bool [N]: records whose checksum this process verified
 
     def _handles(self) -> tuple[str, ...]:
-        return ("_mm",)
+        return ("_mm", "_checked")
 
     def _pixels(self) -> np.ndarray:
         if self._mm is None or self._forked():
             self._pid = os.getpid()
+            self._checked = np.zeros(len(self.im_files), bool)  # per process: a forked copy checks again
             if int(self.offsets[-1]) == 0:
                 self._mm = np.zeros(0, np.uint8)
             else:
@@ -113,19 +118,33 @@ class PackedStore(Store):
                 self._mm = np.memmap(Path(self.path) / PIXELS, dtype=np.uint8, mode="r").view(np.ndarray)
         return self._mm
 
-    def read_image(self, i: int) -> np.ndarray:
-        """The loaded RGB image ``i`` as a read-only view into the mapped file (no copy)."""
-        i = self.check_index(i)
+    def _view(self, i: int) -> np.ndarray:
         h, w = int(self.hw[i, 0]), int(self.hw[i, 1])
         o = int(self.offsets[i])
         return self._pixels()[o : o + h * w * 3].reshape(h, w, 3)
+
+    def read_image(self, i: int) -> np.ndarray:
+        """The loaded RGB image ``i`` as a read-only view into the mapped file (no copy).
+
+        The first read of a record in a process checks its pixels (and labels) against the crc32 written
+        at conversion (one pass over its bytes; later reads cost nothing: a bitmap remembers it) and
+        raises :class:`~fastload.store.base.DamagedRecordError` when they changed.
+        """
+        i = self.check_index(i)
+        img = self._view(i)
+        checked = self._checked
+        if self.check_on_read and (checked is None or not checked[i]):
+            if record_checksum(img, self.labels[i]) != int(self.checksums[i]):
+                raise self.damaged(i, "checksum", "crc32 mismatch (decoded pixels or labels changed since conversion)")
+            self._checked[i] = True  # type: ignore[index]  # _view() made the bitmap of this process
+        return img
 
     def nbytes(self, i: int) -> int:
         return int(self.offsets[i + 1] - self.offsets[i])
 
     def record_ok(self, i: int) -> bool:
         """True when record ``i``'s pixels and labels still match the checksum written at conversion."""
-        return record_checksum(self.read_image(i), self.labels[i]) == int(self.checksums[i])
+        return record_checksum(self._view(self.check_index(i)), self.labels[i]) == int(self.checksums[i])
 
     def close(self) -> None:
         # Dropping the reference unmaps once no returned view is alive; closing the mmap by force

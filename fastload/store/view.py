@@ -54,6 +54,9 @@ class StoreView(Store):
     def read_image(self, i: int) -> Sample:
         return self.base.read_image(int(self.base_indices[self.check_index(i)]))
 
+    def read_encoded(self, i: int) -> bytes:
+        return self.base.read_encoded(int(self.base_indices[self.check_index(i)]))
+
     def load(self, i: int, imgsz: int | None = None, *, reduced: bool = False,
              shrink: ShrinkFilter = "area") -> np.ndarray:
         return self.base.load(int(self.base_indices[self.check_index(i)]), imgsz, reduced=reduced, shrink=shrink)

@@ -109,7 +109,7 @@ def create_dataloader(
 
     ``fastload_options`` (each also a ``FASTLOAD_*`` environment variable, used when the keyword is
     absent; see :data:`fastload.compat.yolov9.options.OPTIONS`): ``engine``, ``store``, ``hsv``,
-    ``seed``, ``num_workers``, ``device``, ``reduced_decode``, ``partners``, ``batch_log``. By default, when CUDA is
+    ``seed``, ``num_workers``, ``device``, ``reduced_decode``, ``partners``, ``strict``, ``batch_log``. By default, when CUDA is
     available, batches are delivered on the current CUDA device with HSV applied there (the CPU
     workers do the geometry only): the official trainer never applies HSV itself.
     """
@@ -159,6 +159,7 @@ def create_dataloader(
             engine_options={"decode_scale": "reduced"} if opts.reduced_decode else None,
             # validation loaders draw no partners (the loader refuses "batch" where no mosaic is drawn)
             partners=opts.partners if opts.partners != "auto" and augment and not rect else None,
+            strict=opts.strict,
         )
     except BaseException:
         store.close()

@@ -91,6 +91,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("partners", _choice(PARTNERS), "auto",
            "where mosaic partners of the training loader come from: dataset (YOLOv9), batch (the batch's own images: "
            "one decode per image; for datasets larger than memory), auto (the engine's default)"),
+    Option("strict", _bool, False,
+           "a damaged record (an LMDB crc mismatch, an undecodable image, a disk/ram checksum mismatch) stops the "
+           "run with one StoreError line; default: it is skipped (warned once, counted, its samples drawn again)"),
     Option("batch_log", _optional_str, None,
            "append one JSON line per batch to this file (epoch, batch, size, mosaic samples, images, device)"),
 )
@@ -109,6 +112,7 @@ class CompatOptions:
     device: str | None = "auto"
     reduced_decode: bool = False
     partners: str = "auto"
+    strict: bool = False
     batch_log: str | None = None
 
     @classmethod
