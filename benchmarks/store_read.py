@@ -170,6 +170,7 @@ def _epochs(yaml_path: Path, kind: str, imgsz: int, batch: int, workers: int, ep
 
 def run_check_cost(data: Path | None, imgsz: int, split: str, rounds: int, batch: int, workers: int,
                    epochs: int) -> dict[str, Any]:
+    from fastload.data.checksum import CRC32_IMPLEMENTATION
     from fastload.store import open_store
     from fastload.store.convert import convert
     from fastload.store.lmdb_store import LmdbStore
@@ -209,13 +210,14 @@ def run_check_cost(data: Path | None, imgsz: int, split: str, rounds: int, batch
     for row in rows.values():
         row["cost_pct"] = 100 * (1 - row["check"] / row["no check"])
     return {"data": str(data), "split": split, "samples": n, "imgsz": imgsz, "rounds": rounds, "batch": batch,
-            "workers": workers, "epochs": epochs, "cpus": os.cpu_count(), "rows": rows}
+            "workers": workers, "epochs": epochs, "cpus": os.cpu_count(), "crc32": CRC32_IMPLEMENTATION, "rows": rows}
 
 
 def format_check_cost(r: dict[str, Any]) -> str:
     lines = [
         f"load-time checksum of decoded stores: {r['samples']} samples of {r['data']} ({r['split']}), imgsz {r['imgsz']}, "
-        f"best of {r['rounds']} interleaved rounds; loader: cpu engine, {r['workers']} workers, batch {r['batch']}",
+        f"best of {r['rounds']} interleaved rounds; loader: cpu engine, {r['workers']} workers, batch {r['batch']}; "
+        f"crc32 by {r['crc32']}",
         "",
         "| measure | images/s with check | images/s without | cost |",
         "|---|---:|---:|---:|",

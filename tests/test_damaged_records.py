@@ -15,7 +15,8 @@ import pytest
 
 from fastload.engines.base import DamagedRecordWarning
 from fastload.store.base import DamagedRecordError, StoreError
-from fastload.store.lmdb_store import INDEX_KEY, LmdbStore, record_checksum
+from fastload.data.checksum import record_checksum
+from fastload.store.lmdb_store import INDEX_KEY, LmdbStore
 from fastload.store.packed import PIXELS, PackedStore
 
 IMGSZ = 64

@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import zlib
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
@@ -28,6 +27,7 @@ import lmdb
 import msgpack
 import numpy as np
 
+from fastload.data.checksum import record_checksum
 from fastload.store.base import SCHEMA_VERSION, IncompleteStoreError, Store, StoreError, check_schema, join_labels, split_labels
 from fastload.store.kinds import PARTIAL, finish_hint
 from fastload.store.packed import replace_dir
@@ -47,11 +47,6 @@ def _record_key(src: int) -> bytes:
 
 def _skip_key(src: int) -> bytes:
     return b"x:%08d" % src
-
-
-def record_checksum(image: bytes | memoryview, labels: np.ndarray) -> int:
-    """crc32 of the image bytes followed by the float32 label bytes."""
-    return zlib.crc32(np.ascontiguousarray(labels, np.float32).tobytes(), zlib.crc32(image))
 
 
 def _open_env(path: Path, *, write: bool = False, map_size: int = 1 << 30) -> lmdb.Environment:

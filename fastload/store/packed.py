@@ -21,12 +21,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import zlib
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 
+from fastload.data.checksum import record_checksum
 from fastload.data.images import loaded_shape
 from fastload.store import shm
 from fastload.store.base import (
@@ -42,12 +42,6 @@ from fastload.store.base import (
 META = "meta.json"
 PIXELS = "pixels.bin"
 ARRAYS = ("offsets", "hw", "shapes", "labels", "label_counts", "checksums")
-
-
-def record_checksum(pixels: np.ndarray | bytes | memoryview, labels: np.ndarray) -> int:
-    """crc32 of a record's pixel bytes followed by its float32 label bytes."""
-    crc = zlib.crc32(memoryview(np.ascontiguousarray(pixels)).cast("B") if isinstance(pixels, np.ndarray) else pixels)
-    return zlib.crc32(np.ascontiguousarray(labels, np.float32).tobytes(), crc)
 
 
 def read_meta(path: Path) -> dict[str, Any]:

@@ -19,13 +19,13 @@ import json
 import os
 import shutil
 import time
-import zlib
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 import yaml
 from tqdm import tqdm
 
+from fastload.data.checksum import crc32
 from fastload.data.config import DataConfig, load_data_config
 from fastload.data.index import list_images
 from fastload.data.labels import img2label_path
@@ -54,7 +54,7 @@ def _copy_file(src: Path, dst: Path) -> tuple[int, int]:
     dst.parent.mkdir(parents=True, exist_ok=True)
     with open(src, "rb") as fi, open(dst, "wb") as fo:
         while chunk := fi.read(CHUNK):
-            crc = zlib.crc32(chunk, crc)
+            crc = crc32(chunk, crc)
             size += len(chunk)
             fo.write(chunk)
     return size, crc
@@ -64,7 +64,7 @@ def _file_crc(path: Path) -> tuple[int, int]:
     crc, size = 0, 0
     with open(path, "rb") as f:
         while chunk := f.read(CHUNK):
-            crc = zlib.crc32(chunk, crc)
+            crc = crc32(chunk, crc)
             size += len(chunk)
     return size, crc
 

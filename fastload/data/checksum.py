@@ -1,0 +1,34 @@
+"""crc32, the checksum that every store record and every staged file carries.
+
+Computed by ISA-L (the ``isal`` package, a dependency) when it imports: the same polynomial and the same
+values as :func:`zlib.crc32`, from SIMD code many times faster, which is what lets a decoded store check
+every record on its first read without slowing a first epoch much (``python benchmarks/store_read.py
+--check-cost`` measures it). Where ISA-L is missing (no wheel for the platform, an install with
+``--no-deps``) zlib computes the same numbers, slower; stores written either way read either way.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+try:
+    from isal.isal_zlib import crc32 as _crc32
+    CRC32_IMPLEMENTATION = "isal"
+except ImportError:  # no ISA-L for this platform: zlib's crc32 gives identical values
+    from zlib import crc32 as _crc32
+    CRC32_IMPLEMENTATION = "zlib"
+
+
+def crc32(data: Any, value: int = 0) -> int:
+    """crc32 of ``data`` (any contiguous buffer: bytes, memoryview, C-contiguous numpy array) continuing
+    from ``value``, as :func:`zlib.crc32`."""
+    return _crc32(data, value)
+
+
+def record_checksum(payload: bytes | memoryview | np.ndarray, labels: np.ndarray) -> int:
+    """A store record's checksum: crc32 of its payload (encoded image bytes, or decoded pixels) followed by
+    its labels as float32 bytes."""
+    if isinstance(payload, np.ndarray):
+        payload = memoryview(np.ascontiguousarray(payload)).cast("B")
+    return _crc32(np.ascontiguousarray(labels, np.float32).tobytes(), _crc32(payload))
