@@ -25,17 +25,31 @@ the others are decoded on every read. ``stats()`` says how many images have a pl
 segment is reserved up front (``posix_fallocate``), so a full ``/dev/shm`` shows at start (the
 engine then runs without the cache, with a warning) rather than as a SIGBUS in a worker.
 
-No locks on the read path: every image's range is known in advance (its loaded shape is a function
-of the original shape and imgsz), a flag byte is set after the pixels are written, and two processes
-that race on the same image write identical bytes.
+Publication (correct on weakly ordered CPUs such as aarch64, not only on x86; the reasoning is in
+docs/design.md, "Shared memory and CPU memory order"): every image's byte range is known in advance
+(its loaded shape is a function of the original shape and imgsz); a process writes an image only
+while it holds an exclusive open-file-description lock (``F_OFD_SETLK``) on that image's flag byte
+of ``cache.bin`` and the flag, read under that lock, is still 0: it writes the pixels, sets the flag,
+and closes the lock's descriptor. A process trusts an image's pixels only after it has seen its
+flag set while holding a lock on that byte (shared for a reader); the kernel's lock hand-over orders
+the writer's stores before the reader's loads. Each process remembers which images it has seen
+published, so the common read is one byte test, no system call; a published image is never written
+again, so that memory stays true. Nobody waits for a lock: an image whose lock another process holds
+is decoded by the reader for itself (not cached), and a writer that dies mid-image loses its lock
+with its descriptors, its flag still 0, so the next process rewrites the image from scratch.
+Platforms without OFD locks (macOS) get no cache (a warning; every read decodes).
 """
 from __future__ import annotations
 
+import errno
+import fcntl
 import hashlib
 import json
 import mmap
 import os
 import re
+import struct
+import sys
 import warnings
 from pathlib import Path
 from typing import Any, Callable
@@ -56,6 +70,10 @@ _PAGE = 4096
 _DATA = "cache.bin"
 _META = shm.COMMIT_FILE
 POLICY = "first images of the store (store order) that fit the budget are cached; the others are decoded on every read"
+# the entry locks: open-file-description byte-range locks (Linux >= 3.15), whose ``struct flock`` (type,
+# whence, start, len, pid) is packed here for 64-bit Linux (x86_64 and aarch64 share the layout)
+ENTRY_LOCKS = sys.platform.startswith("linux") and hasattr(fcntl, "F_OFD_SETLK") and struct.calcsize("l") == 8
+_FLOCK = struct.Struct("hh4xqqi4x")
 
 
 def _root_store(store: Store) -> tuple[Store, np.ndarray]:
@@ -142,13 +160,16 @@ class SharedDecodeCache:
         self._hw = base_hw
         self._base_idx = base_idx
         self._pix_start = int(meta["pixels_at"])
-        fd = os.open(self.segment / _DATA, os.O_RDWR)
+        self._data = self.segment / _DATA
+        fd = os.open(self._data, os.O_RDWR)
         try:
             self._map: mmap.mmap | None = mmap.mmap(fd, self._pix_start + self.nbytes, flags=mmap.MAP_SHARED)
         finally:
             os.close(fd)
         self._buf = np.frombuffer(self._map, np.uint8)
         self._flags = self._buf[: self.n]
+        # images this process has seen published (flag set, read under the image's lock): read without a lock
+        self._known = bytearray(self.n)
         self.hits = 0
         self.misses = 0
         self._open = True
@@ -160,8 +181,12 @@ class SharedDecodeCache:
         ``budget`` bytes of pixels (at most what the whole store needs) when no process has it yet.
 
         Segments left by dead processes are removed first. Returns None (after a warning) when the
-        shared-memory filesystem cannot hold even one image.
+        shared-memory filesystem cannot hold even one image, or on a platform without the entry locks.
         """
+        if not ENTRY_LOCKS:
+            warnings.warn(f"fastload: no decoded-image cache on {sys.platform}: it needs open-file-description locks "
+                          f"(Linux); the loader decodes every read (decode_cache_mb=0 silences this)")
+            return None
         shm.cleanup_stale(prefix=PREFIX)
         base, base_idx = _root_store(store)
         base_hw = np.array([loaded_shape(int(h), int(w), imgsz) for h, w in base.shapes], np.int64).reshape(-1, 2)
@@ -189,27 +214,76 @@ class SharedDecodeCache:
         return self._buf[off : off + h * w * 3].reshape(h, w, 3)
 
     def get(self, i: int, load: Callable[[int], np.ndarray]) -> np.ndarray:
-        """The loaded image of loader index ``i``: from the cache, else ``load(i)`` (kept when it has a place).
+        """The loaded image of loader index ``i``: from the cache, else ``load(i)`` (kept when it has a place
+        and no other process is writing it).
 
         Cached images are returned as read-only views of the shared segment.
         """
         b = int(self._base_idx[i])
-        if b < self.slots:
-            view = self._view(b)
-            if not self._flags[b]:
+        if b >= self.slots:
+            self.misses += 1
+            return load(i)
+        if self._known[b] or self._confirm(b):
+            self.hits += 1
+            return self._readonly(b)
+        fd = self._lock_entry(b, exclusive=True)
+        if fd is None:  # another process is writing or confirming it: decode a copy rather than wait
+            self.misses += 1
+            return load(i)
+        try:
+            if self._flags[b]:  # published since our first look (its writer held this lock to set the flag)
+                self.hits += 1
+            else:
                 img = load(i)
+                view = self._view(b)
                 if img.shape != view.shape:
                     raise ValueError(f"image {i}: loaded shape {img.shape} differs from the planned {view.shape}")
                 view[...] = img
-                self._flags[b] = 1  # after the pixels: a reader that sees the flag sees the pixels
+                self._flags[b] = 1
                 self.misses += 1
-            else:
-                self.hits += 1
-            out = view.view()
-            out.flags.writeable = False
-            return out
-        self.misses += 1
-        return load(i)
+        finally:
+            os.close(fd)  # releases the lock: the stores above happen before any later lock of this image
+        self._known[b] = 1
+        return self._readonly(b)
+
+    def _confirm(self, b: int) -> bool:
+        """Whether image ``b`` is published, its flag read under a shared lock of its byte (remembered)."""
+        if not self._flags[b]:  # a plain read: a stale 0 only sends us to the writer's path
+            return False
+        fd = self._lock_entry(b, exclusive=False)
+        if fd is None:
+            return False
+        try:
+            published = bool(self._flags[b])
+        finally:
+            os.close(fd)
+        self._known[b] = published
+        return published
+
+    def _lock_entry(self, b: int, *, exclusive: bool) -> int | None:
+        """A new descriptor of ``cache.bin`` holding a lock on image ``b``'s flag byte, or None when another
+        process holds a conflicting one (never waits). Closing the descriptor releases the lock, and so does
+        the death of the process.
+
+        OFD locks belong to the open file description, not to the process, so two descriptors of one process
+        (two threads, two caches of one segment) exclude each other too, and closing an unrelated descriptor
+        of the file (as mmap's opening does) releases nothing.
+        """
+        fd = os.open(self._data, os.O_RDWR | os.O_CLOEXEC)
+        kind = fcntl.F_WRLCK if exclusive else fcntl.F_RDLCK
+        try:
+            fcntl.fcntl(fd, fcntl.F_OFD_SETLK, _FLOCK.pack(kind, os.SEEK_SET, b, 1, 0))
+        except OSError as e:
+            os.close(fd)
+            if e.errno in (errno.EAGAIN, errno.EACCES):
+                return None
+            raise
+        return fd
+
+    def _readonly(self, b: int) -> np.ndarray:
+        out = self._view(b)
+        out.flags.writeable = False
+        return out
 
     def stats(self) -> dict[str, Any]:
         """The machine-wide state: ``decode_cache_segment``, ``_slots`` (images with a place),
