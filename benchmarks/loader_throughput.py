@@ -388,6 +388,31 @@ def run_one(spec_json: str) -> int:
     return 0
 
 
+def slot_delivery_cost(batch: int, imgsz: int, n: int = 20000) -> dict[str, float]:
+    """Microseconds per delivered batch, in this process: a slot lent as the caller's (a view with a finalizer
+    that frees the slot when its last tensor dies: batch ownership) and dropped, against the plain view of a
+    slot that the CPU engine delivered before (no bookkeeping). Free of the machine's noise, unlike img/s."""
+    from fastload.engines.shm_batch import SlotRing
+
+    ring = SlotRing(2, batch * imgsz * imgsz * 3)
+
+    def plain() -> None:
+        torch.from_numpy(ring.array(0, batch, imgsz, imgsz)).permute(0, 3, 1, 2)
+
+    def owned() -> None:
+        ring.lend(ring.acquire(), batch, imgsz, imgsz)  # dropped at once: the slot comes back
+
+    out = {}
+    for name, fn in (("plain_view_us", plain), ("owned_view_us", owned)):
+        fn()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        out[name] = (time.perf_counter() - t0) / n * 1e6
+    ring.close()
+    return out
+
+
 def change_cost(args: argparse.Namespace, yaml_path: Path, work: Path) -> dict[str, Any]:
     """This tree against ``args.baseline_ref``, configuration by configuration, in interleaved rounds (the two
     trees alternate which goes first); the ratio of each configuration is the median of its rounds' ratios."""
@@ -424,6 +449,14 @@ def change_cost(args: argparse.Namespace, yaml_path: Path, work: Path) -> dict[s
             errors = {x.get("error") for side in runs[name].values() for x in side} - {None}
             print(f"| {name} | - | - | - | {'; '.join(sorted(errors))[:80]} | - |")
         out["configs"][name] = row
+    try:  # only a tree with batch ownership has SlotRing.lend
+        out["slot_delivery"] = cost = slot_delivery_cost(args.batch, args.imgsz)
+        period_us = args.batch / out["configs"]["cpu ram"]["this_images_per_s"] * 1e6
+        print(f"this tree's slot bookkeeping per delivered batch: {cost['owned_view_us']:.1f} us (lent view with its finalizer, "
+              f"freed) vs {cost['plain_view_us']:.1f} us (plain view): {cost['owned_view_us'] - cost['plain_view_us']:.1f} us "
+              f"more, {(cost['owned_view_us'] - cost['plain_view_us']) / period_us * 100:.4f} % of a 'cpu ram' batch period")
+    except (AttributeError, KeyError) as e:
+        print(f"no slot bookkeeping figure: {type(e).__name__}: {e}")
     return out
 
 
