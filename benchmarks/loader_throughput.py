@@ -13,8 +13,15 @@ stood for by ``decode_cache_mb=0``) is measured beside the same with the cache o
 output image of every engine (cpu, gpu on CPU tensors, dali in CPU mode, at ``--count-imgsz``) and
 the 2-rank x 2-worker shared decoded cache (decodes per epoch machine-wide, PSS of its segment).
 
+``--baseline-ref REF`` measures what a change costs instead: the common loop (each batch dropped when the
+next is asked for) of a few CPU-engine configurations, with this tree's fastload and with the one at git
+ref ``REF`` (exported to a temporary folder with ``git archive``), each run in its own subprocess with
+``PYTHONPATH`` at its tree, alternating within each of the interleaved rounds; printed: both img/s and
+the median same-round ratio (issue 22: batch ownership may cost at most 3 %).
+
     python benchmarks/loader_throughput.py --seconds 5 --json loader_throughput.json
     python benchmarks/loader_throughput.py --decode-bound --seconds 12 --rounds 4
+    python benchmarks/loader_throughput.py --baseline-ref 16c27f6 --seconds 40 --rounds 8
 """
 from __future__ import annotations
 
@@ -24,6 +31,7 @@ import json
 import os
 import platform
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -336,6 +344,122 @@ def check_goals(configs: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+# ----------------------------------------------------------------------------------------- a change's cost
+#: the common-loop configurations ``--baseline-ref`` compares (name, loader keywords besides imgsz/batch/workers)
+CHANGE_CONFIGS: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("cpu ram", {"store": "ram"}),
+    ("cpu ram, HSV deferred to device", {"store": "ram", "hsv_on": "defer"}),
+    ("cpu disk", {"store": "disk"}),
+    ("cpu ram, workers 0", {"store": "ram", "workers": 0}),
+)
+
+
+def export_ref(ref: str, dest: Path) -> str:
+    """The tree of git ref ``ref`` of this repository, written under ``dest``; returns its commit."""
+    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--verify", f"{ref}^{{commit}}"], check=True,
+                            capture_output=True, text=True).stdout.strip()
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", "--format=tar", commit], check=True, capture_output=True)
+    dest.mkdir(parents=True)
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive.stdout, check=True)
+    return commit
+
+
+def run_in_tree(tree: Path, yaml_path: Path, seconds: float, kw: dict[str, Any]) -> dict[str, Any]:
+    """``run_fastload`` in a subprocess that imports fastload from ``tree`` (this script's harness either way)."""
+    spec = json.dumps({"yaml": str(yaml_path), "seconds": seconds, "kw": kw})
+    proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--run-one", spec], capture_output=True,
+                          text=True, env={**os.environ, "PYTHONPATH": str(tree)}, timeout=600)
+    if proc.returncode:
+        return {"error": (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]}
+    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    if not Path(res["fastload_file"]).resolve().is_relative_to(tree.resolve()):  # an install shadowed PYTHONPATH
+        return {"error": f"imported {res['fastload_file']}, not the fastload of {tree}"}
+    return res
+
+
+def run_one(spec_json: str) -> int:
+    """``--run-one``: one configuration with the fastload on ``sys.path``, its result as a JSON line."""
+    import fastload
+
+    spec = json.loads(spec_json)
+    res = run_fastload(Path(spec["yaml"]), float(spec["seconds"]), **spec["kw"])
+    res["fastload_file"] = fastload.__file__
+    print(json.dumps(res, default=float))
+    return 0
+
+
+def slot_delivery_cost(batch: int, imgsz: int, n: int = 20000) -> dict[str, float]:
+    """Microseconds per delivered batch, in this process: a slot lent as the caller's (a view with a finalizer
+    that frees the slot when its last tensor dies: batch ownership) and dropped, against the plain view of a
+    slot that the CPU engine delivered before (no bookkeeping). Free of the machine's noise, unlike img/s."""
+    from fastload.engines.shm_batch import SlotRing
+
+    ring = SlotRing(2, batch * imgsz * imgsz * 3)
+
+    def plain() -> None:
+        torch.from_numpy(ring.array(0, batch, imgsz, imgsz)).permute(0, 3, 1, 2)
+
+    def owned() -> None:
+        ring.lend(ring.acquire(), batch, imgsz, imgsz)  # dropped at once: the slot comes back
+
+    out = {}
+    for name, fn in (("plain_view_us", plain), ("owned_view_us", owned)):
+        fn()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        out[name] = (time.perf_counter() - t0) / n * 1e6
+    ring.close()
+    return out
+
+
+def change_cost(args: argparse.Namespace, yaml_path: Path, work: Path) -> dict[str, Any]:
+    """This tree against ``args.baseline_ref``, configuration by configuration, in interleaved rounds (the two
+    trees alternate which goes first); the ratio of each configuration is the median of its rounds' ratios."""
+    base_tree = work / "baseline"
+    commit = export_ref(args.baseline_ref, base_tree)
+    trees = {"this": REPO, "baseline": base_tree}
+    common = dict(imgsz=args.imgsz, batch_size=args.batch, workers=args.workers)
+    runs: dict[str, dict[str, list[dict]]] = {name: {"this": [], "baseline": []} for name, _ in CHANGE_CONFIGS}
+    for r in range(args.rounds):
+        for name, kw in CHANGE_CONFIGS:
+            for side in (("this", "baseline") if r % 2 == 0 else ("baseline", "this")):
+                got = run_in_tree(trees[side], yaml_path, args.seconds / args.rounds, {**common, **kw})
+                runs[name][side].append(got)
+                print(f"  round {r + 1}/{args.rounds} {name:34s} {side:8s} {got.get('images_per_s', float('nan')):8.1f} img/s "
+                      f"{got.get('error', '')}", flush=True)
+    out: dict[str, Any] = {"baseline_ref": args.baseline_ref, "baseline_commit": commit, "configs": {}}
+    print(f"\nthis tree vs {args.baseline_ref} ({commit[:10]}), common loop, {args.images} images, batch {args.batch}, "
+          f"{args.workers} workers, imgsz {args.imgsz}, {args.seconds:.0f} s per side and configuration in {args.rounds} "
+          f"interleaved rounds, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
+    print("| configuration | this img/s | baseline img/s | ratio (median of rounds) | round ratios min-max | batches copied |")
+    print("|---|---:|---:|---:|---|---:|")
+    for name, _ in CHANGE_CONFIGS:
+        pairs = [(a["images_per_s"], b["images_per_s"]) for a, b in zip(runs[name]["this"], runs[name]["baseline"])
+                 if "images_per_s" in a and "images_per_s" in b]
+        ratios = [a / b for a, b in pairs]
+        copied = sum(x.get("batches_copied", 0) for x in runs[name]["this"])
+        row = {"rounds": runs[name], "ratios": ratios, "batches_copied": copied}
+        if pairs:
+            row.update(this_images_per_s=float(np.median([a for a, _ in pairs])),
+                       baseline_images_per_s=float(np.median([b for _, b in pairs])), ratio=float(np.median(ratios)))
+            print(f"| {name} | {row['this_images_per_s']:.1f} | {row['baseline_images_per_s']:.1f} | {row['ratio']:.3f} | "
+                  f"{min(ratios):.3f}-{max(ratios):.3f} | {copied} |")
+        else:
+            errors = {x.get("error") for side in runs[name].values() for x in side} - {None}
+            print(f"| {name} | - | - | - | {'; '.join(sorted(errors))[:80]} | - |")
+        out["configs"][name] = row
+    try:  # only a tree with batch ownership has SlotRing.lend
+        out["slot_delivery"] = cost = slot_delivery_cost(args.batch, args.imgsz)
+        period_us = args.batch / out["configs"]["cpu ram"]["this_images_per_s"] * 1e6
+        print(f"this tree's slot bookkeeping per delivered batch: {cost['owned_view_us']:.1f} us (lent view with its finalizer, "
+              f"freed) vs {cost['plain_view_us']:.1f} us (plain view): {cost['owned_view_us'] - cost['plain_view_us']:.1f} us "
+              f"more, {(cost['owned_view_us'] - cost['plain_view_us']) / period_us * 100:.4f} % of a 'cpu ram' batch period")
+    except (AttributeError, KeyError) as e:
+        print(f"no slot bookkeeping figure: {type(e).__name__}: {e}")
+    return out
+
+
 # ----------------------------------------------------------------------------------------- main
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -354,7 +478,12 @@ def main(argv: list[str] | None = None) -> int:
                          "the decodes per output image of every engine and the 2-rank shared decoded cache")
     ap.add_argument("--count-imgsz", type=int, default=320, help="imgsz of the per-engine decode counts (counts do not depend on it)")
     ap.add_argument("--count-batches", type=int, default=4, help="batches per engine and setting the decode counts run")
+    ap.add_argument("--baseline-ref", metavar="REF",
+                    help="only compare this tree with git ref REF in the common loop (see above), side by side")
+    ap.add_argument("--run-one", help=argparse.SUPPRESS)  # internal: one configuration, for --baseline-ref
     args = ap.parse_args(argv)
+    if args.run_one:
+        return run_one(args.run_one)
     if not (COCO128 / "coco128.yaml").is_file():
         print(f"coco128 not found at {COCO128} (set FASTLOAD_COCO128)")
         return 2
@@ -377,10 +506,16 @@ def main(argv: list[str] | None = None) -> int:
 
         src = make_repeated(COCO128 / "coco128.yaml", work / "data", args.images)
         t0 = time.perf_counter()
-        conv = convert(src, to="lmdb" if args.decode_bound else "lmdb,disk,ram", out=work / "stores", imgsz=args.imgsz,
-                       splits="train", progress=False, log=lambda *_: None)
+        to = "lmdb" if args.decode_bound else "disk,ram" if args.baseline_ref else "lmdb,disk,ram"
+        conv = convert(src, to=to, out=work / "stores", imgsz=args.imgsz, splits="train", progress=False, log=lambda *_: None)
         results["convert_seconds"] = time.perf_counter() - t0
         y = conv.yaml_path
+        if args.baseline_ref:
+            results["change_cost"] = change_cost(args, y, work)
+            results["machine"]["loadavg_end"] = os.getloadavg()
+            Path(args.json).write_text(json.dumps(results, indent=1, default=float))
+            print(f"wrote {args.json}")
+            return 0
         results["ceilings"] = ceil = ceilings(src, min(args.seconds, 3.0))
         common = dict(imgsz=args.imgsz, batch_size=args.batch, workers=args.workers)
 

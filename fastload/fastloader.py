@@ -247,7 +247,7 @@ class FastLoader:
     def stats(self) -> dict[str, Any]:
         """Counters for benchmarks: ``store`` (its kind) plus the engine's :meth:`~fastload.engines.base.Engine.stats`
         (every engine: ``engine``, ``batches``, ``images``, ``worker_pids``, ``partners``, ``decodes``,
-        ``decodes_per_image``, the damaged records skipped: ``damaged_records``, ``damaged_record_ids``,
+        ``decodes_per_image``, ``batches_copied``, the damaged records skipped: ``damaged_records``, ``damaged_record_ids``,
         ``damaged_by_kind``, ``replaced_samples``; the CPU engine adds its decoded cache's hits/misses and
         machine-wide state and the next epoch's batches rendered early, used / dropped)."""
         return {"store": self.store.kind, **self.engine.stats()}
@@ -327,7 +327,8 @@ def loader(
     Iterating yields YOLOv9 batches ``(imgs, targets, paths, shapes)``: ``imgs`` uint8
     ``[B, 3, H, W]`` RGB, ``targets`` float32 ``[N, 6]`` (index in batch, cls, xc, yc, w, h)
     normalised, ``paths`` tuple of str, ``shapes`` tuple (None for mosaic samples, else
-    ``((h0, w0), ((h / h0, w / w0), (padw, padh)))``).
+    ``((h0, w0), ((h / h0, w / w0), (padw, padh)))``). A batch is the caller's while it holds any
+    tensor of it: it never changes, on every engine (docs/loader.md, "Batches are yours to keep").
 
     The keywords up to ``strict`` mean the same for every engine (an engine that cannot honour
     one refuses it with :class:`~fastload.engines.base.EngineOptionError`); what only one engine

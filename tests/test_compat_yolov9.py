@@ -173,6 +173,24 @@ def test_batch_log_records_what_the_trainer_receives(synth_yaml, tmp_path):
     assert sum(x["n"] for x in second) == dataset.n and all(x["hw"] == [64, 64] for x in lines)
 
 
+def test_batches_held_by_the_trainer_never_change(synth_yaml, tmp_path):
+    """Code around the official trainer holds batches (its plotting thread gets the first ones; a gradient
+    accumulation helper or a "last batch" for logging keeps some): they never change while training goes on."""
+    loader, _ = create_dataloader(train_dir(synth_yaml), 64, 4, 32, augment=True, shuffle=True, workers=2,
+                                  num_workers=2, batch_log=str(tmp_path / "batches.jsonl"))
+    try:
+        held = [(imgs, imgs.clone(), targets, targets.clone()) for imgs, targets, _, _ in loader]
+        loader.sampler.set_epoch(1)
+        for _ in loader:
+            pass
+        assert len(held) == len(loader) > 2 and loader.stats()["batches_copied"] > 0  # more than keep=2 held
+    finally:
+        loader.close()
+    for k, (imgs, imgs_then, targets, targets_then) in enumerate(held):
+        unchanged = torch.equal(imgs, imgs_then) and torch.equal(targets, targets_then)
+        assert unchanged, f"held batch {k} changed"
+
+
 def test_launcher_splits_fastload_flags():
     kw, rest = split_args(["train_dual.py", "--batch", "4", "--fastload-engine=cpu", "--fastload-workers", "2",
                            "--fastload-seed", "3", "--fastload-reduced-decode", "1", "--seed", "1"])

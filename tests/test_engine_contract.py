@@ -3,7 +3,8 @@ PyTorch engine on CPU tensors), dali (its CPU-only mode, when installed) and ray
 Ray instance, when installed).
 
 Batch format, the three HSV modes, both layouts, unknown and inapplicable options, stats keys (the
-decode counters among them), close-mosaic, set_epoch and determinism, with both ``partners``
+decode counters among them), close-mosaic, set_epoch and determinism, held batches never changing
+(the caller owns a batch while any tensor of it lives), with both ``partners``
 (``"dataset"``: YOLOv9's draw; ``"batch"``: partners from the batch, one decode per image). A tiny
 synthetic set at a small imgsz keeps it fast.
 """
@@ -35,6 +36,11 @@ ENGINES = [
     pytest.param("dali", dict(device="cpu", workers=1), id="dali-cpu",
                  marks=pytest.mark.skipif(not HAS_DALI, reason="NVIDIA DALI is not installed (pip install fastload[dali])")),
     pytest.param("ray", dict(), id="ray-2actors",  # the local instance's 2 CPUs: 2 actors by default
+                 marks=pytest.mark.skipif(not HAS_RAY, reason='Ray is not installed (pip install "fastload[ray]")')),
+]
+# the held-batch check also runs ray's object-store delivery (the others: its shared-memory slots, "auto")
+HOLDERS = ENGINES + [
+    pytest.param("ray", dict(engine_options={"delivery": "object_store"}), id="ray-object-store",
                  marks=pytest.mark.skipif(not HAS_RAY, reason='Ray is not installed (pip install "fastload[ray]")')),
 ]
 # every engine's options class and one field it has
@@ -105,7 +111,9 @@ def test_batch_format_and_stats(data, engine, run, partners):
         for s in shapes:
             assert s is None or (len(s) == 2 and len(s[0]) == 2 and len(s[1]) == 2)
     assert any(s is None for b in got for s in b[3])  # scratch-high training: mosaics
-    assert {"engine", "store", "batches", "images", "worker_pids", "partners", "decodes", "decodes_per_image"} <= set(stats)
+    assert {"engine", "store", "batches", "images", "worker_pids", "partners", "decodes", "decodes_per_image",
+            "batches_copied"} <= set(stats)
+    assert stats["batches_copied"] == 0  # the common loop holds one batch while the next is delivered: no copies
     assert stats["engine"] == engine and stats["store"] == "files" and stats["partners"] == partners
     assert stats["batches"] == len(got) and stats["images"] == fl.n
     # JPEG/PNG files: the first epoch decodes; with partners="batch" at most once per output image
@@ -159,6 +167,42 @@ def test_set_epoch_and_close_mosaic(data, engine, run, partners):
     assert any(s is None for b in first for s in b[3])
     assert all(s is not None for b in last for s in b[3])
     assert all(b[0].shape[-2:] == (IMGSZ, IMGSZ) for b in last)
+
+
+@pytest.mark.parametrize("engine,run", HOLDERS)
+def test_held_batches_never_change(data, engine, run):
+    """A batch is the caller's while any tensor of it lives: hold whole batches and, of others, only a
+    one-image slice, through the rest of the epoch and a second one (every slot the engine has is
+    rendered into again meanwhile), and they still hold what was delivered, which is what the common loop
+    gets. Holding more batches than the engine has spare slots makes the engines that reuse slots copy
+    (or, ray, take the object store), and they say so."""
+    hold = 6  # one batch per image: 8 per epoch, more than the spare slots of any engine's ring
+    with make(data, engine, run, batch_size=1) as fl:
+        reference = epoch(fl)
+    held, slices = [], []
+    with make(data, engine, run, batch_size=1) as fl:
+        for k, (imgs, targets, paths, shapes) in enumerate(fl):
+            if k < hold:
+                held.append(((imgs, targets, paths, shapes), (imgs.clone(), targets.clone())))
+            else:
+                part = imgs[0]  # the batch itself is dropped: only this view of its pixels lives on
+                slices.append((part, part.clone()))
+        assert len(held) == hold and slices
+        fl.set_epoch(1)
+        for _ in fl:
+            pass
+        copied = fl.stats()["batches_copied"]
+    for k, ((imgs, targets, paths, shapes), (imgs_then, targets_then)) in enumerate(held):
+        unchanged = torch.equal(imgs, imgs_then)  # (not in the assert: pytest would print both tensors)
+        assert unchanged, f"held batch {k}'s pixels changed"
+        assert torch.equal(targets, targets_then) and (paths, shapes) == reference[k][2:]
+        assert torch.equal(imgs, reference[k][0]) and torch.equal(targets, reference[k][1])
+    for k, (part, then) in enumerate(slices):
+        unchanged = torch.equal(part, then)
+        assert unchanged, f"the held slice of batch {hold + k} changed"
+        assert torch.equal(part, reference[hold + k][0][0])
+    reuses_slots = engine == "cpu" or (engine == "ray" and "engine_options" not in run)
+    assert (copied > 0) == reuses_slots, copied
 
 
 @pytest.mark.parametrize("engine,run", ENGINES)

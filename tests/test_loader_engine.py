@@ -2,7 +2,10 @@
 augmentation: a tiny sampler and renderer defined here, so these tests exercise only the engine."""
 from __future__ import annotations
 
+import gc
 import os
+import queue
+import threading
 import time
 from dataclasses import dataclass
 
@@ -17,6 +20,7 @@ from fastload.engines.base import EngineSettings, collate_targets
 from fastload.engines.cpu import CPUEngine, CPUOptions
 from fastload.engines.cpu_workers import WorkerError
 from fastload.engines.shm_cache import SharedDecodeCache
+from fastload.engines.slot_ledger import SlotLedger
 from fastload.store.base import Store
 from fastload.store.view import StoreView
 
@@ -176,15 +180,107 @@ def test_layouts_give_equal_pixels():
         assert next(iter(a.iter_batches(0, idx))).imgs.is_contiguous(memory_format=torch.channels_last)
 
 
-def test_keep_latest_batches_valid_and_slots_reused():
-    with make_engine(n=40, workers=2, keep=2) as eng:
-        it = eng.iter_batches(0, np.arange(40))
-        prev = next(it)
-        prev_copy = prev.imgs.clone()
-        for b in it:
-            assert torch.equal(prev.imgs, prev_copy)  # the previous batch survives one more request
-            prev, prev_copy = b, b.imgs.clone()
-        assert eng.ring.n_slots == 2 * 2 + 2
+@pytest.mark.parametrize("workers", [0, 2])
+def test_the_common_loop_gets_views_of_the_slots_and_never_a_copy(workers):
+    """The previous batch is still in the loop's variables while the next one is delivered: two lent slots
+    at most, each batch a view of its slot, no copies, over several epochs; no slot stays lent after."""
+    with make_engine(n=40, workers=workers) as eng:
+        for epoch in range(3):
+            for b in eng.iter_batches(epoch, np.arange(40)):
+                assert 1 <= eng.ring.n_lent <= 2  # this batch's slot (and the previous one's, until now)
+        assert eng.ring.n_lent == 1  # `b`, the last batch
+        del b
+        assert eng.ring.n_lent == 0 and eng.ring.n_free == eng.ring.n_slots == (2 * 2 if workers else 1) + 2
+        stats = eng.stats()
+    assert stats["batches"] == 30 and stats["batches_copied"] == 0
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_batches_held_beyond_keep_are_copies_with_the_same_pixels(workers):
+    idx = np.arange(40)
+    with make_engine(n=40, workers=workers) as eng:
+        ref = collect(eng, 0, idx)
+    with make_engine(n=40, workers=workers, keep=2) as eng:
+        held = list(eng.iter_batches(0, idx))  # all 10 batches: the first 2 lent, 8 copies
+        assert eng.stats()["batches_copied"] == 8 and eng.ring.n_lent == 2
+        collect(eng, 1, idx)  # every slot not lent is rendered into again
+        collect(eng, 2, idx)
+        assert_same([(b.imgs, b.targets, b.paths, b.shapes) for b in held], ref)
+        copied = eng.stats()["batches_copied"]
+        assert copied == 8 + 20  # while the caller holds `keep` batches, every new one is a copy
+        del held
+        collect(eng, 3, idx)
+        assert eng.stats()["batches_copied"] == copied  # the slots came back: views again
+
+
+def test_slots_come_back_when_the_last_tensor_dies_in_any_thread_or_in_gc():
+    with make_engine(n=16, workers=2) as eng:
+        it = eng.iter_batches(0, np.arange(16))
+        first, second = next(it), next(it)
+        part = first.imgs[1]  # a slice of the first batch keeps the whole slot
+        cycle: list = [second]
+        cycle.append(cycle)  # only the garbage collector can free the second batch now
+        gc.disable()  # (until the collection below: an automatic one would free it earlier)
+        try:
+            del first, second, cycle
+            assert eng.ring.n_lent == 2
+            gc.collect()
+        finally:
+            gc.enable()
+        assert eng.ring.n_lent == 1
+        # a thread drops the last tensor (the official trainer plots its first batches in a thread)
+        handed, go = [part], threading.Event()
+        del part
+        plotter = threading.Thread(target=lambda: (go.wait(), handed.clear()))
+        plotter.start()
+        assert eng.ring.n_lent == 1
+        go.set()
+        plotter.join()
+        assert eng.ring.n_lent == 0
+        rest = [b.imgs.clone() for b in it]
+        assert len(rest) == 2 and eng.stats()["batches_copied"] == 0
+        assert eng.ring.n_free == eng.ring.n_slots
+
+
+def test_the_slot_ledger_takes_lent_slots_back_from_any_thread():
+    """Views lent by the consumer thread die in other threads (some in reference cycles, freed by whichever
+    thread the garbage collector runs in): no slot is reused while a view of it lives, none is lost."""
+    ledger, buffers = SlotLedger(8), np.zeros((8, 64), np.uint8)
+    handed: queue.Queue = queue.Queue()
+    reused: list[int] = []
+
+    def drop_views() -> None:
+        while (item := handed.get()) is not None:
+            view, token = item
+            if not (view == token).all():  # the consumer wrote into a slot still lent
+                reused.append(token)
+            if token % 4 == 0:
+                cycle: list = [view]
+                cycle.append(cycle)
+            elif token % 40 == 1:  # a collection in this thread: finalizers of other threads' cycles run here
+                gc.collect()
+            del view, item
+
+    threads = [threading.Thread(target=drop_views) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for token in range(240):
+        spins = 0
+        while (slot := ledger.take()) is None:
+            spins += 1
+            time.sleep(0.001)  # (lets the threads run)
+            if spins % 20 == 0:  # views in reference cycles come back only through a collection
+                gc.collect()
+        buffers[slot] = token
+        handed.put((ledger.lend(slot, buffers[slot][:]), token))  # a fresh view object per delivery
+    for t in threads:
+        handed.put(None)
+    for t in threads:
+        t.join()
+    gc.collect()
+    assert not reused and ledger.n_lent == 0 and sorted(ledger._free) == list(range(8))
+    with pytest.raises(RuntimeError, match="slot 2 released twice"):
+        ledger.give_back(2)
 
 
 def test_abandoned_epoch_then_next_epoch_is_clean():
@@ -195,7 +291,7 @@ def test_abandoned_epoch_then_next_epoch_is_clean():
         next(it)  # abandon with batches in flight
         again = collect(eng, 1, idx)
         assert_same(ref, again)
-        assert eng.ring.n_free == eng.ring.n_slots - len(eng._held)
+        assert eng.ring.n_free == eng.ring.n_slots and eng.ring.n_lent == 0  # the abandoned batch was dropped
 
 
 def test_close_mosaic_reaches_persistent_workers():

@@ -1,4 +1,4 @@
-"""The Ray engine's shared-memory batch slots without Ray: which slot is free, held, in flight or draining,
+"""The Ray engine's shared-memory batch slots without Ray: which slot is free, lent, in flight or draining,
 the file's lifetime, and what another process writes being what this one reads.
 
 A stand-in for ``ray.wait`` says which abandoned tasks have finished; the engine with real actors is
@@ -10,6 +10,7 @@ import multiprocessing as mp
 
 import numpy as np
 import pytest
+import torch
 
 from fastload.engines.cpu_render import batch_view
 from fastload.engines.ray_slots import PREFIX, SlotPool, map_slot_file
@@ -31,17 +32,22 @@ def _write(spec, slot, value):
     batch_view(map_slot_file(spec)[slot], 2, 4, 4, "nhwc")[...] = value
 
 
-def test_slots_are_reused_after_keep_batches_and_abandoned_ones_once_finished(shm_root):
+def test_slots_are_reused_once_their_batch_is_gone_and_abandoned_ones_once_finished(shm_root):
     ray = FakeRay()
-    pool = SlotPool(4, 2 * 4 * 4 * 3, "node-a", keep=2, ray=ray)
+    pool = SlotPool(4, 2 * 4 * 4 * 3, "node-a", ray=ray)
     try:
         taken = [pool.take() for _ in range(4)]
         assert sorted(taken) == [0, 1, 2, 3] and pool.take() is None  # all in flight: the task takes the store
-        pool.delivered(taken[0])
-        pool.delivered(taken[1])
-        assert pool.take() is None  # the two latest delivered batches stay valid (keep=2)
-        pool.delivered(None)  # a batch through the object store counts towards keep too
-        assert pool.take() == taken[0]  # the oldest is free once keep newer ones were delivered
+        first = torch.from_numpy(pool.lend(taken[0], 2, 4, 4, "nhwc")).permute(0, 3, 1, 2)
+        second = pool.lend(taken[1], 2, 4, 4, "nhwc")
+        assert pool.take() is None and pool.n_lent == 2  # delivered batches stay the caller's while it holds them
+        part = first[1]
+        del first
+        assert pool.take() is None  # a slice of the first batch still uses its slot
+        del part
+        assert pool.take() == taken[0] and pool.n_lent == 1  # free once no tensor of the batch is left
+        del second
+        assert pool.take() == taken[1] and pool.n_lent == 0
         pool.drop("ref-a", taken[2])  # an abandoned epoch: its actor may still be writing
         pool.drop("ref-b", taken[3])
         assert pool.take() is None
@@ -54,7 +60,7 @@ def test_slots_are_reused_after_keep_batches_and_abandoned_ones_once_finished(sh
 
 
 def test_another_process_writes_what_this_one_reads_and_close_removes_the_file(shm_root):
-    pool = SlotPool(3, 2 * 4 * 4 * 3, "node-a", keep=1, ray=FakeRay())
+    pool = SlotPool(3, 2 * 4 * 4 * 3, "node-a", ray=FakeRay())
     segment = pool.segment
     assert segment.name.startswith(PREFIX) and shm.is_complete(segment)
     p = mp.get_context("spawn").Process(target=_write, args=(pool.spec, 1, 7))

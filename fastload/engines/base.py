@@ -26,6 +26,7 @@ unapplied are applied to the whole batch (``hsv_on="consumer"``, by
 from __future__ import annotations
 
 import abc
+import itertools
 import warnings
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generator, Iterator, Literal, NamedTuple, Sequence, get_args
@@ -212,6 +213,7 @@ class Engine(abc.ABC):
         self.hsv_gains: torch.Tensor | None = None
         self.mosaic_closed = False
         self.decodes = 0  # encoded images decoded (JPEG/PNG -> pixels) for the batches rendered so far
+        self.copied = 0  # batches delivered as copies because the caller held every spare slot (stats())
         self._delivered = [0, 0]  # batches, images
         self._damaged: dict[tuple[str, int], str] = {}  # (store path, record) -> damage kind, as reported
         self._redrawn = 0  # samples of the delivered batches drawn again because of a damaged record
@@ -235,8 +237,9 @@ class Engine(abc.ABC):
 
     def _finished(self, rendered: Generator[Rendered, None, None]) -> Iterator[Batch]:
         try:
-            for batch, gains in rendered:
-                yield self._finish(batch, gains)
+            # starmap, not a for loop: this frame keeps no reference to the batch it yielded last, which
+            # would hold that batch's shared-memory slot after the caller dropped it
+            yield from itertools.starmap(self._finish, rendered)
         finally:  # an abandoned iteration stops the engine's work at once
             rendered.close()
 
@@ -288,7 +291,11 @@ class Engine(abc.ABC):
         ``partners`` (the sampler's), ``decodes`` (encoded images decoded to render the batches so
         far: 0 for decoded stores, and for images a decoded-image cache served) and
         ``decodes_per_image`` (``decodes / images``; about 4.6 with scratch-high and
-        ``partners="dataset"`` without a cache, at most 1 with ``partners="batch"``).
+        ``partners="dataset"`` without a cache, at most 1 with ``partners="batch"``),
+        ``batches_copied``: batches that engines delivering views of reused shared-memory slots (``cpu``,
+        ``ray`` with ``delivery="auto"``) delivered through a copy instead, because the caller still held
+        the batches of every spare slot (their ``keep`` option); always 0 for ``gpu`` and ``dali``, whose
+        batches are fresh tensors. A held batch never changes either way; the common loop copies none.
         Damaged records skipped so far (``strict=False``): ``damaged_records`` (how many),
         ``damaged_record_ids`` (their record numbers in the store, sorted, as ``fastload verify`` numbers
         them), ``damaged_by_kind`` (``{"checksum": n, "decode": n, "read": n}``) and ``replaced_samples``
@@ -298,7 +305,7 @@ class Engine(abc.ABC):
         kinds = list(self._damaged.values())
         return {"engine": self.name, "batches": self._delivered[0], "images": images, "worker_pids": [],
                 "partners": self.sampler.partners, "decodes": self.decodes,
-                "decodes_per_image": self.decodes / images if images else 0.0,
+                "decodes_per_image": self.decodes / images if images else 0.0, "batches_copied": self.copied,
                 "damaged_records": len(self._damaged),
                 "damaged_record_ids": sorted(record for _, record in self._damaged),
                 "damaged_by_kind": {k: kinds.count(k) for k in DAMAGE_KINDS},

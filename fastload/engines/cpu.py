@@ -7,12 +7,14 @@ hands the HSV gains (``hsv_on="consumer"`` or ``"defer"``) to the shared finishi
 calling process. Results are identical for any worker count: records depend only on
 ``(seed, epoch, index)``.
 
-Slot lifetime: a yielded batch's ``imgs`` stays valid until ``keep`` further batches have been
-requested (``CPUOptions.keep``, default 2: the current and the previous batch); clone it to keep it longer.
+Batch ownership: a yielded batch is the caller's for as long as any tensor of it lives (``imgs``, a slice of
+it, a view); its slot is rendered into again only after that. The caller may hold ``CPUOptions.keep``
+(default 2) batches at once that share a slot; a batch delivered while the caller holds that many
+already is a copy, and its slot is free at once (``stats()["batches_copied"]`` counts them). The common
+loop holds two at the moment of delivery (the one in its variables and the new one): no copies.
 """
 from __future__ import annotations
 
-import collections
 import warnings
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generator, NamedTuple
@@ -34,8 +36,13 @@ class CPUOptions(HostRenderOptions):
     """Options of ``engine="cpu"`` (``loader(..., engine_options=CPUOptions(...))`` or a dict of them).
 
     Attributes:
-        keep: how many of the latest yielded batches stay valid (>= 1). ``imgs`` is a view of a
-            shared slot that is reused after that; clone ``imgs`` to keep a batch longer.
+        keep: spare slots of the ring for the batches the caller holds (>= 1): that many delivered
+            batches may be held at once as views of their slots; one delivered while the caller holds
+            ``keep`` already is a copy (``stats()["batches_copied"]``). Not needed for correctness (a
+            held batch never changes, copied or not): raise it for code that holds more batches (gradient
+            accumulation, a plotting thread) to keep them zero-copy, at one batch of memory per slot. The
+            common loop holds 2 when a batch is delivered (the previous one, still in its variables, and
+            the new one), so ``keep=1`` copies every batch there.
         timeout: seconds to wait for one batch before raising (0: as long as the worker lives; a
             dead worker always raises at once).
         decode_cache_mb: encoded stores (files, lmdb): bound of the machine's decoded-image cache, one
@@ -81,7 +88,8 @@ class CPUEngine(Engine):
     """Batches rendered by CPU worker processes (options: :class:`CPUOptions`).
 
     Settings: ``workers`` render processes (0: in the calling process); ``prefetch`` batches each
-    worker may have in flight (the ring holds ``workers * prefetch + keep`` slots); ``device``:
+    worker may have in flight (the ring holds ``workers * prefetch + keep`` slots, ``1 + keep`` with
+    ``workers=0``); ``device``:
     each finished batch is copied there; ``hsv_on="worker"`` applies HSV in the workers;
     ``layout="nhwc"`` (workers render HWC, ``imgs`` is a channels-last view of the slot, which
     ``.to(device)`` copies as one block) or ``"nchw"`` (workers transpose every sample into a
@@ -92,7 +100,8 @@ class CPUEngine(Engine):
     (``decode_cache_segment``, ``decode_cache_slots``, ``decode_cache_filled``, ``decode_cache_images``,
     ``decode_cache_bytes``, ``decode_cache_policy``) and ``early_batches_used`` /
     ``early_batches_dropped`` (batches of the next epoch rendered before it was asked for: used, or
-    dropped after a wrong guess).
+    dropped after a wrong guess). ``batches_copied`` (every engine has it) counts the batches delivered as
+    copies because the caller held ``keep`` batches already.
 
     Default ``partners="dataset"`` (YOLOv9's own draw): this engine's decoded-image cache is one per
     machine, so once the dataset fits in it every image is decoded once per machine in the first
@@ -127,13 +136,14 @@ class CPUEngine(Engine):
             reduced_decode=opts.decode_scale == "reduced", axis_kernel=opts.axis_kernel, shrink=self.shrink,
             strict=settings.strict,
         )
-        n_slots = self.workers * self.prefetch + self.keep if self.workers else self.keep
+        # slots being rendered into (in flight to the workers, or the one being drawn in-process) plus `keep`
+        # for the caller: one delivered while the caller holds `keep` is copied, so one is always left to render
+        n_slots = (self.workers * self.prefetch if self.workers else 1) + self.keep
         self.ring = SlotRing(n_slots, self.batch_size * self.max_hw[0] * self.max_hw[1] * 3)
         self.pool: WorkerPool | None = None
         self._cache_stats = [0, 0, 0]  # [hits, misses, decodes] summed over the workers' last reports
         self._worker_stats: dict[int, list[int]] = {}
         self.timeout = float(opts.timeout)
-        self._held: collections.deque[int] = collections.deque()  # slots of the latest yielded batches
         self._active: Generator[Rendered, None, None] | None = None
         # task ids run on across epochs: a worker answers in the order it was sent tasks, so batches
         # of the next epoch sent early are received after this epoch's
@@ -182,31 +192,28 @@ class CPUEngine(Engine):
                   gains: np.ndarray | None) -> Rendered:
         """The batch in ``slot``; ``images``: the image each sample shows (a replacement's for a damaged one)."""
         h, w = hw
-        imgs = self.ring.tensor(slot, len(images), h, w, self.layout)
-        if self.device is not None and self.device.type != "cpu":
+        to_device = self.device is not None and self.device.type != "cpu"
+        if to_device or self.ring.n_lent < self.keep:  # (the view given to .to() dies here, freeing its slot)
+            imgs = self.ring.lend(slot, len(images), h, w, self.layout)
+        else:  # the caller holds `keep` batches: this one gets memory of its own, so a slot is left to render into
+            imgs = self.ring.copy(slot, len(images), h, w, self.layout)
+            self.copied += 1
+        if to_device:
             imgs = imgs.to(self.device, non_blocking=False)
         paths = tuple(self.store.im_files[i] for i in images.tolist())
         batch = Batch(imgs, torch.from_numpy(targets), paths, tuple(shapes))
         return Rendered(batch, None if gains is None else torch.from_numpy(gains))
 
-    def _release_old(self) -> None:
-        """Free the slots of batches older than the ``keep`` latest (the consumer moved on)."""
-        while len(self._held) >= self.keep:
-            self.ring.release(self._held.popleft())
-
     def _iter_inline(self, epoch: int, indices: np.ndarray) -> Generator[Rendered, None, None]:
-        held = self._held
         for idx in chunks(indices, self.batch_size):
-            self._release_old()
             slot = self.ring.acquire()
-            if slot is None:  # every slot is held by a yielded batch: `keep` was not honoured
-                raise RuntimeError("fastload: no free batch slot in-process; was a batch kept beyond keep=%d?" % self.keep)
+            if slot is None:  # cannot happen: at most `keep` of the 1 + keep slots are lent (see _rendered)
+                raise RuntimeError(f"fastload: no free batch slot in-process ({self.ring.n_lent} lent, keep={self.keep})")
             try:
                 out = self.renderer.render(epoch, idx, lambda b, h, w: self.ring.array(slot, b, h, w, self.layout))
             except BaseException:  # a failed render must not leak its slot into the next epoch
                 self.ring.release(slot)
                 raise
-            held.append(slot)
             cache = self.renderer.cache
             self._cache_stats = [cache.hits if cache is not None else 0, cache.misses if cache is not None else 0,
                                  self.renderer.decodes]
@@ -222,12 +229,12 @@ class CPUEngine(Engine):
         early_batches = chunks(hint[1], self.batch_size) if hint is not None else []
         early: list[tuple[int, int]] = []  # (task, slot) of the next epoch's first batches
         early_mosaic_closed = self.mosaic_closed  # the state the first of them was rendered with
-        held = self._held
         received = 0
         finished = False
         try:
             for seq in range(len(batches)):
-                self._release_old()
+                # at most `keep` slots are lent (see _rendered): the others are in flight or free, so the
+                # batch wanted next is in flight already or gets a slot here
                 while True:  # fill the free slots: this epoch's batches first, then the next epoch's
                     if len(sent) < len(batches):
                         todo, e, out = batches[len(sent)], epoch, sent
@@ -246,7 +253,6 @@ class CPUEngine(Engine):
                 task, slot = sent[seq]
                 msg = pool.receive(task)
                 received += 1
-                held.append(slot)
                 self._worker_stats[task % pool.n] = msg["c"]
                 self._cache_stats = [sum(v[k] for v in self._worker_stats.values()) for k in range(3)]
                 self.decodes = self._cache_stats[2]

@@ -113,7 +113,7 @@ class DALIEngine(Engine):
     output batch on ``device`` (the engine has no earlier place for it); ``layout="nhwc"`` skips the
     graph's transpose (``imgs`` is a channels-last view), ``"nchw"`` transposes in the graph.
     :meth:`close_mosaic` takes effect from the next epoch: the workers hold their own sampler copies
-    and learn it from the next plan. Batches are fresh tensors: they stay valid.
+    and learn it from the next plan. Batches are fresh tensors, the caller's to keep (``batches_copied`` stays 0).
 
     Default ``partners="batch"``: a per-sample external source cannot share a decoded image between
     samples, so with ``"dataset"`` the graph decodes and resizes the image of every tile slot of

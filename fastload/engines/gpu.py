@@ -110,7 +110,7 @@ class GPUEngine(Engine):
     batches are prepared ahead by that thread (0: everything in the caller's thread, no overlap;
     handy for debugging); ``hsv_on="worker"`` applies HSV in the background thread, on the side
     stream; ``layout="nhwc"`` delivers the drawn HWC pixels as a channels-last view (no copy),
-    ``"nchw"`` makes them contiguous. Batches are fresh tensors: they stay valid.
+    ``"nchw"`` makes them contiguous. Batches are fresh tensors, the caller's to keep (``batches_copied`` stays 0).
 
     Default ``partners="dataset"`` (YOLOv9's own draw): this engine is built to draw from decoded
     images (``store="gpu"`` resident in device memory, or ram/disk stores), where partners cost no

@@ -39,7 +39,6 @@ from fastload.augment.functional.tiles import check_axis_kernel
 from fastload.augment.params import ParamSampler, shapes_from_array
 from fastload.engines.base import (Batch, Engine, EngineOptionError, EngineSettings, HostRenderOptions, Rendered,
                                    WorkerError, chunks)
-from fastload.engines.cpu_render import batch_view
 from fastload.engines.ray_actor import RenderActor, RenderSpec, StoreSpec, versions
 from fastload.engines.ray_slots import SlotPool
 from fastload.store.base import DamagedRecordError, Store, StoreError, join_labels
@@ -90,13 +89,17 @@ class RayOptions(HostRenderOptions):
             is resolved in this process, so every node draws with the same kernel).
         delivery: how the pixels of a batch reach this process.
             ``"auto"``: actors on this process's node write them into shared-memory slots that this process
-            maps (no copy, no object-store round trip); ``imgs`` is then a view of a slot, valid until
-            ``keep`` further batches have been requested (as on ``engine="cpu"``: clone it to keep it
-            longer). Actors on other nodes, and every actor when the slots do not fit the shared-memory
-            filesystem (a warning says so), use the object store.
+            maps (no copy, no object-store round trip); ``imgs`` is then a view of a slot, which is
+            written again only once no tensor of that batch is left (as on ``engine="cpu"``). Actors on
+            other nodes, and every actor when the slots do not fit the shared-memory filesystem (a
+            warning says so), use the object store.
             ``"object_store"``: every batch through Ray's object store; ``imgs`` is read-only object-store
             memory, valid as long as it is referenced.
-        keep: with ``delivery="auto"``, how many of the latest yielded batches stay valid (>= 1).
+        keep: with ``delivery="auto"``, spare slots for the batches the caller holds (>= 1; the file has
+            ``actors * prefetch + keep`` slots). Not needed for correctness: while the caller holds so many
+            batches that no slot is free, new batches of this node's actors come through the object store
+            (one more copy, in the actor; ``stats()["batches_copied"]`` counts them). The common loop
+            needs 1.
     """
 
     engine: ClassVar[str] = "ray"
@@ -132,6 +135,7 @@ class _Task(NamedTuple):
     actor: int
     ref: Any  # ray.ObjectRef of RenderActor.render's result
     slot: int | None  # the shared-memory slot the actor writes the pixels into (None: the object store)
+    copied: bool  # it goes through the object store although its actor could write a slot: none was free
 
 
 class _Ahead(NamedTuple):
@@ -190,9 +194,11 @@ class RayEngine(Engine):
     ``hsv_on="worker"`` applies HSV in the actors; ``layout`` is rendered by the actors (HWC, or CHW by
     one transposing copy per image).
 
-    ``imgs`` is a view of a shared-memory slot for batches from actors on this node (``RayOptions.delivery``,
-    valid until ``keep`` further batches have been requested), else read-only memory of Ray's object store,
-    valid as long as it is referenced: clone it to keep it or to write into it. :meth:`stats` adds
+    ``imgs`` is a view of a shared-memory slot for batches from actors on this node (``RayOptions.delivery``;
+    the slot is written again only once no tensor of the batch is left), else read-only memory of Ray's
+    object store: either way the batch is the caller's as long as it holds it; clone it to write into it.
+    ``batches_copied`` (every engine has it) counts the batches of this node's actors that came through
+    the object store because every slot was in flight or held by the caller. :meth:`stats` adds
     ``actors``, ``nodes`` (the actors' nodes), ``actor_restarts`` (dead actors replaced), ``in_flight``
     (batches sent, not yet delivered), ``in_flight_limit`` and ``in_flight_peak``, ``slot_batches`` /
     ``object_store_batches`` (how the delivered batches came), ``decode_cache_hits`` /
@@ -284,7 +290,7 @@ class RayEngine(Engine):
         except Exception:  # a Ray Client driver runs on no node of the cluster
             return None
         try:
-            return SlotPool(self.in_flight_limit + self.options.keep, slot_bytes, node_id, self.options.keep, ray)
+            return SlotPool(self.in_flight_limit + self.options.keep, slot_bytes, node_id, ray)
         except OSError as e:
             warnings.warn(f"fastload: engine 'ray': {e}; batches from the actors on this node go through Ray's object "
                           f"store (RayOptions(delivery='object_store') silences this)")
@@ -352,6 +358,8 @@ class RayEngine(Engine):
                 if t.slot is not None and not self._local[k]:
                     self._slots.give_back(t.slot)
                     t = t._replace(slot=None)
+                if not self._local[k]:  # its new actor cannot write slots: the object store is no fallback
+                    t = t._replace(copied=False)
                 t = t._replace(ref=self._actors[k].render.remote(t.epoch, t.indices, t.mosaic_closed, t.slot))
             out.append(t)
         return out
@@ -388,7 +396,7 @@ class RayEngine(Engine):
         slot = self._slots.take() if self._local[k] else None
         ref = self._actors[k].render.remote(epoch, idx, self.mosaic_closed, slot)
         self._peak = max(self._peak, self.in_flight + 1)
-        return _Task(epoch, idx, self.mosaic_closed, k, ref, slot)
+        return _Task(epoch, idx, self.mosaic_closed, k, ref, slot, copied=self._local[k] and slot is None)
 
     def _fetch(self, task: _Task, seq: int) -> tuple[Any, ...]:
         """The result of ``task``; :class:`_ActorLost` when its actor died before delivering it."""
@@ -412,10 +420,9 @@ class RayEngine(Engine):
         self._counts[task.actor] = [int(c) for c in counts]
         self.decodes = self._total_counts()[0]
         self._via[task.slot is None] += 1
-        if self._slots is not None:
-            self._slots.delivered(task.slot)  # frees the slots of batches older than the keep latest
-        if task.slot is not None:
-            imgs = batch_view(self._slots.slots[task.slot], len(task.indices), h, w, self.settings.layout)
+        self.copied += task.copied
+        if task.slot is not None:  # free again once no tensor of this batch is left
+            imgs = self._slots.lend(task.slot, len(task.indices), h, w, self.settings.layout)
         with warnings.catch_warnings():  # object-store memory is read-only; the class docstring says to clone to write
             warnings.simplefilter("ignore", UserWarning)
             pixels = torch.from_numpy(imgs)

@@ -9,16 +9,16 @@ nodes keep the object store.
 
 The consumer owns the file: a segment ``fastload-rayslots-<pid>-<token>`` under the shm root, held by
 its PID through :mod:`fastload.store.shm`, so a consumer killed with SIGKILL leaves a segment that the
-next stale cleanup removes. Its slots are free, in flight (a task was sent to write it), held (a
-delivered batch the consumer may still read: the ``keep`` latest ones) or draining (a task of an
-abandoned epoch that may still be writing it; freed once its result is ready). When no slot is free,
-the task goes through the object store instead, so slot accounting never blocks or corrupts a batch.
+next stale cleanup removes. Its slots are free, in flight (a task was sent to write it), lent (a
+delivered batch some tensor of the consumer still uses: free again once the last one is gone, see
+:mod:`~fastload.engines.slot_ledger`) or draining (a task of an abandoned epoch that may still be
+writing it; freed once its result is ready). When no slot is free, the task goes through the object
+store instead, so slot accounting never blocks or corrupts a batch.
 
 No torch here: the actors import this module.
 """
 from __future__ import annotations
 
-import collections
 import mmap
 import os
 import secrets
@@ -27,6 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from fastload.engines.cpu_render import batch_view
+from fastload.engines.slot_ledger import SlotLedger
 from fastload.store import shm
 from fastload.store.kinds import SHM_PREFIX, shm_root
 from fastload.store.space import fmt_bytes
@@ -57,19 +59,19 @@ def map_slot_file(spec: SlotFile) -> np.ndarray:
 
 
 class SlotPool:
-    """The consumer's side: the slot file, and which slot is free, in flight, held or draining.
+    """The consumer's side: the slot file, and which slot is free, in flight, lent or draining.
 
     Args:
-        n_slots, slot_bytes: the file's layout (batches in flight plus ``keep``, the largest batch).
+        n_slots, slot_bytes: the file's layout (batches in flight plus spare slots for the batches the
+            consumer holds, the largest batch).
         node_id: this process's Ray node (actors elsewhere cannot map the file).
-        keep: how many of the latest delivered batches stay valid.
         ray: the ``ray`` module (to see which abandoned tasks have finished).
 
     Raises:
         OSError: the shared-memory filesystem cannot hold the file (the engine then uses the object store).
     """
 
-    def __init__(self, n_slots: int, slot_bytes: int, node_id: str, keep: int, ray: Any) -> None:
+    def __init__(self, n_slots: int, slot_bytes: int, node_id: str, ray: Any) -> None:
         shm.cleanup_stale(prefix=PREFIX)
         segment = shm_root() / f"{PREFIX}{os.getpid()}-{secrets.token_hex(4)}"
         nbytes = n_slots * slot_bytes
@@ -82,44 +84,45 @@ class SlotPool:
         self.segment = segment
         self.spec = SlotFile(node_id, str(segment / _DATA), n_slots, slot_bytes)
         self.slots = map_slot_file(self.spec)
-        self.keep = keep
         self._ray = ray
-        self._free = collections.deque(range(n_slots))
-        self._held: collections.deque[int | None] = collections.deque()
+        self._ledger = SlotLedger(n_slots)
         self._draining: list[tuple[Any, int]] = []
 
     def take(self) -> int | None:
         """A free slot for a new task, or None (the task then goes through the object store)."""
-        if not self._free and self._draining:
+        if not self._ledger.n_free and self._draining:
             refs = [ref for ref, _ in self._draining]
             ready, _ = self._ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=False)
             done = set(ready)
-            self._free.extend(slot for ref, slot in self._draining if ref in done)
+            for ref, slot in self._draining:
+                if ref in done:
+                    self._ledger.give_back(slot)
             self._draining = [(ref, slot) for ref, slot in self._draining if ref not in done]
-        return self._free.popleft() if self._free else None
+        return self._ledger.take()
 
     def give_back(self, slot: int | None) -> None:
         """A slot whose task will never write it (its actor is dead and its replacement writes elsewhere)."""
         if slot is not None:
-            self._free.append(slot)
+            self._ledger.give_back(slot)
 
     def drop(self, ref: Any, slot: int | None) -> None:
         """An abandoned task: its slot is free once ``ref`` is ready (the actor may still be writing it)."""
         if slot is not None:
             self._draining.append((ref, slot))
 
-    def delivered(self, slot: int | None) -> None:
-        """A batch is handed to the consumer (from ``slot``, or from the object store when None): the slots
-        of batches older than the ``keep`` latest become free."""
-        while len(self._held) >= self.keep:
-            old = self._held.popleft()
-            if old is not None:
-                self._free.append(old)
-        self._held.append(slot)
+    def lend(self, slot: int, b: int, h: int, w: int, layout: str) -> np.ndarray:
+        """The batch an actor wrote into ``slot``, as a view for the consumer (``[b, h, w, 3]`` or
+        ``[b, 3, h, w]``); the slot is free again once this view and everything built on it are gone."""
+        return self._ledger.lend(slot, batch_view(self.slots[slot], b, h, w, layout))
+
+    @property
+    def n_lent(self) -> int:
+        """Slots whose delivered batch the consumer still uses."""
+        return self._ledger.n_lent
 
     def close(self) -> None:
         """Drop this process's hold on the file (it is removed; views still in use keep their pages)."""
         self.slots = np.zeros((0, 0), np.uint8)
-        self._free.clear()
+        self._ledger.clear()
         shm.release(self.segment)
 
