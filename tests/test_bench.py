@@ -54,6 +54,10 @@ def _run_bench(tmp_path: Path, data: Path, extra: list[str], capsys) -> dict:
 
 @pytest.mark.starts_ray  # the default engines include ray where it is installed
 def test_bench_synthetic_all_stages(synth_yaml, tmp_path, capsys):
+    if importlib.util.find_spec("ray") is not None:
+        import ray
+
+        ray.shutdown()  # the tests' local instance, where it runs already (another order): the bench starts its own
     doc = _run_bench(tmp_path, synth_yaml, ["--decoders", "fastload,cv2"], capsys)
     _check_document(doc, ["files"])
     decoders = {m["name"] for m in doc["measurements"] if m["stage"] == "decode"}
