@@ -12,6 +12,10 @@ from yolov9.loss import DetectionLoss
 from yolov9.models import DetectionModel, load_cfg
 from yolov9.torch_utils import build_optimizer
 
+# one intra-op thread: with two on a loaded 2-core machine the overfit below took 20 s in one suite run, 178 s in
+# the next (threads spin-waiting for a core another process holds)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 
 def _tiny(nc: int = 3, dual: bool = True) -> DetectionModel:
     cfg = load_cfg("yolov9-t.yaml" if dual else "gelan-t.yaml")
