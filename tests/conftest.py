@@ -72,14 +72,30 @@ def one_torch_thread():
     torch.set_num_threads(before)
 
 
-@pytest.fixture(scope="module")
-def local_ray():
-    """One local Ray instance per test module (2 CPUs, no dashboard: start-up is the slow part), shut down
-    after the module; skips where Ray is not installed (CI installs it with the ``ray`` extra)."""
-    ray = pytest.importorskip("ray", reason='Ray is not installed (pip install "fastload[ray]")')
-    if ray.is_initialized():  # a connection left by an earlier module (e.g. a bench run) is not ours to reuse
+_OUR_RAY: dict[str, str] = {}  # the GCS address of the local instance that local_ray started, once it has
+
+
+@pytest.fixture(scope="session")
+def _ray_stopped_at_exit():
+    """Stops the local Ray instance (if one was started) at the end of the session."""
+    yield
+    if _OUR_RAY:
+        import ray
+
         ray.shutdown()
-    # a small object store, so that its usage figures (percentages) resolve a few small batches
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=256 << 20)
+
+
+@pytest.fixture(scope="module")
+def local_ray(_ray_stopped_at_exit):
+    """One local Ray instance (2 CPUs, no dashboard), started by the first module that needs it and kept for the
+    next ones (the modules that start Ray run last, one after the other: start-up is the slow part), shut down
+    at the end of the session; skips where Ray is not installed (CI installs it with the ``ray`` extra)."""
+    ray = pytest.importorskip("ray", reason='Ray is not installed (pip install "fastload[ray]")')
+    ours = ray.is_initialized() and ray.get_runtime_context().gcs_address == _OUR_RAY.get("address")
+    if ray.is_initialized() and not ours:  # a connection left by something else (e.g. a bench run) is not ours
+        ray.shutdown()
+    if not ours:
+        # a small object store, so that its usage figures (percentages) resolve a few small batches
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=256 << 20)
+        _OUR_RAY["address"] = ray.get_runtime_context().gcs_address
     yield ray
-    ray.shutdown()

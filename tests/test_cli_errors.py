@@ -18,7 +18,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -286,33 +285,33 @@ def test_ram_store_removed_under_a_running_loader(files, tmp_path, monkeypatch):
         shutil.rmtree(shm_root, ignore_errors=True)
 
 
-# The CLI with its writers slowed down (500 ms per converted record, 300 ms per staged file) so that the
-# work lasts seconds, well past the test's 0-0.6 s wait, and SIGINT lands in the middle of it: wrapped
-# here, in the test, not in the library.
-SLOWED_CLI = """
-import sys, time
+# The CLI with its writers wrapped (here, in the test, not in the library): at the writer call the test chose
+# (a record converted, a file staged) the child says so on a pipe and waits there for the signal, so that
+# SIGINT lands in the middle of the work at that point, however fast the machine.
+PAUSED_CLI = """
+import os, sys, time
 from fastload.cli import main
 from fastload.store import stage
 from fastload.store.lmdb_store import LmdbWriter
 from fastload.store.packed import PackedWriter
 
-add_many, add, copy_file = LmdbWriter.add_many, PackedWriter.add, stage._copy_file
+pause_at, ready_fd = int(sys.argv[1]), int(sys.argv[2])
+calls = 0
 
-def slow_add_many(self, records):
-    records = list(records)
-    time.sleep(0.5 * len(records))
-    return add_many(self, records)
+def paused(original):
+    def wrapper(*args, **kwargs):
+        global calls
+        calls += 1
+        if calls == pause_at:
+            os.write(ready_fd, b"!")
+            while True:  # until SIGINT's KeyboardInterrupt
+                time.sleep(0.01)
+        return original(*args, **kwargs)
+    return wrapper
 
-def slow_add(self, *args, **kwargs):
-    time.sleep(0.5)
-    return add(self, *args, **kwargs)
-
-def slow_copy_file(*args, **kwargs):
-    time.sleep(0.3)
-    return copy_file(*args, **kwargs)
-
-LmdbWriter.add_many, PackedWriter.add, stage._copy_file = slow_add_many, slow_add, slow_copy_file
-sys.exit(main(sys.argv[1:]))
+LmdbWriter.add_many, PackedWriter.add = paused(LmdbWriter.add_many), paused(PackedWriter.add)
+stage._copy_file = paused(stage._copy_file)
+sys.exit(main(sys.argv[3:]))
 """
 
 
@@ -320,29 +319,35 @@ sys.exit(main(sys.argv[1:]))
 def test_ctrl_c_at_random_points_leaves_nothing_that_opens(command, files, tmp_path):
     """SIGINT at seeded random points of the work: exit 130 with one line (or 0 when the work was already
     done), and the target is complete or absent; never a store that opens half-written, never a lock file."""
-    rng = random.Random(15)
+    # the writer call each run stops at, of the 8 that convert makes (one lmdb commit per split, 6 disk records)
+    # and the 12 of stage (one per copied file)
+    pause_points = random.Random(15).sample(range(1, 9), 3)
     outcomes = []
-    for k in range(3):
+    for k, pause_at in enumerate(pause_points):
         target = tmp_path / f"{command}{k}"
         if command == "convert":
             argv = [*FASTLOAD, "convert", files["good"], "--to", "lmdb,disk", "--imgsz", "64", "--out", str(target),
                     "--workers", "1", "--no-progress"]
         else:
             argv = [*FASTLOAD, "stage", files["good"], "--to", str(target)]
-        argv = [sys.executable, "-c", SLOWED_CLI, *argv[len(FASTLOAD):]]
+        ready, ready_w = os.pipe()
+        argv = [sys.executable, "-c", PAUSED_CLI, str(pause_at), str(ready_w), *argv[len(FASTLOAD):]]
         # SIGINT as in a terminal: a suite started in the background (`cmd &` in a script) runs with SIGINT
         # ignored, which a child inherits; Python then never raises KeyboardInterrupt and the work completes
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                env=_env({"PYTHONUNBUFFERED": "1"}),
+                                env=_env({"PYTHONUNBUFFERED": "1"}), pass_fds=(ready_w,),
                                 preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-        # the work has begun: convert printed its first line, stage drew its progress bar
-        first = proc.stdout.readline() if command == "convert" else proc.stderr.read(1)
-        assert first, proc.communicate()
-        time.sleep(rng.uniform(0.0, 0.6))
-        proc.send_signal(signal.SIGINT)
+        os.close(ready_w)
+        try:
+            paused = os.read(ready, 1) == b"!"  # b"" once the child exited: it finished before that call
+        finally:
+            os.close(ready)
+        if paused:
+            proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=120)
         outcomes.append(proc.returncode)
         assert proc.returncode in (0, 130) and "Traceback" not in err, err
+        assert (proc.returncode == 130) == paused, err  # a paused run is stopped by the signal, any other finishes
         if proc.returncode == 130:
             assert err.strip().splitlines()[-1].endswith(f"fastload {command}: interrupted"), err
         if command == "convert":

@@ -1,5 +1,5 @@
-"""engine="ray" on one local Ray instance (2 CPUs, shared by the whole module: Ray's start-up is the slow
-part): the same batches as engine="cpu" whatever the number of actors, a killed actor replaced without a
+"""engine="ray" on one local Ray instance (2 CPUs, shared with the other modules that start Ray: its start-up
+is the slow part): the same batches as engine="cpu" whatever the number of actors, a killed actor replaced without a
 batch lost or repeated, bounded memory under a slow consumer, Ctrl-C and close() leaving nothing behind,
 clear errors (a store an actor cannot open, Ray missing), DDP ranks sharing the instance, the bench row.
 

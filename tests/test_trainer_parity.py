@@ -254,5 +254,6 @@ def test_val_loads_bare_state_dict_without_nc(tmp_path):
     torch.save(model.state_dict(), tmp_path / "sd.pt")
     loaded, _ = load_model(tmp_path / "sd.pt", cfg="gelan-t")  # the config says nc 80; the weights say 3
     assert loaded.nc == NC
+    got = loaded.state_dict()  # once: state_dict() walks every module
     for k, v in model.state_dict().items():
-        assert torch.equal(loaded.state_dict()[k], v)
+        assert torch.equal(got[k], v)

@@ -5,6 +5,7 @@ import csv
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -109,13 +110,16 @@ def test_train_epoch_val_detect(small_synth, tiny_cfg, tmp_path):
     assert rows[0]["gpu_util"] == "n/a"  # CPU run: no NVML figure
     # the LRs of the epoch's last batch (8 images, batch 4: batch 1) are the schedule's
     assert _logged_lrs(rows[0]) == pytest.approx(_schedule_lrs(1, 2, 4, 1, 0), rel=1e-5)
-    res = _run(["-m", "yolov9.val", "--data", str(small_synth), "--weights", str(run / "weights" / "best.pt"),
-                "--imgsz", "96", "--batch", "4", "--workers", "0", "--device", "cpu"], cwd=tmp_path)
-    assert "mAP50-95" in res.stdout
     img_dir = Path(small_synth).parent / "images" / "val"
-    _run(["-m", "yolov9.detect", "--weights", str(run / "weights" / "last.pt"), "--source", str(img_dir),
-          "--imgsz", "96", "--conf-thres", "0.001", "--device", "cpu", "--project", str(tmp_path / "det"),
-          "--save-txt"], cwd=tmp_path)
+    with ThreadPoolExecutor(max_workers=2) as pool:  # independent: val and detect run side by side (two cores)
+        val = pool.submit(_run, ["-m", "yolov9.val", "--data", str(small_synth), "--weights",
+                                 str(run / "weights" / "best.pt"), "--imgsz", "96", "--batch", "4", "--workers", "0",
+                                 "--device", "cpu"], cwd=tmp_path)
+        detect = pool.submit(_run, ["-m", "yolov9.detect", "--weights", str(run / "weights" / "last.pt"), "--source",
+                                    str(img_dir), "--imgsz", "96", "--conf-thres", "0.001", "--device", "cpu",
+                                    "--project", str(tmp_path / "det"), "--save-txt"], cwd=tmp_path)
+        assert "mAP50-95" in val.result().stdout
+        detect.result()
     outs = sorted((tmp_path / "det" / "exp").glob("*.*"))
     assert len(outs) == len(list(img_dir.iterdir()))
 
