@@ -115,7 +115,8 @@ SHARED_MEMORY = textwrap.dedent("""
     import mmap, os, time
     size = 64 << 20
     shared = mmap.mmap(-1, size)  # anonymous and shared: every forked child maps the same pages
-    shared.write(b"x" * size)
+    for page in range(0, size, 4096):  # one byte per page, so no 64 MiB temporary joins the parent's PSS
+        shared[page] = 120
     kids = []
     for _ in range(3):
         pid = os.fork()
