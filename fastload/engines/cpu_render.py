@@ -24,7 +24,7 @@ import numpy as np
 
 from fastload.augment.boxes import batch_targets
 from fastload.augment.functional.tiles import AxisKernel, check_axis_kernel
-from fastload.augment.params import ParamSampler, SampleParams, image_of
+from fastload.augment.params import ParamSampler, image_of
 from fastload.augment.pipeline import render_sample
 from fastload.data.images import ShrinkFilter
 from fastload.engines.shm_cache import SharedDecodeCache
@@ -114,10 +114,6 @@ class BatchRenderer:
             return self.cache.get(int(i), self._load)
         return self._load(i)
 
-    def _usable(self, record: SampleParams, images: dict[int, np.ndarray]) -> bool:
-        """Load every image ``record`` reads into ``images``; False when one of them is damaged."""
-        return all(self.damaged.load_into(src, images, self.get_image) for src in record.sources)
-
     # -- state that the consumer may change between epochs ------------------------------------------------
     def sync(self, mosaic_closed: bool) -> None:
         """Bring this process's sampler copy in line with the consumer's (forked workers hold copies)."""
@@ -145,7 +141,7 @@ class BatchRenderer:
         out = slot_array(len(params), h, w)
         for k, sample_id in enumerate(ids.tolist()):
             images = loaded if by_batch else {}  # a sample's own images, dropped once it is drawn
-            p = params[k] = self.sampler.first_usable(epoch, sample_id, lambda r: self._usable(r, images),
+            p = params[k] = self.sampler.first_usable(epoch, sample_id, lambda r: self.damaged.load_all(r.sources, images, self.get_image),
                                                       ids if by_batch else None, record=params[k])
             if self.layout == "nhwc":
                 render_sample(p, images.__getitem__, out=out[k], hsv=self.hsv_in_worker, axis_kernel=self.axis_kernel)

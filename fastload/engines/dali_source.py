@@ -180,7 +180,7 @@ class SampleSource:
         return np.ascontiguousarray(self.store.load(i, self.imgsz))
 
     def _usable(self, images: dict[int, np.ndarray]) -> Callable[[SampleParams], bool]:
-        return lambda record: all(self.damaged.load_into(src, images, self._image) for src in record.sources)
+        return lambda record: self.damaged.load_all(record.sources, images, self._image)
 
     def _slots(self, image: ImageParams | None, n: int, positions: dict[int, int] | None, own: int,
                images: dict[int, np.ndarray]) -> tuple[list[np.ndarray], int]:

@@ -178,7 +178,7 @@ class GPUEngine(Engine):
                 self.damaged.load_into(i, fetched, self._fetch)
 
         def usable(record: SampleParams) -> bool:
-            return all(self.damaged.load_into(src, fetched, self._fetch) for src in record.sources)
+            return self.damaged.load_all(record.sources, fetched, self._fetch)
 
         records = [self.sampler.first_usable(epoch, int(i), usable, idx if by_batch else None, record=r)
                    for i, r in zip(idx.tolist(), records)]

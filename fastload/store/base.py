@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import abc
 import os
-from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Union
+from typing import TYPE_CHECKING, Any, Callable, Iterable, NamedTuple, Union
 
 import numpy as np
 
@@ -134,6 +134,11 @@ class DamagedRecords:
             self._found.append(e.fields())
             return False
         return True
+
+    def load_all(self, sources: Iterable[int], images: dict[int, Any], load: Callable[[int], Any]) -> bool:
+        """:meth:`load_into` for each of ``sources`` (the images one record reads) until one is damaged:
+        True when all of them are in ``images``, so the record can be drawn."""
+        return all(self.load_into(i, images, load) for i in sources)
 
     def take_found(self) -> list[list[Any]]:
         """The fields of the damaged records met since the last call."""

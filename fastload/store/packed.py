@@ -126,11 +126,11 @@ class PackedStore(Store):
         """
         i = self.check_index(i)
         img = self._view(i)
-        checked = self._checked
-        if self.check_on_read and (checked is None or not checked[i]):
+        checked: np.ndarray = self._checked  # type: ignore[assignment]  # _view() made this process's bitmap
+        if self.check_on_read and not checked[i]:
             if record_checksum(img, self.labels[i]) != int(self.checksums[i]):
                 raise self.damaged(i, "checksum", "crc32 mismatch (decoded pixels or labels changed since conversion)")
-            self._checked[i] = True  # type: ignore[index]  # _view() made the bitmap of this process
+            checked[i] = True
         return img
 
     def nbytes(self, i: int) -> int:
