@@ -180,14 +180,18 @@ def test_the_actors_of_a_node_share_its_decoded_cache(stores):
 
 def test_a_killed_actor_is_replaced_and_its_batches_rendered_again(stores, cpu_reference):
     got = []
+    # prefetch=1: one batch per actor in flight, so 3 of the epoch's 6 batches are still to be sent when an actor
+    # is killed after the second. The engine notices a death only when it fetches a task of the dead actor; a
+    # dead actor's tasks end at once, so it looks idle and is sent one of those batches. With 4 in flight
+    # (prefetch=2) a single batch was left, and when it went to the live actor nothing was replaced (1 of 3 runs).
     with fastload.loader(stores, imgsz=IMGSZ, batch_size=BATCH, store="disk", engine="ray", seed=11, close_mosaic=1,
-                         epochs=2, engine_options=RayOptions(actors=2)) as fl:
+                         epochs=2, prefetch=1, engine_options=RayOptions(actors=2)) as fl:
         for epoch in (0, 1):
             fl.set_epoch(epoch)
             batches = []
             for k, (imgs, targets, paths, shapes) in enumerate(fl):
                 batches.append((imgs.clone(), targets.clone(), paths, shapes))
-                if k == 1:  # batches of both actors are in flight now
+                if k == 1:  # both actors have rendered; batches 2-5 are still to be rendered
                     if epoch == 0:  # the process dies (as by the OOM killer)
                         os.kill(fl.stats()["worker_pids"][0], signal.SIGKILL)
                     else:  # Ray kills it
