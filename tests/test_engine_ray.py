@@ -218,7 +218,9 @@ def _needed_object_store_bytes(ray) -> float:
     """Object-store bytes that something still references (Ray's ``memory --stats-only`` figure)."""
     from ray._private.internal_api import memory_summary  # Ray's own `ray memory` report; no public API has it
 
-    m = re.search(r"([\d.]+)% needed", memory_summary(stats_only=True))
+    # the address named: without it Ray looks for the machine's one instance and fails where another runs
+    summary = memory_summary(address=ray.get_runtime_context().gcs_address, stats_only=True)
+    m = re.search(r"([\d.]+)% needed", summary)
     assert m, "Ray's memory summary changed its format"
     return float(m.group(1)) / 100 * ray.cluster_resources()["object_store_memory"]
 

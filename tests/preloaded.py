@@ -1,0 +1,248 @@
+"""Scripts started from a pre-loaded interpreter (a fork server), for the tests that start many short runs.
+
+A Python that imports torch, torchvision, pandas and matplotlib spends 5-10 s of CPU before a script's
+first line, and the suite starts the official YOLOv9 scripts and the project's trainer about twenty times
+(issue #22: the suite's time). ``PreloadedPython`` starts one interpreter that imports those packages and
+nothing else, then forks it for each run. The child takes the run's environment, working directory,
+``sys.argv`` and ``sys.path[0]``, sends its output to the run's log, and runs the script or module as
+``__main__`` with ``runpy``, as ``python SCRIPT ARGS`` or ``python -m MODULE ARGS`` would. Neither the
+script's own modules nor fastload are imported before the fork, so whatever they read from the environment
+at import is the run's. Variables that the pre-loaded packages read when they load (threads, PYTHONPATH,
+the matplotlib backend) must be the server's: ``spawn`` refuses a run whose values differ.
+
+Each run is its own process (a pid that can be signalled), exits with its own status, and can fork or
+start its own processes (DataLoader workers, torchrun) as under a plain interpreter.
+"""
+from __future__ import annotations
+
+import json
+import os
+import select
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+# imported once by the server; all of them are what the official scripts and the trainer import first
+PRELOAD = ("numpy", "yaml", "cv2", "torch", "torchvision", "scipy.signal", "pandas", "matplotlib.pyplot", "seaborn",
+           "torch.utils.tensorboard")
+# variables a pre-loaded package reads when it loads: a run must have the server's values
+READ_AT_LOAD = ("PYTHONPATH", "PYTHONHASHSEED", "MPLBACKEND", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
+                "CUDA_VISIBLE_DEVICES")
+
+
+def base_env(repo: Path) -> dict[str, str]:
+    """This environment with ``repo`` first on PYTHONPATH, one OpenMP thread and matplotlib's Agg backend: what
+    the runs of the suite's scripts share (two processes on two cores with two threads each spin-wait)."""
+    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(repo), *filter(None, [os.environ.get("PYTHONPATH")])]),
+                OMP_NUM_THREADS="1", MPLBACKEND="Agg")
+
+
+class PreloadedProcess:
+    """One run forked by the server: the subset of ``subprocess.Popen`` that the tests use."""
+
+    def __init__(self, server: PreloadedPython, run_id: int, pid: int):
+        self._server, self._id, self.pid = server, run_id, pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.returncode = self._server._exit_status(self._id, timeout=0)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            rc = self._server._exit_status(self._id, timeout=timeout)
+            if rc is None:
+                raise subprocess.TimeoutExpired(f"preloaded run {self._id}", timeout or 0)
+            self.returncode = rc
+        return self.returncode
+
+    def kill(self) -> None:
+        try:
+            os.kill(self.pid, 9)
+        except ProcessLookupError:
+            pass
+
+
+class PreloadedPython:
+    """A fork server with ``PRELOAD`` imported, started with environment ``env``; ``spawn`` runs a script in it."""
+
+    def __init__(self, env: dict[str, str]):
+        self.env = dict(env)
+        self._proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--serve"], env=self.env,
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
+        self._lock = threading.Condition()
+        self._replies: dict[int, dict] = {}
+        self._next_id = 0
+        self._reader = threading.Thread(target=self._read_replies, daemon=True)
+        self._reader.start()
+
+    def spawn(self, argv: list[str], cwd: Path | str, env: dict[str, str], log: Path | str,
+              err_log: Path | str | None = None) -> PreloadedProcess:
+        """Start ``python ARGV`` (``argv`` is what follows the interpreter: ``SCRIPT ...`` or ``-m MODULE ...``) in
+        ``cwd`` with ``env``, its stdout into ``log`` and its stderr too, or into ``err_log`` where given."""
+        differ = [k for k in READ_AT_LOAD if env.get(k) != self.env.get(k)]
+        if differ:
+            raise ValueError(f"a preloaded run needs the server's {', '.join(differ)} (read when torch & co. load)")
+        with self._lock:
+            run_id, self._next_id = self._next_id, self._next_id + 1
+            request = {"id": run_id, "argv": list(argv), "cwd": str(cwd), "env": env, "log": str(log),
+                       "err_log": str(err_log or log)}
+            assert self._proc.stdin is not None
+            self._proc.stdin.write(json.dumps(request) + "\n")
+            self._proc.stdin.flush()
+            while "pid" not in self._replies.get(run_id, {}):
+                if not self._lock.wait(timeout=120):
+                    raise RuntimeError("the preloaded interpreter did not start a run within 120 s")
+            return PreloadedProcess(self, run_id, self._replies[run_id]["pid"])
+
+    def _exit_status(self, run_id: int, timeout: float | None) -> int | None:
+        with self._lock:
+            self._lock.wait_for(lambda: "rc" in self._replies.get(run_id, {}), timeout=timeout)
+            return self._replies.get(run_id, {}).get("rc")
+
+    def _read_replies(self) -> None:
+        assert self._proc.stdout is not None
+        for line in self._proc.stdout:
+            reply = json.loads(line)
+            with self._lock:
+                self._replies.setdefault(reply.pop("id"), {}).update(reply)
+                self._lock.notify_all()
+        with self._lock:  # the server is gone: every run it had not reported is lost
+            for reply in self._replies.values():
+                reply.setdefault("pid", -1)
+                reply.setdefault("rc", -9)
+            self._lock.notify_all()
+
+    def close(self) -> None:
+        assert self._proc.stdin is not None
+        self._proc.stdin.close()  # the server exits once its runs have ended
+        try:
+            self._proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+
+
+def run(server: PreloadedPython, argv: list[str], cwd: Path, env: dict[str, str], timeout: float = 600
+        ) -> subprocess.CompletedProcess:
+    """``subprocess.run([python, *argv], capture_output=True, text=True, ...)`` through ``server``."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="preloaded-") as tmp:
+        out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
+        proc = server.spawn(argv, cwd, env, out, err)
+        try:
+            rc = proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+        return subprocess.CompletedProcess([sys.executable, *argv], rc, out.read_text(errors="replace"),
+                                           err.read_text(errors="replace"))
+
+
+# ----------------------------------------------------------------------------------------- the server
+def _run_child(request: dict) -> int:
+    """In the forked child: become ``python ARGV`` and return its exit status."""
+    import runpy
+    import traceback
+
+    fd = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(fd, 1)
+    if request["err_log"] != request["log"]:  # else one descriptor for both, as 2>&1 gives
+        os.close(fd)
+        fd = os.open(request["err_log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(fd, 2)
+    os.close(fd)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    sys.stdin = open(0, closefd=False)
+    os.environ.clear()
+    os.environ.update(request["env"])
+    os.chdir(request["cwd"])
+    argv = request["argv"]
+    try:
+        if argv[0] == "-m":
+            sys.argv = [argv[1], *argv[2:]]  # runpy puts the module's path in argv[0], as python -m does
+            sys.path[0] = os.getcwd()
+            runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+        else:
+            script = os.path.abspath(argv[0])
+            sys.argv = list(argv)
+            sys.path[0] = os.path.dirname(script)
+            runpy.run_path(script, run_name="__main__")
+        return 0
+    except SystemExit as e:
+        if e.code is None or isinstance(e.code, int):
+            return e.code or 0
+        print(e.code, file=sys.stderr)
+        return 1
+    except BaseException:
+        traceback.print_exc()
+        return 1
+
+
+def _exit(code: int) -> None:
+    """End the child as a plain interpreter ends, less the teardown of every module: non-daemon threads joined,
+    atexit handlers run, output flushed. That teardown writes to nearly every page of the heap the server
+    shares with its children (reference counts), which copies them: 4-5 s per run with torch loaded."""
+    import atexit
+    import threading
+
+    for thread in threading.enumerate():
+        if thread is not threading.main_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def serve() -> None:
+    """Import ``PRELOAD``, then fork a child per request line on stdin; report pids and exit statuses on stdout."""
+    import gc
+    import importlib
+
+    for name in PRELOAD:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            pass  # an optional package absent here: the run imports what it needs itself
+    gc.freeze()  # what the server imported stays out of the children's collections: fewer pages copied
+    reply_fd = os.dup(1)
+    os.dup2(2, 1)  # anything a package prints goes to stderr, not into the replies
+    children: dict[int, int] = {}  # pid -> run id
+    buffered, open_stdin = b"", True
+
+    def reply(msg: dict) -> None:
+        os.write(reply_fd, (json.dumps(msg) + "\n").encode())
+
+    while open_stdin or children:
+        ready, _, _ = select.select([0] if open_stdin else [], [], [], 0.05)
+        if ready:
+            chunk = os.read(0, 1 << 16)
+            open_stdin = bool(chunk)
+            buffered += chunk
+            while b"\n" in buffered:
+                line, buffered = buffered.split(b"\n", 1)
+                request = json.loads(line)
+                sys.stdout.flush()
+                sys.stderr.flush()
+                pid = os.fork()
+                if pid == 0:
+                    os.close(reply_fd)
+                    _exit(_run_child(request))
+                children[pid] = request["id"]
+                reply({"id": request["id"], "pid": pid})
+        while children:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+            if pid == 0:
+                break
+            if pid in children:
+                reply({"id": children.pop(pid), "rc": os.waitstatus_to_exitcode(status)})
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["--serve"]:
+    serve()
