@@ -432,22 +432,28 @@ def change_cost(args: argparse.Namespace, yaml_path: Path, work: Path) -> dict[s
     print(f"\nthis tree vs {args.baseline_ref} ({commit[:10]}), common loop, {args.images} images, batch {args.batch}, "
           f"{args.workers} workers, imgsz {args.imgsz}, {args.seconds:.0f} s per side and configuration in {args.rounds} "
           f"interleaved rounds, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
-    print("| configuration | this img/s | baseline img/s | ratio (median of rounds) | round ratios min-max | batches copied |")
-    print("|---|---:|---:|---:|---|---:|")
+    print("| configuration | this img/s | baseline img/s | ratio (median of rounds) | round ratios min-max | "
+          "CPU ms/image this / baseline (median of rounds) | batches copied |")
+    print("|---|---:|---:|---:|---|---:|---:|")
     for name, _ in CHANGE_CONFIGS:
         pairs = [(a["images_per_s"], b["images_per_s"]) for a, b in zip(runs[name]["this"], runs[name]["baseline"])
                  if "images_per_s" in a and "images_per_s" in b]
         ratios = [a / b for a, b in pairs]
+        # CPU time per image over the loader's processes moves far less with other work on the machine than img/s
+        cpu_ratios = [a["cpu_ms_per_image"] / b["cpu_ms_per_image"]
+                      for a, b in zip(runs[name]["this"], runs[name]["baseline"])
+                      if a.get("cpu_ms_per_image") and b.get("cpu_ms_per_image")]
         copied = sum(x.get("batches_copied", 0) for x in runs[name]["this"])
-        row = {"rounds": runs[name], "ratios": ratios, "batches_copied": copied}
+        row = {"rounds": runs[name], "ratios": ratios, "cpu_ratios": cpu_ratios, "batches_copied": copied}
         if pairs:
             row.update(this_images_per_s=float(np.median([a for a, _ in pairs])),
-                       baseline_images_per_s=float(np.median([b for _, b in pairs])), ratio=float(np.median(ratios)))
+                       baseline_images_per_s=float(np.median([b for _, b in pairs])), ratio=float(np.median(ratios)),
+                       cpu_ratio=float(np.median(cpu_ratios)) if cpu_ratios else float("nan"))
             print(f"| {name} | {row['this_images_per_s']:.1f} | {row['baseline_images_per_s']:.1f} | {row['ratio']:.3f} | "
-                  f"{min(ratios):.3f}-{max(ratios):.3f} | {copied} |")
+                  f"{min(ratios):.3f}-{max(ratios):.3f} | {row['cpu_ratio']:.3f} | {copied} |")
         else:
             errors = {x.get("error") for side in runs[name].values() for x in side} - {None}
-            print(f"| {name} | - | - | - | {'; '.join(sorted(errors))[:80]} | - |")
+            print(f"| {name} | - | - | - | {'; '.join(sorted(errors))[:80]} | - | - |")
         out["configs"][name] = row
     try:  # only a tree with batch ownership has SlotRing.lend
         out["slot_delivery"] = cost = slot_delivery_cost(args.batch, args.imgsz)
