@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 from typing import Sequence
 
+from preloaded import PreloadedProcess, PreloadedPython, base_env
+
 REPO = Path(__file__).resolve().parents[1]
 UPSTREAM = Path(os.environ.get("FASTLOAD_YOLOV9_UPSTREAM", REPO.parent / "shared" / "upstream" / "yolov9"))
 STOCK_IMPORT = "from utils.dataloaders import create_dataloader"
@@ -92,16 +94,7 @@ def official_env(tmp: Path, **extra: str) -> dict[str, str]:
     if not (config / "Arial.ttf").is_file():
         config.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(Path(matplotlib.get_data_path()) / "fonts" / "ttf" / "DejaVuSans.ttf", config / "Arial.ttf")
-    env = dict(os.environ)
-    env.update(
-        PYTHONPATH=os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]),
-        YOLOV5_CONFIG_DIR=str(config),
-        TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD="1",
-        OMP_NUM_THREADS="1",
-        MPLBACKEND="Agg",
-    )
-    env.update(extra)
-    return env
+    return {**base_env(REPO), "YOLOV5_CONFIG_DIR": str(config), "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1", **extra}
 
 
 @dataclasses.dataclass
@@ -112,16 +105,20 @@ class Run:
     argv: list[str]
     cwd: Path
     env: dict[str, str]
-    proc: subprocess.Popen | None = None
+    proc: subprocess.Popen | PreloadedProcess | None = None
     log_path: Path | None = None
     returncode: int | None = None
     output: str = ""
     seconds: float = 0.0
     _t0: float = 0.0
 
-    def start(self, logs: Path) -> None:
+    def start(self, logs: Path, server: PreloadedPython | None = None) -> None:
+        """Start the run; with ``server``, a run of ``python()`` is forked from that pre-loaded interpreter."""
         self.log_path = logs / f"{self.name}.log"
         self._t0 = time.perf_counter()
+        if server is not None and self.argv[0] == python():
+            self.proc = server.spawn(self.argv[1:], self.cwd, self.env, self.log_path)
+            return
         with open(self.log_path, "w") as out:
             self.proc = subprocess.Popen(self.argv, cwd=self.cwd, env=self.env, stdout=out, stderr=subprocess.STDOUT)
 
@@ -141,9 +138,10 @@ class Run:
         return self.output
 
 
-def run_all(stages: Sequence[Sequence[Run]], logs: Path, *, parallel: int = 2, timeout: float = 400) -> None:
-    """Run the stages one after the other, the runs of a stage ``parallel`` at a time; a run still going
-    after ``timeout`` seconds is killed (its exit status then says so)."""
+def run_all(stages: Sequence[Sequence[Run]], logs: Path, *, parallel: int = 2, timeout: float = 400,
+            server: PreloadedPython | None = None) -> None:
+    """Run the stages one after the other, the runs of a stage ``parallel`` at a time (forked from ``server``
+    where given); a run still going after ``timeout`` seconds is killed (its exit status then says so)."""
     logs.mkdir(parents=True, exist_ok=True)
     for stage in stages:
         pending = list(stage)
@@ -151,7 +149,7 @@ def run_all(stages: Sequence[Sequence[Run]], logs: Path, *, parallel: int = 2, t
         while pending or running:
             while pending and len(running) < parallel:
                 run = pending.pop(0)
-                run.start(logs)
+                run.start(logs, server)
                 running.append(run)
             for run in list(running):
                 assert run.proc is not None

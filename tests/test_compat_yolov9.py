@@ -9,7 +9,6 @@ import inspect
 import json
 import os
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -19,6 +18,8 @@ import torch
 
 from fastload.compat.yolov9 import CompatOptions, create_dataloader
 from fastload.compat.yolov9.launcher import LaunchError, split_args
+import preloaded
+from preloaded import base_env
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -202,13 +203,17 @@ def test_launcher_splits_fastload_flags():
         split_args(["x.py", "--fastload-hsv", "sometimes"])
 
 
-def _launch(cwd: Path, *args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    return subprocess.run([sys.executable, "-m", "fastload.compat.yolov9", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=120)
+@pytest.fixture
+def launch(preloaded_python):
+    """``launch(cwd, ARGS)``: ``python -m fastload.compat.yolov9 ARGS`` in ``cwd``, forked from the interpreter that
+    has torch imported (tests/preloaded.py); returns the completed process."""
+    def run(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+        return preloaded.run(preloaded_python, ["-m", "fastload.compat.yolov9", *args], cwd, base_env(REPO), timeout=120)
+
+    return run
 
 
-def test_launcher_replaces_the_checkouts_create_dataloader(tmp_path):
+def test_launcher_replaces_the_checkouts_create_dataloader(tmp_path, launch):
     """A miniature checkout (utils/dataloaders.py + a script importing from it, as train_dual.py does):
     the script sees fastload's function, gets its flags, and the launcher's flags reach create_dataloader."""
     (tmp_path / "utils").mkdir()
@@ -223,20 +228,20 @@ def test_launcher_replaces_the_checkouts_create_dataloader(tmp_path):
         create_dataloader('images', 64, 4, 32)
         print(json.dumps({"argv": sys.argv[1:], "name": __name__, "kw": calls[0]}))
     """))
-    out = _launch(tmp_path, "script.py", "--epochs", "2", "--fastload-engine", "cpu", "--seed", "5")
+    out = launch(tmp_path, "script.py", "--epochs", "2", "--fastload-engine", "cpu", "--seed", "5")
     assert out.returncode == 0, out.stderr
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got == {"argv": ["--epochs", "2", "--seed", "5"], "name": "__main__", "kw": {"engine": "cpu", "seed": 5}}
     assert "script.py with fastload's create_dataloader" in out.stderr
 
 
-def test_launcher_refuses_unsupported_flags_in_one_line(tmp_path):
-    out = _launch(tmp_path, "train_dual.py", "--quad", "--batch", "4")
+def test_launcher_refuses_unsupported_flags_in_one_line(tmp_path, launch):
+    out = launch(tmp_path, "train_dual.py", "--quad", "--batch", "4")
     assert out.returncode == 2
     assert out.stderr.strip().splitlines() == [
         "python -m fastload.compat.yolov9: error: --quad is not supported by fastload (the quad collate (4 images "
         "tiled into one) is not implemented); drop the flag"]
-    out = _launch(tmp_path, "missing.py")
+    out = launch(tmp_path, "missing.py")
     assert out.returncode == 2 and "no script missing.py" in out.stderr
 
 

@@ -10,7 +10,6 @@ what fastload's CPU engine loads for training.
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -18,21 +17,22 @@ import pytest
 
 from fastload.compat.yolov9 import create_dataloader
 from official_batches import TRAIN_SIZES, VAL_CONFIGS
-from official_helpers import coco_subset, copy_upstream, official_env, python
+import preloaded
+from official_helpers import coco_subset, copy_upstream, official_env
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def official(coco128_yaml, tmp_path_factory):
+def official(coco128_yaml, tmp_path_factory, preloaded_python):
     tmp = tmp_path_factory.mktemp("official_batches")
     checkout = copy_upstream(tmp / "yolov9")
     data = coco_subset(Path(coco128_yaml).parent, tmp / "coco128", 128)
     images = str(data.parent / "images")
     out = tmp / "dump"
     out.mkdir()
-    proc = subprocess.run([python(), str(Path(__file__).with_name("official_batches.py")), str(checkout), images, str(out)],
-                          env=official_env(tmp), capture_output=True, text=True, timeout=600)
+    proc = preloaded.run(preloaded_python, [str(Path(__file__).with_name("official_batches.py")), str(checkout), images,
+                                            str(out)], tmp, official_env(tmp), timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return images, out
 

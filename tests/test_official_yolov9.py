@@ -6,8 +6,8 @@ train.py, val_dual.py and val.py; a second, unmodified copy runs through the no-
 batch 4, the smallest models. Every run writes fastload's batch log (one JSON line per batch the
 trainer received), from which the tests read what happened inside (mosaic or not, which images).
 
-All runs start once for the module, two at a time (two cores), validation runs after the
-training runs whose weights they load. Skipped only where ../shared is absent.
+All runs start once for the module, two at a time (two cores), forked from one interpreter that has
+imported torch & co. (tests/preloaded.py), validation runs after the training runs whose weights they load. Skipped only where ../shared is absent.
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ COMMON = ["--img", "64", "--batch", "4", "--device", "cpu", "--noplots", "--hyp"
 
 
 @pytest.fixture(scope="module")
-def runs(coco128_yaml, tmp_path_factory):
+def runs(coco128_yaml, tmp_path_factory, preloaded_python):
     tmp = tmp_path_factory.mktemp("official")
     edited = copy_upstream(tmp / "yolov9_edited", switch_import=SWITCHED)
     stock = copy_upstream(tmp / "yolov9_unmodified")
@@ -71,7 +71,7 @@ def runs(coco128_yaml, tmp_path_factory):
                             "--batch", "8", "--device", "cpu", "--workers", "1", "--project", str(project),
                             "--name", "val", "--exist-ok"]),
     ]
-    run_all([training, validation], tmp / "logs")
+    run_all([training, validation], tmp / "logs", server=preloaded_python)  # torch & co. imported once, not 7 times
     result = {r.name: r for r in training + validation}
     result["tmp"] = tmp  # type: ignore[assignment]
     yield result

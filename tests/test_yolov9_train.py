@@ -2,9 +2,7 @@
 from __future__ import annotations
 
 import csv
-import os
 import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -16,6 +14,9 @@ from fastload.augment.hyp import load_hyp
 from yolov9.models import load_cfg
 from yolov9.torch_utils import TrainSchedule
 from yolov9.train import RESULTS_COLUMNS, parse_args
+
+import preloaded
+from preloaded import base_env
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -48,12 +49,16 @@ def small_synth(tmp_path_factory) -> Path:
                                   min_size=96, max_size=200)
 
 
-def _run(args: list[str], cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               OMP_NUM_THREADS="1")
-    res = subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
-    assert res.returncode == 0, f"{args}\nstdout:\n{res.stdout[-3000:]}\nstderr:\n{res.stderr[-5000:]}"
-    return res
+@pytest.fixture
+def run_python(preloaded_python):
+    """``run_python(ARGS, cwd)``: ``python ARGS`` there, forked from the pre-loaded interpreter (tests/preloaded.py:
+    torch imported once, not in each run); asserts exit 0 and returns the completed process."""
+    def run(args: list[str], cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess:
+        res = preloaded.run(preloaded_python, args, cwd, base_env(REPO), timeout=timeout)
+        assert res.returncode == 0, f"{args}\nstdout:\n{res.stdout[-3000:]}\nstderr:\n{res.stderr[-5000:]}"
+        return res
+
+    return run
 
 
 def test_cli_rejects_unknown_flag(capsys):
@@ -94,9 +99,9 @@ def test_sync_bn_on_cpu_fails_clearly(small_synth, tiny_cfg, tmp_path):
 
 
 @pytest.mark.slow
-def test_train_epoch_val_detect(small_synth, tiny_cfg, tmp_path):
+def test_train_epoch_val_detect(small_synth, tiny_cfg, tmp_path, run_python):
     """One epoch end to end: weights_only checkpoints, results.csv with data-wait columns, val and detect CLIs."""
-    _run(["-m", "yolov9.train", "--data", str(small_synth), "--cfg", str(tiny_cfg), "--epochs", "1", "--batch", "4",
+    run_python(["-m", "yolov9.train", "--data", str(small_synth), "--cfg", str(tiny_cfg), "--epochs", "1", "--batch", "4",
           "--imgsz", "96", "--workers", "1", "--device", "cpu", "--project", str(tmp_path / "runs"),
           "--name", "e2e", "--close-mosaic", "1", "--save-period", "1"], cwd=tmp_path)
     run = tmp_path / "runs" / "e2e"
@@ -112,10 +117,10 @@ def test_train_epoch_val_detect(small_synth, tiny_cfg, tmp_path):
     assert _logged_lrs(rows[0]) == pytest.approx(_schedule_lrs(1, 2, 4, 1, 0), rel=1e-5)
     img_dir = Path(small_synth).parent / "images" / "val"
     with ThreadPoolExecutor(max_workers=2) as pool:  # independent: val and detect run side by side (two cores)
-        val = pool.submit(_run, ["-m", "yolov9.val", "--data", str(small_synth), "--weights",
+        val = pool.submit(run_python, ["-m", "yolov9.val", "--data", str(small_synth), "--weights",
                                  str(run / "weights" / "best.pt"), "--imgsz", "96", "--batch", "4", "--workers", "0",
                                  "--device", "cpu"], cwd=tmp_path)
-        detect = pool.submit(_run, ["-m", "yolov9.detect", "--weights", str(run / "weights" / "last.pt"), "--source",
+        detect = pool.submit(run_python, ["-m", "yolov9.detect", "--weights", str(run / "weights" / "last.pt"), "--source",
                                     str(img_dir), "--imgsz", "96", "--conf-thres", "0.001", "--device", "cpu",
                                     "--project", str(tmp_path / "det"), "--save-txt"], cwd=tmp_path)
         assert "mAP50-95" in val.result().stdout
@@ -125,11 +130,11 @@ def test_train_epoch_val_detect(small_synth, tiny_cfg, tmp_path):
 
 
 @pytest.mark.slow
-def test_ddp_two_process_cpu_then_resume(small_synth, tiny_cfg, tmp_path):
+def test_ddp_two_process_cpu_then_resume(small_synth, tiny_cfg, tmp_path, run_python):
     """torchrun, 2 CPU processes (gloo): 2 steps each, a checkpoint; then resume it to a second epoch."""
     common = ["--data", str(small_synth), "--batch", "4", "--imgsz", "96", "--workers", "0", "--device", "cpu",
               "--project", str(tmp_path / "runs"), "--name", "ddp"]
-    res = _run(["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "yolov9.train",
+    res = run_python(["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "yolov9.train",
                 "--cfg", str(tiny_cfg), "--epochs", "1", *common], cwd=tmp_path)
     assert "2 batches/epoch x 2 x 2 rank(s)" in res.stderr  # 8 images / 2 ranks / 2 per rank
     last = tmp_path / "runs" / "ddp" / "weights" / "last.pt"
@@ -137,7 +142,7 @@ def test_ddp_two_process_cpu_then_resume(small_synth, tiny_cfg, tmp_path):
     assert ckpt["meta"]["epoch"] == 0
     assert ckpt["meta"]["opt"]["batch_size"] == 4
     assert ckpt["meta"]["ema_updates"] >= 1
-    _run(["-m", "yolov9.train", "--data", str(small_synth), "--resume", str(last), "--epochs", "2",
+    run_python(["-m", "yolov9.train", "--data", str(small_synth), "--resume", str(last), "--epochs", "2",
           "--workers", "0", "--device", "cpu"], cwd=tmp_path)
     ckpt2 = torch.load(last, map_location="cpu", weights_only=True)
     assert ckpt2["meta"]["epoch"] == 1 and ckpt2["meta"]["ema_updates"] > ckpt["meta"]["ema_updates"]
@@ -146,5 +151,5 @@ def test_ddp_two_process_cpu_then_resume(small_synth, tiny_cfg, tmp_path):
     # the resumed epoch continues the schedule (2 batches per epoch of 4 per rank x 2 ranks, total batch 4)
     assert _logged_lrs(rows[1]) == pytest.approx(_schedule_lrs(2, 2, 4, 3, 1), rel=1e-5)
     with pytest.raises(AssertionError, match="already finished"):  # nothing left to resume: a clear error
-        _run(["-m", "yolov9.train", "--data", str(small_synth), "--resume", str(last), "--workers", "0",
+        run_python(["-m", "yolov9.train", "--data", str(small_synth), "--resume", str(last), "--workers", "0",
               "--device", "cpu"], cwd=tmp_path)
