@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -21,15 +22,32 @@ def _starts_ray(item: pytest.Item) -> bool:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "starts_ray: the test starts a local Ray instance (its module runs last)")
+    config.addinivalue_line("markers", "starts_ray: the test starts a local Ray instance (it runs last)")
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the xdist_group marks set here
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # Modules that start Ray run last. Ray leaves gRPC threads in the process after ray.shutdown(), and a
+    # Tests that start Ray run last. Ray leaves gRPC threads in the process after ray.shutdown(), and a
     # fork() while one of them holds a lock can hang the child (grpc/grpc#31885): the tests that fork
-    # pools (conversion, CPU workers) hung that way once in a loaded run after the Ray tests.
-    ray_modules = {item.module for item in items if _starts_ray(item)}
-    items.sort(key=lambda item: item.module in ray_modules)  # stable: the order within each group is kept
+    # pools (conversion, CPU workers) hung that way once in a loaded run after the Ray tests. Modules with
+    # tests marked slow (the official scripts' runs) run first, so that under xdist the two workers end
+    # together instead of one waiting for a long module queued late.
+    slow_modules = {item.module for item in items if item.get_closest_marker("slow") is not None}
+    ray_tests = Counter(item.module for item in items if _starts_ray(item))  # the larger Ray units first, as well
+
+    def order(item: pytest.Item) -> tuple:
+        if _starts_ray(item):
+            return True, -ray_tests[item.module], item.module.__name__
+        return False, item.module not in slow_modules
+
+    items.sort(key=order)  # stable: the order within a module is kept
+    # Under xdist (README: -n 2, with --dist loadgroup --no-loadscope-reorder from pyproject.toml) each group is
+    # one unit of work, given out in this order: a module's tests share a worker, so its module fixtures (the
+    # official scripts' runs, the bad-input matrix) run once; a module's tests that start Ray are a unit of
+    # their own, queued after every unit that does not, so a worker that has started Ray runs nothing else.
+    for item in items:
+        name = item.module.__name__
+        item.add_marker(pytest.mark.xdist_group(f"{name}-ray" if _starts_ray(item) else name))
 
 
 @pytest.fixture(scope="session")
@@ -48,6 +66,17 @@ def synth_yaml(tmp_path_factory) -> Path:
 
     out = tmp_path_factory.mktemp("synth")
     return make_synthetic_dataset(out, n_train=24, n_val=8, nc=3, seed=0)
+
+
+@pytest.fixture(scope="session")
+def preloaded_python():
+    """A fork server with torch, torchvision, pandas and matplotlib imported (tests/preloaded.py), for the tests
+    that start the official scripts or the trainer many times; started on first use, one per test process."""
+    from preloaded import PreloadedPython, base_env
+
+    server = PreloadedPython(base_env(REPO))
+    yield server
+    server.close()
 
 
 @pytest.fixture
@@ -87,9 +116,9 @@ def _ray_stopped_at_exit():
 
 @pytest.fixture(scope="module")
 def local_ray(_ray_stopped_at_exit):
-    """One local Ray instance (2 CPUs, no dashboard), started by the first module that needs it and kept for the
-    next ones (the modules that start Ray run last, one after the other: start-up is the slow part), shut down
-    at the end of the session; skips where Ray is not installed (CI installs it with the ``ray`` extra)."""
+    """One local Ray instance (2 CPUs, no dashboard) per test process, started by the first module that needs it
+    and kept for the next ones (the tests that start Ray run last: start-up is the slow part), shut down at the
+    end of the session; skips where Ray is not installed (CI installs it with the ``ray`` extra)."""
     ray = pytest.importorskip("ray", reason='Ray is not installed (pip install "fastload[ray]")')
     ours = ray.is_initialized() and ray.get_runtime_context().gcs_address == _OUR_RAY.get("address")
     if ray.is_initialized() and not ours:  # a connection left by something else (e.g. a bench run) is not ours
