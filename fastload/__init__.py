@@ -33,6 +33,7 @@ _EXPORTS = {
     "convert": "fastload.store.convert",
     "StoreError": "fastload.store.base",
     "IncompleteStoreError": "fastload.store.base",
+    "DamagedRecordError": "fastload.store.base",
     "CorruptImageError": "fastload.data.images",
     "DataConfigError": "fastload.data.config",
     "EngineOptionError": "fastload.engines.base",
@@ -40,8 +41,8 @@ _EXPORTS = {
 }
 __all__ = [
     "__version__", "loader", "FastLoader", "CPUOptions", "TorchGPUOptions", "DALIOptions", "RayOptions", "apply_hsv_batch",
-    "open_store", "convert", "StoreError", "IncompleteStoreError", "CorruptImageError", "DataConfigError",
-    "EngineOptionError", "WorkerError",
+    "open_store", "convert", "StoreError", "IncompleteStoreError", "DamagedRecordError", "CorruptImageError",
+    "DataConfigError", "EngineOptionError", "WorkerError",
 ]
 
 if TYPE_CHECKING:  # what static tools see; at run time __getattr__ imports each name when first used
@@ -54,7 +55,7 @@ if TYPE_CHECKING:  # what static tools see; at run time __getattr__ imports each
     from fastload.engines.gpu import TorchGPUOptions
     from fastload.engines.ray_engine import RayOptions
     from fastload.fastloader import FastLoader, loader
-    from fastload.store.base import IncompleteStoreError, StoreError
+    from fastload.store.base import DamagedRecordError, IncompleteStoreError, StoreError
     from fastload.store.convert import convert
     from fastload.store.factory import open_store
 

@@ -17,6 +17,7 @@ def test_every_public_name_resolves_with_a_docstring():
         assert inspect.getdoc(obj), f"fastload.{name} has no docstring"
     assert issubclass(fastload.EngineOptionError, (TypeError, ValueError))
     assert issubclass(fastload.IncompleteStoreError, fastload.StoreError)
+    assert issubclass(fastload.DamagedRecordError, fastload.StoreError)  # strict=True: one except clause for both
     assert isinstance(fastload.__version__, str)
     assert sorted(dir(fastload)) == sorted(fastload.__all__)
 
