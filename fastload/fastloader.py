@@ -423,7 +423,7 @@ def loader(
         raise ValueError(f"imgsz must be a positive multiple of the stride {stride}, got {imgsz!r}; use e.g. {near}")
     if workers is not None and workers < 0:
         raise ValueError(f"workers must be >= 0 (0 renders in the calling process), got {workers}")
-    if hsv_on == "consumer" and engine in ("cpu", "ray") and (device is None or torch.device(device).type == "cpu"):
+    if hsv_on == "consumer" and cls.renders_on == "host" and (device is None or torch.device(device).type == "cpu"):
         warnings.warn("fastload.loader: hsv_on='consumer' without a GPU device applies HSV in the main process "
                       "with torch ops (slow on a CPU); use hsv_on='worker' there")
     rank, world_size = _resolve_world(rank, world_size)

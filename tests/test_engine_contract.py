@@ -20,6 +20,7 @@ import fastload
 from fastload.engines.base import EngineOptionError
 from fastload.engines.cpu import CPUOptions
 from fastload.engines.dali import DALIOptions
+from fastload.engines.factory import engine_class
 from fastload.engines.gpu import TorchGPUOptions
 from fastload.engines.ray_engine import RayOptions
 
@@ -47,9 +48,19 @@ HOLDERS = ENGINES + [
 OPTIONS = {"cpu": (CPUOptions, "keep"), "gpu": (TorchGPUOptions, "max_elements"), "dali": (DALIOptions, "threads"),
            "ray": (RayOptions, "actors")}
 PARTNERS = ["dataset", "batch"]
-# settings each engine cannot honour (refused, never dropped)
-REFUSED = {"cpu": [], "gpu": [dict(workers=2)], "dali": [dict(workers=0), dict(prefetch=0)],
-           "ray": [dict(workers=2), dict(prefetch=0)]}
+
+
+def refused_settings(name: str) -> list[dict]:
+    """The settings engine ``name`` declares it cannot honour (each must be refused, never dropped)."""
+    cls = engine_class(name)
+    out = []
+    if cls.renderers != "workers":
+        out.append(dict(workers=2))
+    if cls.min_workers > 0:
+        out.append(dict(workers=cls.min_workers - 1))
+    if cls.min_prefetch > 0:
+        out.append(dict(prefetch=cls.min_prefetch - 1))
+    return out
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -224,12 +235,12 @@ def test_unknown_and_inapplicable_options_are_refused(data, engine, run):
         with pytest.raises(EngineOptionError, match=f"engine {engine!r} has no option {other_field!r} \\(an option of "
                                                     f"engines? {' and '.join(owners)}\\)"):
             make(data, engine, run, engine_options={other_field: 1})
-    for refused in REFUSED[engine]:
+    for refused in refused_settings(engine):
         (name, value), = refused.items()
         with pytest.raises(EngineOptionError, match=f"engine {engine!r} cannot take {name}={value}"):
             make(data, engine, run, **refused)
-    if engine != "gpu":
-        with pytest.raises(ValueError, match=f"engine='{engine}' .* cannot use store='gpu'"):
+    if not engine_class(engine).accepts_gpu_store:
+        with pytest.raises(ValueError, match=f"engine='{engine}' cannot use store='gpu'"):
             make(data, engine, run, store="gpu")
     with pytest.raises(ValueError, match="layout"):
         make(data, engine, run, layout="chw")

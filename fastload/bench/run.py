@@ -124,16 +124,19 @@ class _Source:
 
 
 def _default_engines() -> list[str]:
-    """``cpu``, plus the GPU engines when CUDA (and, for dali, nvidia-dali) are present, plus ``ray`` when
-    Ray is installed (on the cluster ``ray.init()`` finds, else a local instance on this machine)."""
-    engines = ["cpu"]
-    if torch.cuda.is_available():
-        engines.append("gpu")
-        if importlib.util.find_spec("nvidia") is not None and importlib.util.find_spec("nvidia.dali") is not None:
-            engines.append("dali")
-    if importlib.util.find_spec("ray") is not None:
-        engines.append("ray")
-    return engines
+    """Every engine whose optional package is installed, those that render on a device only when CUDA is
+    present (``ray``: on the cluster ``ray.init()`` finds, else a local instance on this machine)."""
+    cuda = torch.cuda.is_available()
+    return [name for name, cls in ENGINES.items()
+            if (cls.renders_on == "host" or cuda) and (cls.requires is None or _installed(cls.requires))]
+
+
+def _installed(module: str) -> bool:
+    """Whether ``module`` (dotted) can be imported, without importing it."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # a missing parent package
+        return False
 
 
 def _parse_list(value: str | Sequence[str] | None, allowed: Sequence[str], what: str) -> list[str] | None:
@@ -366,8 +369,7 @@ def run_bench(
                     add([measure_loader(loader_data, engine, s.kind, seconds, split=split, imgsz=imgsz,
                                         batch=batch, workers=n_workers, hyp=hyp_d)])
     finally:
-        if "ray" in engine_list:
-            ray_disconnect()  # a local Ray instance the bench started stops with it
+        ray_disconnect()  # a local Ray instance a ray engine of the bench started stops with it (no-op otherwise)
         for s in sources:
             if s.store is not None:
                 try:

@@ -170,13 +170,18 @@ class Rendered(NamedTuple):
 class Engine(abc.ABC):
     """Applies sampled augmentation records to images and collates YOLOv9 batches.
 
-    Subclasses set :attr:`name`, :attr:`Options` (their frozen options dataclass),
-    :attr:`default_workers` and :attr:`default_partners` (with the reason for it in their docstring),
-    refuse in ``__init__`` the settings they cannot honour (with :meth:`_refuse`) and implement
-    :meth:`_render_batches`, drawing each batch's records with
+    Subclasses set :attr:`name`, :attr:`Options` (their frozen options dataclass) and declare what they
+    can do (below; :attr:`default_partners` with the reason for it in their docstring); the base class
+    refuses the settings the declarations rule out, an engine refuses in ``__init__`` (with :meth:`_refuse`)
+    any other it cannot honour. They implement :meth:`_render_batches`, drawing each batch's records with
     :meth:`~fastload.augment.params.ParamSampler.sample_batch` and adding the images they decode to
     :attr:`decodes`; they may extend :meth:`stats`, :meth:`close_mosaic`, :meth:`expect_next` and
     :meth:`_release`.
+
+    The declarations are what the loader, ``fastload bench``, the YOLOv9 compat layer and the contract test
+    read (none of them compares engine names): :attr:`renderers`, :attr:`min_workers`, :attr:`min_prefetch`,
+    :attr:`renders_on`, :attr:`accepts_gpu_store`, :attr:`takes_sample_ids`, :attr:`default_workers`,
+    :attr:`default_partners`, :attr:`requires`.
 
     ``shrink`` is the filter images from encoded stores are shrunk to their loaded size with, as
     YOLOv9's ``load_image`` picks it: ``"linear"`` when the sampler augments (training), ``"area"``
@@ -191,11 +196,30 @@ class Engine(abc.ABC):
 
     name: ClassVar[str] = ""
     Options: ClassVar[type]
+    # what renders the batches on the host, and how many: "workers" (loader(workers=N), processes), "actors"
+    # (the engine option of that name), None (nothing: workers must be 0)
+    renderers: ClassVar[Literal["workers", "actors"] | None] = "workers"
+    min_workers: ClassVar[int] = 0  # fewer workers are refused
+    min_prefetch: ClassVar[int] = 0  # a smaller prefetch is refused
+    # where pixels are drawn: "host" (delivered on the CPU unless a device is given, so hsv_on="consumer"
+    # without a GPU device runs HSV in the consumer's thread on the host) or "device" (a CUDA device by default)
+    renders_on: ClassVar[Literal["host", "device"]] = "host"
+    accepts_gpu_store: ClassVar[bool] = False  # store="gpu" (images resident in device memory) can be drawn from
     default_workers: ClassVar[int] = 0  # loader(workers=None) means this
     default_partners: ClassVar[Partners] = "dataset"  # loader(partners=None) means this
     # True when iter_batches also takes sample ids (fastload.augment.params.visit_ids): an epoch that
     # shows an image more than once, each visit with its own draws (YOLOv9's --image-weights)
     takes_sample_ids: ClassVar[bool] = False
+    requires: ClassVar[str | None] = None  # the optional package (a module name) the engine needs, if any
+
+    @classmethod
+    def renderer_keywords(cls, n: int) -> dict[str, Any]:
+        """The ``loader()`` keywords that ask this engine for ``n`` renderers (none where it has none)."""
+        if cls.renderers is None:
+            return {}
+        if cls.renderers == "workers":
+            return {"workers": n}
+        return {"engine_options": {cls.renderers: n}}
 
     def __init__(self, store: Store, sampler: ParamSampler, settings: EngineSettings, options: Any = None) -> None:
         if options is None:
@@ -218,6 +242,20 @@ class Engine(abc.ABC):
         self._damaged: dict[tuple[str, int], str] = {}  # (store path, record) -> damage kind, as reported
         self._redrawn = 0  # samples of the delivered batches drawn again because of a damaged record
         self._closed = False
+        self._refuse_undeclared(store)
+
+    def _refuse_undeclared(self, store: Store) -> None:
+        """Refuse the settings and the store this engine's declarations rule out."""
+        if self.workers and self.renderers != "workers":
+            self._refuse("workers", self.workers, f"its renderers are set by {self.Options.__name__}({self.renderers}=N)"
+                         if self.renderers else "it has no worker processes; leave workers unset (or 0)")
+        if self.workers < self.min_workers:
+            self._refuse("workers", self.workers, f"it renders in worker processes (at least {self.min_workers})")
+        if self.settings.prefetch < self.min_prefetch:
+            self._refuse("prefetch", self.settings.prefetch, f"it keeps at least {self.min_prefetch} batch in flight")
+        if store.kind == "gpu" and not self.accepts_gpu_store:
+            raise ValueError(f"engine={self.name!r} cannot use store='gpu' (its images live in device memory, which this "
+                             f"engine does not read); use store='ram'/'disk'/'lmdb', or engine='gpu' with store='gpu'")
 
     def _refuse(self, setting: str, value: Any, why: str) -> None:
         """Raise the error of a setting this engine cannot honour."""

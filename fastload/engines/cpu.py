@@ -152,9 +152,6 @@ class CPUEngine(Engine):
 
     def __init__(self, store: Store, sampler: ParamSampler, settings: EngineSettings, options: CPUOptions | None = None) -> None:
         super().__init__(store, sampler, settings, options)
-        if store.kind == "gpu":
-            raise ValueError("engine='cpu' renders in worker processes and cannot use store='gpu' (its images live in "
-                             "device memory); use engine='gpu' with store='gpu', or store='ram'/'disk' with engine='cpu'")
         opts: CPUOptions = self.options
         if self.workers > 0 and not default_start_method_ok():
             warnings.warn("fastload: no 'fork' start method on this platform; rendering in the main process")

@@ -256,20 +256,16 @@ class RayEngine(Engine):
 
     name = "ray"
     Options = RayOptions
+    renderers = "actors"
+    min_prefetch = 1  # each actor needs a batch in flight
     default_workers = 0
     default_partners = "dataset"
     takes_sample_ids = True  # the actors' renderer draws sample ids as the CPU engine's does
+    requires = "ray"
 
     def __init__(self, store: Store, sampler: ParamSampler, settings: EngineSettings, options: RayOptions | None = None) -> None:
         super().__init__(store, sampler, settings, options)
         opts: RayOptions = self.options
-        if store.kind == "gpu":
-            raise ValueError("engine='ray' renders on Ray actors and cannot use store='gpu' (its images live in this "
-                             "process's device memory); use store='ram'/'disk'/'lmdb' with engine='ray'")
-        if self.workers:
-            self._refuse("workers", self.workers, "its renderers are Ray actors; set RayOptions(actors=N)")
-        if settings.prefetch < 1:
-            self._refuse("prefetch", settings.prefetch, "each actor needs at least one batch in flight")
         if opts.store_path is not None and store.kind == "files":
             raise EngineOptionError("engine 'ray': store_path does not apply to store='files' (its images are read "
                                     "by their own paths)")
