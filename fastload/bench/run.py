@@ -50,9 +50,9 @@ from fastload.store.base import StoreError
 from fastload.store.convert import convert as do_convert
 from fastload.store.factory import open_store
 from fastload.store.files import FileStore
-from fastload.store.kinds import AUTO_ORDER, detect_kind
+from fastload.store.kinds import AUTO_ORDER, CONVERT_KINDS, detect_kind
 
-STORE_KINDS = tuple(reversed(AUTO_ORDER))  # the host stores, slowest first
+STORE_KINDS = tuple(reversed(AUTO_ORDER))  # the host stores store="auto" chooses from, slowest first
 ENGINE_KINDS = tuple(ENGINES)
 
 Log = Callable[[str], None]
@@ -172,8 +172,8 @@ def _resolve_sources(
     if split not in cfg.splits:
         raise ValueError(f"split {split!r} is not defined in {cfg.origin} (it defines {', '.join(cfg.splits)})")
     recorded = dict((cfg.stores or {}).get(split, {}))
-    wanted = kinds or ["files", *[k for k in STORE_KINDS if k in recorded and k != "files"]]
-    missing = [k for k in wanted if k != "files" and k not in recorded]
+    wanted = kinds or ["files", *[k for k in STORE_KINDS if k in recorded and k in CONVERT_KINDS]]
+    missing = [k for k in wanted if k in CONVERT_KINDS and k not in recorded]
     data_for: dict[str, Any] = {k: data for k in wanted}
     if missing and convert:
         disk_kinds = [k for k in missing if k in ("lmdb", "disk")]
@@ -352,7 +352,7 @@ def run_bench(
             add(rows)
         if "augment" in stage_list:
             say("stage augment: sampled records drawn from pre-decoded images, one core")
-            src_store = next((s.store for s in sorted(live, key=lambda s: ("ram", "disk", "lmdb", "files").index(s.kind))), None)
+            src_store = next((s.store for s in sorted(live, key=lambda s: AUTO_ORDER.index(s.kind))), None)
             if src_store is None:
                 add([Measurement("augment", "cpu", skipped="no store could be opened")])
             else:
