@@ -331,3 +331,13 @@ def test_image_table_errors(synth_yaml):
     with loader(synth_yaml, imgsz=64, batch_size=4, workers=0, store="files", rect=True, augment=False) as fl:
         with pytest.raises(ValueError, match="rect"):
             fl.dataset.indices = [0] * fl.dataset.n
+
+
+def test_pad_without_rect_is_refused_and_the_dataset_shows_its_loader(synth_yaml):
+    with pytest.raises(ValueError, match="pad=0.5 pads rect batch shapes and applies only with rect=True"):
+        loader(synth_yaml, imgsz=IMGSZ, batch_size=4, workers=0, store="files", pad=0.5)
+    with loader(synth_yaml, imgsz=IMGSZ, batch_size=4, workers=0, store="files", augment=False, rect=True, pad=0.5) as fl:
+        assert fl.dataset.pad == 0.5 and fl.dataset.rect
+        fl.dataset.indices = list(range(fl.n))  # the dataset reaches its own loader from the start
+        assert fl.image_table is None and list(fl.dataset.indices) == list(range(fl.n))
+        assert len(fl.sampler) == fl.n and sorted(fl.sampler) == list(range(fl.n))

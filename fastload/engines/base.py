@@ -39,6 +39,7 @@ from fastload.augment.functional.torch_ops import apply_hsv_batch
 from fastload.augment.params import ParamSampler, Partners
 from fastload.data.images import ShrinkFilter, shrink_filter
 from fastload.store.base import DAMAGE_KINDS, DamagedRecordError, Store
+from fastload.store.kinds import STORE_KINDS
 
 HSVMode = Literal["worker", "consumer", "defer"]
 HSV_MODES: tuple[str, ...] = get_args(HSVMode)
@@ -95,23 +96,24 @@ class HostRenderOptions:
 class EngineSettings:
     """The settings every engine honours the same way (``loader()``'s common keywords).
 
+    What each engine does with each setting, and which values it refuses, is one table: docs/design.md
+    ("fastload.engines and fastload.fastloader"), which ``tests/test_settings_table.py`` holds to the engines'
+    declarations (:attr:`Engine.renderers`, :attr:`Engine.min_workers`, :attr:`Engine.min_prefetch`,
+    :attr:`Engine.hsv_modes`, :attr:`Engine.accepts_gpu_store`).
+
     Attributes:
         batch_size: samples per batch; ``iter_batches`` cuts its indices into chunks of this size
             (the last one may be smaller).
-        workers: the engine's host-side worker processes (``cpu``: processes that render, 0 renders
-            in the calling process; ``dali``: external-source processes, at least 1; ``gpu``: none,
-            only 0 is accepted: its host side is one background thread).
-        device: where ``imgs`` and ``targets`` are delivered (``None``: the engine's default: the
-            CPU for ``cpu``, the current CUDA device, else the CPU, for ``gpu`` and ``dali``).
-        hsv_on: ``"worker"``: HSV is applied by the engine while it renders (CPU workers, the GPU
-            engine's background thread, the DALI engine's output step); ``"consumer"``: applied to
-            the whole batch on ``device`` when it is delivered, in the consumer's thread;
-            ``"defer"``: not applied; :attr:`Engine.hsv_gains` holds the latest batch's gains.
+        workers: the engine's host-side worker processes (0: none, or rendering in the calling process).
+        device: where ``imgs`` and ``targets`` are delivered (``None``: the engine's default: the CPU for
+            engines that render on the host, the current CUDA device, else the CPU, for those that render
+            on a device; :attr:`Engine.renders_on`).
+        hsv_on: ``"worker"``: HSV is applied by the engine while it renders; ``"consumer"``: applied to
+            the whole batch on ``device`` when it is delivered, in the consumer's thread; ``"defer"``: not
+            applied; :attr:`Engine.hsv_gains` holds the latest batch's gains.
         layout: memory order of ``imgs`` (always shaped ``[B, 3, H, W]``): ``"nhwc"``: channels-last
             (``imgs.is_contiguous(memory_format=torch.channels_last)``); ``"nchw"``: contiguous.
-        prefetch: batches prepared ahead of the one being consumed (``cpu``: per worker; ``gpu``:
-            by the background thread, 0 renders in the caller's thread; ``dali``: the pipeline's
-            prefetch queue, at least 1).
+        prefetch: batches prepared ahead of the one being consumed.
         world_size: ranks of the job (the Ray engine's default actor count splits the cluster's CPUs
             between the ranks).
         strict: a record that fails its check at load time (:class:`~fastload.store.base.DamagedRecordError`)
@@ -180,7 +182,7 @@ class Engine(abc.ABC):
 
     The declarations are what the loader, ``fastload bench``, the YOLOv9 compat layer and the contract test
     read (none of them compares engine names): :attr:`renderers`, :attr:`min_workers`, :attr:`min_prefetch`,
-    :attr:`renders_on`, :attr:`accepts_gpu_store`, :attr:`takes_sample_ids`, :attr:`default_workers`,
+    :attr:`renders_on`, :attr:`accepts_gpu_store`, :attr:`hsv_modes`, :attr:`takes_sample_ids`, :attr:`default_workers`,
     :attr:`default_partners`, :attr:`requires`.
 
     ``shrink`` is the filter images from encoded stores are shrunk to their loaded size with, as
@@ -204,7 +206,9 @@ class Engine(abc.ABC):
     # where pixels are drawn: "host" (delivered on the CPU unless a device is given, so hsv_on="consumer"
     # without a GPU device runs HSV in the consumer's thread on the host) or "device" (a CUDA device by default)
     renders_on: ClassVar[Literal["host", "device"]] = "host"
-    accepts_gpu_store: ClassVar[bool] = False  # store="gpu" (images resident in device memory) can be drawn from
+    accepts_gpu_store: ClassVar[bool] = False  # a store not on the host (store="gpu": device memory) can be drawn from
+    # the hsv_on values it honours, its default first (loader(hsv_on=None)); the others are refused
+    hsv_modes: ClassVar[tuple[str, ...]] = HSV_MODES
     default_workers: ClassVar[int] = 0  # loader(workers=None) means this
     default_partners: ClassVar[Partners] = "dataset"  # loader(partners=None) means this
     # True when iter_batches also takes sample ids (fastload.augment.params.visit_ids): an epoch that
@@ -251,11 +255,15 @@ class Engine(abc.ABC):
                          if self.renderers else "it has no worker processes; leave workers unset (or 0)")
         if self.workers < self.min_workers:
             self._refuse("workers", self.workers, f"it renders in worker processes (at least {self.min_workers})")
+        if self.settings.hsv_on not in self.hsv_modes:
+            self._refuse("hsv_on", self.settings.hsv_on, f"it applies HSV only as {' or '.join(map(repr, self.hsv_modes))}")
         if self.settings.prefetch < self.min_prefetch:
             self._refuse("prefetch", self.settings.prefetch, f"it keeps at least {self.min_prefetch} batch in flight")
-        if store.kind == "gpu" and not self.accepts_gpu_store:
-            raise ValueError(f"engine={self.name!r} cannot use store='gpu' (its images live in device memory, which this "
-                             f"engine does not read); use store='ram'/'disk'/'lmdb', or engine='gpu' with store='gpu'")
+        kind = STORE_KINDS.get(store.kind)  # (a store of no registered kind, such as a test's, is on the host)
+        if kind is not None and not kind.on_host and not self.accepts_gpu_store:
+            raise ValueError(f"engine={self.name!r} cannot use store={store.kind!r} (its images live in device memory, "
+                             f"which this engine does not read); use store='ram'/'disk'/'lmdb', or engine='gpu' with "
+                             f"store='gpu'")
 
     def _refuse(self, setting: str, value: Any, why: str) -> None:
         """Raise the error of a setting this engine cannot honour."""

@@ -103,8 +103,9 @@ class DALIEngine(Engine):
     """Batches decoded and augmented by an NVIDIA DALI pipeline (options: :class:`DALIOptions`).
 
     Settings: ``workers`` external-source worker processes (at least 1); ``prefetch``: DALI's
-    prefetch queue depth (at least 1); ``hsv_on="worker"`` and ``"consumer"`` both apply HSV to the
-    output batch on ``device`` (the engine has no earlier place for it); ``layout="nhwc"`` skips the
+    prefetch queue depth (at least 1); ``hsv_on="consumer"`` (the default) applies HSV to the output batch
+    on ``device``, ``"defer"`` hands the gains over; ``"worker"`` is refused (the graph has no HSV step);
+    ``layout="nhwc"`` skips the
     graph's transpose (``imgs`` is a channels-last view), ``"nchw"`` transposes in the graph.
     :meth:`close_mosaic` takes effect from the next epoch: the workers hold their own sampler copies
     and learn it from the next plan. Batches are fresh tensors, the caller's to keep (``batches_copied`` stays 0).
@@ -126,6 +127,9 @@ class DALIEngine(Engine):
     min_workers = 1  # samples are read in external-source worker processes
     min_prefetch = 1  # DALI's prefetch queue holds at least one batch
     renders_on = "device"
+    # HSV is applied to the output batch by the shared finishing step: there is no earlier place for it
+    # (YOLOv9's multiplicative hue has no DALI operator), so "worker" would silently mean "consumer"
+    hsv_modes = ("consumer", "defer")
     default_workers = 8
     default_partners = "batch"
     requires = "nvidia.dali"

@@ -126,9 +126,10 @@ def create_dataloader(
         LOG.warning("%s--rect is incompatible with shuffle, setting shuffle=False", prefix)
         shuffle = False
     device = _device(opts)
-    hsv = opts.hsv if opts.hsv != "auto" else ("consumer" if device is not None else "worker")
-    if not augment:  # validation draws no HSV gains: nothing to apply anywhere
-        hsv = "worker"
+    # auto: on the device with the batch when there is one, else the engine's default (None)
+    hsv = opts.hsv if opts.hsv != "auto" else ("consumer" if device is not None else None)
+    if not augment:  # validation draws no HSV gains: nothing to apply anywhere, the engine's default does
+        hsv = None
     store = _open_store(path, cache, imgsz, opts.store)
     try:
         n = len(store)
@@ -150,7 +151,7 @@ def create_dataloader(
             shuffle=shuffle,
             rect=rect,
             stride=int(stride),
-            pad=pad,
+            pad=pad if rect else None,  # the official loader pads rect batch shapes only
             seed=opts.seed,
             rank=global_rank,
             world_size=world if global_rank != -1 else 1,
