@@ -37,7 +37,7 @@ import torch
 from fastload.augment.functional.tiles import AXIS_KERNELS, AxisKernel
 from fastload.augment.functional.torch_ops import apply_hsv_batch
 from fastload.augment.params import ParamSampler, Partners
-from fastload.data.images import ShrinkFilter, shrink_filter
+from fastload.data.images import JPEG_DECODERS, ShrinkFilter, shrink_filter
 from fastload.store.base import DAMAGE_KINDS, DamagedRecordError, Store
 from fastload.store.kinds import STORE_KINDS
 
@@ -76,6 +76,7 @@ class HostRenderOptions:
     decode_cache_mb: int | None = None
     decode_scale: Literal["full", "reduced"] = "full"
     axis_kernel: AxisKernel | None = None
+    jpeg_decoder: str | None = None
 
     def __post_init__(self) -> None:
         if self.timeout < 0:
@@ -84,6 +85,8 @@ class HostRenderOptions:
             raise self.bad(f"decode_cache_mb must be None or >= 0, got {self.decode_cache_mb}")
         if self.decode_scale not in ("full", "reduced"):
             raise self.bad(f"decode_scale must be 'full' or 'reduced', got {self.decode_scale!r}")
+        if self.jpeg_decoder is not None and self.jpeg_decoder not in JPEG_DECODERS:
+            raise self.bad(f"jpeg_decoder must be None or one of {', '.join(JPEG_DECODERS)}, got {self.jpeg_decoder!r}")
         if self.axis_kernel is not None and self.axis_kernel not in AXIS_KERNELS:
             raise self.bad(f"axis_kernel must be None or one of {', '.join(AXIS_KERNELS)}, got {self.axis_kernel!r}")
 

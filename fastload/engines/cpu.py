@@ -64,6 +64,9 @@ class CPUOptions(HostRenderOptions):
             (:func:`~fastload.augment.functional.tiles.default_axis_kernel`;
             ``benchmarks/augment_kernels.py`` measures both). Letterboxes are bit-identical to
             YOLOv9 either way.
+        jpeg_decoder: encoded stores: the JPEG decoder of the workers (``"cv2"``, ``"torchvision"`` or
+            ``"pil"``; ``fastload bench --stages decode`` compares them on your data). ``None``: the process's
+            choice (:func:`fastload.data.images.set_jpeg_decoder`, else ``$FASTLOAD_JPEG_DECODER``, else cv2).
     """
 
     engine: ClassVar[str] = "cpu"
@@ -161,11 +164,11 @@ class CPUEngine(Engine):
         self.keep = int(opts.keep)
         self.prefetch = int(settings.prefetch)
         self.cache = cache = open_decode_cache(store, sampler.imgsz, decode_scale=opts.decode_scale, shrink=self.shrink,
-                                               budget_mb=opts.decode_cache_mb)
+                                               budget_mb=opts.decode_cache_mb, jpeg_decoder=opts.jpeg_decoder)
         self.renderer = BatchRenderer(
             store, sampler, cache=cache, hsv_in_worker=(settings.hsv_on == "worker"), layout=self.layout,
             reduced_decode=opts.decode_scale == "reduced", axis_kernel=opts.axis_kernel, shrink=self.shrink,
-            strict=settings.strict,
+            strict=settings.strict, jpeg_decoder=opts.jpeg_decoder,
         )
         # slots being rendered into (in flight to the workers, or the one being drawn in-process) plus `keep`
         # for the caller: one delivered while the caller holds `keep` is copied, so one is always left to render

@@ -86,8 +86,9 @@ class RayOptions(HostRenderOptions):
             shared-memory segment per node that every actor there (of every loader and rank) fills and
             reads, as :class:`~fastload.engines.cpu.CPUOptions` ``decode_cache_mb`` is for one machine's
             workers. ``None``: 1/8 of that node's physical memory; ``0``: off (every read decodes).
-        decode_scale, axis_kernel: as in :class:`~fastload.engines.cpu.CPUOptions` (``axis_kernel=None``
-            is resolved in this process, so every node draws with the same kernel).
+        decode_scale, axis_kernel, jpeg_decoder: as in :class:`~fastload.engines.cpu.CPUOptions` (``axis_kernel=None``
+            is resolved in this process, so every node draws with the same kernel; ``jpeg_decoder=None`` is each
+            actor's process choice, ``$FASTLOAD_JPEG_DECODER`` in its ``runtime_env``).
         delivery: how the pixels of a batch reach this process.
             ``"auto"``: actors on this process's node write them into shared-memory slots that this process
             maps (no copy, no object-store round trip); ``imgs`` is then a view of a slot, which is
@@ -285,7 +286,7 @@ class RayEngine(Engine):
             decode_cache_mb=opts.decode_cache_mb,
             axis_kernel=check_axis_kernel(opts.axis_kernel), shrink=self.shrink,
             max_batch_bytes=self.batch_size * int(np.prod(sampler.max_out_hw)) * 3, threads=max(1, int(opts.cpus_per_actor)),
-            strict=settings.strict,
+            strict=settings.strict, jpeg_decoder=opts.jpeg_decoder,
         )
         # Replacing dead actors is done here, not by Ray's max_restarts: Ray would need the constructor's
         # arguments kept in its object store and warns on every start; the engine keeps them itself.

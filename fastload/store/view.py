@@ -58,8 +58,9 @@ class StoreView(Store):
         return self.base.read_encoded(int(self.base_indices[self.check_index(i)]))
 
     def load(self, i: int, imgsz: int | None = None, *, reduced: bool = False,
-             shrink: ShrinkFilter = "area") -> np.ndarray:
-        return self.base.load(int(self.base_indices[self.check_index(i)]), imgsz, reduced=reduced, shrink=shrink)
+             shrink: ShrinkFilter = "area", decoder: str | None = None) -> np.ndarray:
+        return self.base.load(int(self.base_indices[self.check_index(i)]), imgsz, reduced=reduced, shrink=shrink,
+                              decoder=decoder)
 
     def nbytes(self, i: int) -> int:
         return self.base.nbytes(int(self.base_indices[self.check_index(i)]))
