@@ -59,8 +59,10 @@ class StoreView(Store):
 
     def load(self, i: int, imgsz: int | None = None, *, reduced: bool = False,
              shrink: ShrinkFilter = "area", decoder: str | None = None) -> np.ndarray:
+        # the decoder only when chosen: a base whose load() predates the keyword keeps working without it
+        chosen = {} if decoder is None else {"decoder": decoder}
         return self.base.load(int(self.base_indices[self.check_index(i)]), imgsz, reduced=reduced, shrink=shrink,
-                              decoder=decoder)
+                              **chosen)
 
     def nbytes(self, i: int) -> int:
         return self.base.nbytes(int(self.base_indices[self.check_index(i)]))
