@@ -17,11 +17,13 @@ the 2-rank x 2-worker shared decoded cache (decodes per epoch machine-wide, PSS 
 next is asked for) of a few CPU-engine configurations, with this tree's fastload and with the one at git
 ref ``REF`` (exported to a temporary folder with ``git archive``), each run in its own subprocess with
 ``PYTHONPATH`` at its tree, alternating within each of the interleaved rounds; printed: both img/s and
-the median same-round ratio (issue 22: batch ownership may cost at most 3 %).
+the median same-round ratio (issue 22: batch ownership may cost at most 3 %); ``--ray`` adds ``engine="ray"``
+(issue 23: the in-flight window both engines share).
 
     python benchmarks/loader_throughput.py --seconds 5 --json loader_throughput.json
     python benchmarks/loader_throughput.py --decode-bound --seconds 12 --rounds 4
     python benchmarks/loader_throughput.py --baseline-ref 16c27f6 --seconds 40 --rounds 8
+    python benchmarks/loader_throughput.py --baseline-ref 8dde2f0 --ray --seconds 16 --rounds 4
 """
 from __future__ import annotations
 
@@ -352,6 +354,8 @@ CHANGE_CONFIGS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("cpu disk", {"store": "disk"}),
     ("cpu ram, workers 0", {"store": "ram", "workers": 0}),
 )
+#: ``--ray`` adds the Ray engine (as many actors as ``--workers``, a local Ray instance started by each run)
+RAY_CHANGE_CONFIG: tuple[str, dict[str, Any]] = ("ray disk", {"store": "disk", "engine": "ray", "workers": 0})
 
 
 def export_ref(ref: str, dest: Path) -> str:
@@ -420,9 +424,13 @@ def change_cost(args: argparse.Namespace, yaml_path: Path, work: Path) -> dict[s
     commit = export_ref(args.baseline_ref, base_tree)
     trees = {"this": REPO, "baseline": base_tree}
     common = dict(imgsz=args.imgsz, batch_size=args.batch, workers=args.workers)
-    runs: dict[str, dict[str, list[dict]]] = {name: {"this": [], "baseline": []} for name, _ in CHANGE_CONFIGS}
+    configs = CHANGE_CONFIGS
+    if args.ray:
+        name, kw = RAY_CHANGE_CONFIG
+        configs += ((name, {**kw, "engine_options": {"actors": args.workers}}),)
+    runs: dict[str, dict[str, list[dict]]] = {name: {"this": [], "baseline": []} for name, _ in configs}
     for r in range(args.rounds):
-        for name, kw in CHANGE_CONFIGS:
+        for name, kw in configs:
             for side in (("this", "baseline") if r % 2 == 0 else ("baseline", "this")):
                 got = run_in_tree(trees[side], yaml_path, args.seconds / args.rounds, {**common, **kw})
                 runs[name][side].append(got)
@@ -435,7 +443,7 @@ def change_cost(args: argparse.Namespace, yaml_path: Path, work: Path) -> dict[s
     print("| configuration | this img/s | baseline img/s | ratio (median of rounds) | round ratios min-max | "
           "CPU ms/image this / baseline (median of rounds) | batches copied |")
     print("|---|---:|---:|---:|---|---:|---:|")
-    for name, _ in CHANGE_CONFIGS:
+    for name, _ in configs:
         pairs = [(a["images_per_s"], b["images_per_s"]) for a, b in zip(runs[name]["this"], runs[name]["baseline"])
                  if "images_per_s" in a and "images_per_s" in b]
         ratios = [a / b for a, b in pairs]
@@ -486,6 +494,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--count-batches", type=int, default=4, help="batches per engine and setting the decode counts run")
     ap.add_argument("--baseline-ref", metavar="REF",
                     help="only compare this tree with git ref REF in the common loop (see above), side by side")
+    ap.add_argument("--ray", action="store_true", help="with --baseline-ref: engine='ray' too (--workers actors, disk store)")
     ap.add_argument("--run-one", help=argparse.SUPPRESS)  # internal: one configuration, for --baseline-ref
     args = ap.parse_args(argv)
     if args.run_one:

@@ -6,10 +6,11 @@ It ties the packages together: a store (``fastload.store.open_store``), the augm
 """
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import warnings
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -25,6 +26,7 @@ from fastload.engines.base import Batch, Engine, EngineSettings, HSVMode, Layout
 from fastload.engines.factory import SAMPLE_ID_ENGINES, engine_class, resolve_options
 from fastload.store.base import Store
 from fastload.store.factory import open_store
+from fastload.store.kinds import store_kind
 from fastload.store.view import StoreView
 
 LOG = logging.getLogger(__name__)
@@ -104,11 +106,11 @@ class _EpochSampler:
         self._owner.set_epoch(epoch)
 
     def __len__(self) -> int:
-        return len(self._owner._indices(self._owner.epoch))
+        return len(self._owner.epoch_order(self._owner.epoch))
 
     def __iter__(self) -> Iterator[int]:
         """The image indices of the current epoch, in order (this rank's part)."""
-        return iter(image_of(self._owner._indices(self._owner.epoch), self._owner.n).tolist())
+        return iter(image_of(self._owner.epoch_order(self._owner.epoch), self._owner.n).tolist())
 
 
 class FastLoader:
@@ -120,12 +122,11 @@ class FastLoader:
     the workers (they also stop with the process).
     """
 
-    def __init__(self, *, engine: Engine, dataset: LoaderDataset, store: Store, n: int, batch_size: int,
-                 seed: int, shuffle: bool, rank: int, world_size: int, drop_last: bool,
+    def __init__(self, *, engine: Engine, dataset: Callable[[FastLoader], LoaderDataset], store: Store, n: int,
+                 batch_size: int, seed: int, shuffle: bool, rank: int, world_size: int, drop_last: bool,
                  rect_batches: list[np.ndarray] | None, close_mosaic_epochs: int, epochs: int | None,
                  owns_store: bool = True) -> None:
         self.engine = engine
-        self.dataset = dataset
         self.store = store
         # a store the caller passed in stays open (a ram store's shared-memory hold is theirs)
         self._owns_store = bool(owns_store)
@@ -145,10 +146,12 @@ class FastLoader:
         self.sampler = _EpochSampler(self)
         self._epoch_set = False
         self._closed = False
+        self.dataset = dataset(self)  # built with its owner, whose image table and mosaic state it shows
 
     # -- order --------------------------------------------------------------------------------------------
-    def _indices(self, epoch: int) -> np.ndarray:
-        """What the engine renders in ``epoch``: image indices, or sample ids when an image table repeats images."""
+    def epoch_order(self, epoch: int) -> np.ndarray:
+        """What the engine renders in ``epoch`` on this rank, in order: image indices, or sample ids
+        (:func:`~fastload.augment.params.visit_ids`) when an image table repeats images."""
         if self._rect_batches is not None:
             return np.concatenate(self._rect_batches) if self._rect_batches else np.zeros(0, np.int64)
         idx = _order.epoch_indices(self.n, epoch, seed=self.seed, shuffle=self.shuffle, rank=self.rank,
@@ -232,8 +235,8 @@ class FastLoader:
         self._epoch_set = False
         # workers that finish this epoch's last batches may start the next one (small datasets:
         # otherwise they idle while the consumer finishes the epoch and asks for the next)
-        self.engine.expect_next(epoch + 1, self._indices(epoch + 1))
-        yield from self.engine.iter_batches(epoch, self._indices(epoch))
+        self.engine.expect_next(epoch + 1, self.epoch_order(epoch + 1))
+        yield from self.engine.iter_batches(epoch, self.epoch_order(epoch))
         if not self._epoch_set:  # plain `for epoch: for batch in loader` loops get a new shuffle each time
             self.epoch = epoch + 1
 
@@ -305,7 +308,7 @@ def loader(
     shuffle: bool = True,
     rect: bool = False,
     stride: int = 32,
-    pad: float = 0.0,
+    pad: float | None = None,
     seed: int = 0,
     rank: int = -1,
     world_size: int | None = None,
@@ -315,7 +318,7 @@ def loader(
     single_cls: bool = False,
     drop_last: bool = False,
     device: str | torch.device | None = None,
-    hsv_on: HSVMode = "worker",
+    hsv_on: HSVMode | None = None,
     layout: Layout = "nhwc",
     prefetch: int = 2,
     partners: Partners | None = None,
@@ -359,8 +362,9 @@ def loader(
         shuffle: new permutation every epoch (a function of ``seed`` and the epoch). Ignored in rect mode.
         rect: validation-style rectangular batches: images sorted by aspect ratio, each batch
             letterboxed to its own ``stride``-multiple shape, no shuffle, no mosaic.
-        stride: model stride for rect batch shapes.
-        pad: rect shape padding in strides (YOLOv9 validation uses 0.5).
+        stride: model stride: ``imgsz`` must be a multiple of it, and rect batch shapes are.
+        pad: rect shape padding in strides (YOLOv9 validation uses 0.5; ``None``: 0); only with ``rect=True``
+            (refused without it: nothing else is padded).
         seed: seed of the order and of every augmentation draw; the same seed gives the same batches
             whatever the number of workers.
         rank, world_size: DDP sharding like ``DistributedSampler``: each rank gets a disjoint, equally
@@ -380,7 +384,9 @@ def loader(
             applied: after each batch ``loader.hsv_gains`` holds its ``float32 [B, 3]`` gains on the
             CPU, e.g. ``imgs = fastload.apply_hsv_batch(imgs.to(dev), loader.hsv_gains)``). HSV is a
             large share of a sample's CPU cost (``benchmarks/loader_throughput.py`` prints the loader
-            with HSV in the workers and deferred side by side).
+            with HSV in the workers and deferred side by side). ``None``: the engine's default, the first of
+            its :attr:`~fastload.engines.base.Engine.hsv_modes` (``"worker"`` for cpu, gpu and ray;
+            ``"consumer"`` for dali, which refuses ``"worker"``: its graph has no HSV step).
         layout: memory order of ``imgs``, the same for every engine: ``"nhwc"`` (channels-last; the
             engines produce HWC pixels, so this costs no copy) or ``"nchw"`` (contiguous; one
             transposing copy per image).
@@ -421,9 +427,13 @@ def loader(
         # a model concatenates feature maps of stride 8..stride: other sizes fail in its forward pass
         near = max(stride, round(float(imgsz) / stride) * stride) if isinstance(imgsz, (int, float, np.number)) else 640
         raise ValueError(f"imgsz must be a positive multiple of the stride {stride}, got {imgsz!r}; use e.g. {near}")
+    if pad is not None and not rect:
+        raise ValueError(f"pad={pad!r} pads rect batch shapes and applies only with rect=True; leave it unset")
+    pad = 0.0 if pad is None else float(pad)
+    hsv_on = cls.hsv_modes[0] if hsv_on is None else hsv_on
     if workers is not None and workers < 0:
         raise ValueError(f"workers must be >= 0 (0 renders in the calling process), got {workers}")
-    if hsv_on == "consumer" and engine in ("cpu", "ray") and (device is None or torch.device(device).type == "cpu"):
+    if hsv_on == "consumer" and cls.renders_on == "host" and (device is None or torch.device(device).type == "cpu"):
         warnings.warn("fastload.loader: hsv_on='consumer' without a GPU device applies HSV in the main process "
                       "with torch ops (slow on a CPU); use hsv_on='worker' there")
     rank, world_size = _resolve_world(rank, world_size)
@@ -438,7 +448,9 @@ def loader(
     elif isinstance(store, Store):
         base = store
     else:
-        base = open_store(data, split=split, kind=store, imgsz=imgsz, **({"device": device} if store == "gpu" else {}))
+        # a store in device memory is filled on the loader's device
+        on_device = store != "auto" and not store_kind(store).on_host
+        base = open_store(data, split=split, kind=store, imgsz=imgsz, **({"device": device} if on_device else {}))
     try:
         keep_idx, labels = _filter(list(base.labels), int(min_items), bool(single_cls))
         if len(keep_idx) == 0:
@@ -466,13 +478,12 @@ def loader(
         if owns_store:
             base.close()
         raise
-    ds = LoaderDataset(None, view, img_size=imgsz, augment=augment, hyp=hyp_d, rect=rect,  # type: ignore[arg-type]
-                       stride=stride, pad=pad, batch_shapes=batch_shapes)
-    fl = FastLoader(engine=eng, dataset=ds, store=base, n=len(view), batch_size=batch_size, seed=seed,
+    dataset = functools.partial(LoaderDataset, view=view, img_size=imgsz, augment=augment, hyp=hyp_d, rect=rect,
+                                stride=stride, pad=pad, batch_shapes=batch_shapes)
+    fl = FastLoader(engine=eng, dataset=dataset, store=base, n=len(view), batch_size=batch_size, seed=seed,
                     shuffle=shuffle and not rect, rank=rank, world_size=world_size, drop_last=drop_last,
                     rect_batches=rect_batches, close_mosaic_epochs=int(close_mosaic), epochs=epochs,
                     owns_store=owns_store)
-    ds._owner = fl
     if close_mosaic and epochs is None:
         warnings.warn("fastload.loader: close_mosaic needs epochs=...; call loader.close_mosaic() yourself")
     return fl

@@ -114,7 +114,7 @@ def test_dali_errors_are_clear(converted):
     from fastload.engines.dali import _device_id
 
     if not torch.cuda.is_available():
-        with pytest.raises(RuntimeError, match="no CUDA GPU is visible"):
+        with pytest.raises(RuntimeError, match="engine='dali' with device='cuda:0': CUDA is not available"):
             _device_id("cuda:0")
     assert _device_id("cpu")[0] is None
 

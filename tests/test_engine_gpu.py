@@ -213,13 +213,14 @@ def test_prefetch_thread_equals_inline_and_survives_abandon(converted):
         assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
 
 
-def test_errors_are_clear():
-    from fastload.engines.gpu import _resolve_device
+def test_errors_are_clear(synth_yaml):
+    from fastload.data.device import resolve_device
 
     if not HAS_CUDA:
-        with pytest.raises(RuntimeError, match="CUDA is not available"):
-            _resolve_device("cuda:0")
-    assert _resolve_device("cpu").type == "cpu"
+        with pytest.raises(RuntimeError, match="engine='gpu' with device='cuda:0': CUDA is not available"):
+            loader(synth_yaml, imgsz=64, batch_size=2, store="files", engine="gpu", device="cuda:0")
+        assert resolve_device(None, "x").type == "cpu"
+    assert resolve_device("cpu", "x").type == "cpu"
 
 
 # ---------------------------------------------------------------------------------- store="gpu"

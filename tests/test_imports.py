@@ -25,8 +25,9 @@ LAYERS = (
     ("fastload.cli", "fastload.bench", "fastload.compat", "fastload.monitor", "fastload.__main__", "fastload"),
 )
 # Engines never import each other: each engine's own modules (base and factory are shared, and so are
-# cpu_render, the host renderer the cpu engine's workers and the ray engine's actors both run, and
-# shm_cache, the machine's decoded-image cache that renderer reads through).
+# cpu_render, the host renderer the cpu engine's workers and the ray engine's actors both run,
+# shm_cache, the machine's decoded-image cache that renderer reads through, and inflight, the ordered
+# in-flight window of the cpu and ray engines).
 ENGINE_FAMILIES = {
     "cpu": ("cpu", "cpu_workers", "shm_batch"),
     "gpu": ("gpu",),
@@ -174,3 +175,34 @@ def test_import_fastload_and_the_cli_parser_stay_light():
     res = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == "", f"`import fastload` / `fastload --help` imported {res.stdout.strip()}"
+
+
+def _names_engine(node: ast.AST) -> bool:
+    """``engine``, ``opts.engine``, ``engine_name``...: an expression that holds an engine's name."""
+    name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else ""
+    return "engine" in name.lower()
+
+
+def _engine_names(node: ast.AST, names: set[str]) -> bool:
+    if isinstance(node, ast.Constant):
+        return node.value in names
+    return isinstance(node, (ast.Tuple, ast.List, ast.Set)) and any(_engine_names(e, names) for e in node.elts)
+
+
+def test_no_engine_name_is_compared_outside_the_engines():
+    """What an engine can do is declared on its class (Engine.renderers, renders_on, accepts_gpu_store...):
+    code outside fastload.engines reads the declarations and never compares an engine's name."""
+    from fastload.engines.factory import ENGINES
+
+    names = set(ENGINES)
+    found = []
+    for module, path in MODULES.items():
+        if module.startswith("fastload.engines"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Compare):
+                continue
+            sides = [node.left, *node.comparators]
+            if any(_names_engine(a) for a in sides) and any(_engine_names(b, names) for b in sides):
+                found.append(f"{module}:{node.lineno}")
+    assert not found, "engine names compared outside fastload.engines: " + ", ".join(found)

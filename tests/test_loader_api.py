@@ -331,3 +331,42 @@ def test_image_table_errors(synth_yaml):
     with loader(synth_yaml, imgsz=64, batch_size=4, workers=0, store="files", rect=True, augment=False) as fl:
         with pytest.raises(ValueError, match="rect"):
             fl.dataset.indices = [0] * fl.dataset.n
+
+
+def test_pad_without_rect_is_refused_and_the_dataset_shows_its_loader(synth_yaml):
+    with pytest.raises(ValueError, match="pad=0.5 pads rect batch shapes and applies only with rect=True"):
+        loader(synth_yaml, imgsz=IMGSZ, batch_size=4, workers=0, store="files", pad=0.5)
+    with loader(synth_yaml, imgsz=IMGSZ, batch_size=4, workers=0, store="files", augment=False, rect=True, pad=0.5) as fl:
+        assert fl.dataset.pad == 0.5 and fl.dataset.rect
+        fl.dataset.indices = list(range(fl.n))  # the dataset reaches its own loader from the start
+        assert fl.image_table is None and list(fl.dataset.indices) == list(range(fl.n))
+        assert len(fl.sampler) == fl.n and sorted(fl.sampler) == list(range(fl.n))
+
+
+def test_the_jpeg_decoder_is_an_engine_option(synth_yaml, monkeypatch):
+    """CPUOptions/RayOptions(jpeg_decoder=...) decodes that loader's JPEGs with that decoder, whatever the
+    process's choice (set_jpeg_decoder, $FASTLOAD_JPEG_DECODER); a name that is no decoder is refused."""
+    from fastload.data import images
+    from fastload.engines.base import EngineOptionError
+
+    used = {name: 0 for name in images.JPEG_DECODERS}
+    for name, fn in list(images._JPEG_DECODERS.items()):
+        def counted(buf, flags, _fn=fn, _name=name):
+            used[_name] += 1
+            return _fn(buf, flags)
+        monkeypatch.setitem(images._JPEG_DECODERS, name, counted)
+    kw = dict(imgsz=IMGSZ, batch_size=4, workers=0, store="files", seed=2)
+    with loader(synth_yaml, **kw, engine_options={"jpeg_decoder": "pil", "decode_cache_mb": 0}) as fl:
+        with_option = [b[0].clone() for b in fl]
+    assert used["pil"] > 0 and used["cv2"] == used["torchvision"] == 0
+    monkeypatch.setenv("FASTLOAD_JPEG_DECODER", "pil")  # the process's choice, the same decoder
+    with loader(synth_yaml, **kw, engine_options={"decode_cache_mb": 0}) as fl:
+        process_wide = [b[0].clone() for b in fl]
+    assert all(torch.equal(a, b) for a, b in zip(with_option, process_wide))
+    monkeypatch.delenv("FASTLOAD_JPEG_DECODER")
+    used.update(pil=0)
+    with loader(synth_yaml, **kw, engine_options={"decode_cache_mb": 0}) as fl:
+        next(iter(fl))
+    assert used["pil"] == 0 and used["cv2"] > 0  # without the option: the process's default, cv2
+    with pytest.raises(EngineOptionError, match="jpeg_decoder must be None or one of cv2, torchvision, pil, got 'nvjpeg'"):
+        loader(synth_yaml, **kw, engine_options={"jpeg_decoder": "nvjpeg"})

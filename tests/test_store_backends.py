@@ -13,7 +13,7 @@ import pytest
 from fastload.data.images import decode_image, loaded_shape, resize_long_side
 from fastload.data.index import build_index
 from fastload.store import IncompleteStoreError, StoreError, open_store
-from fastload.store import convert as convert_mod
+from fastload.store import writing
 from fastload.store import space
 from fastload.store.convert import convert, output_lock
 from fastload.store.packed import PackedStore
@@ -192,17 +192,17 @@ def test_conversion_workers_die_on_sigterm_whatever_the_parent_installed():
 
     previous = signal.signal(signal.SIGTERM, lambda *_: None)
     try:
-        assert all(convert_mod.parallel_map(_sigterm_is_default, list(range(8)), workers=2))
+        assert all(writing.parallel_map(_sigterm_is_default, list(range(8)), workers=2))
     finally:
         signal.signal(signal.SIGTERM, previous)
 
 
 SLOW_WORKER = """
 import os, signal, sys, time
-import fastload.store.convert as convert_mod
+import fastload.store.writing as writing
 
 signal.signal(signal.SIGTERM, lambda *_: None)  # as `fastload bench --convert` does
-plain = convert_mod._plain_worker_signals
+plain = writing._plain_worker_signals
 
 def slow_second_worker():
     try:
@@ -211,8 +211,8 @@ def slow_second_worker():
         time.sleep(2.0)  # the other is still starting when the first has done every task
     plain()
 
-convert_mod._plain_worker_signals = slow_second_worker
-print(sum(convert_mod.parallel_map(abs, list(range(8)), workers=2)), flush=True)
+writing._plain_worker_signals = slow_second_worker
+print(sum(writing.parallel_map(abs, list(range(8)), workers=2)), flush=True)
 """
 
 

@@ -21,7 +21,7 @@ from store_helpers import run_cli
 # can be killed half-way: the writers are wrapped here, in the test, not in the library.
 CONVERT = """
 import sys, time
-from fastload.store import convert as c
+from fastload.store import convert as c, lmdb_store
 from fastload.store.lmdb_store import LmdbWriter
 from fastload.store.packed import PackedWriter
 
@@ -32,7 +32,7 @@ def slowed(cls, name, per_call):
         return original(self, *args, **kwargs)
     setattr(cls, name, wrapper)
 
-c.COMMIT_EVERY = 8
+lmdb_store.COMMIT_EVERY = 8
 slowed(LmdbWriter, "add_many", lambda args: len(args[0]))
 slowed(PackedWriter, "add", lambda args: 1)
 c.convert(sys.argv[1], sys.argv[2], out=sys.argv[3], workers=1, imgsz=64, progress=False)

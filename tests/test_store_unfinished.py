@@ -26,10 +26,10 @@ STALLED_CLI = """
 import sys, time
 from pathlib import Path
 from fastload.cli import main
-from fastload.store import convert
+from fastload.store import lmdb_store
 from fastload.store.lmdb_store import LmdbWriter
 
-convert.COMMIT_EVERY = 2
+lmdb_store.COMMIT_EVERY = 2
 add_many = LmdbWriter.add_many
 
 def add_then_wait(self, records):

@@ -224,6 +224,7 @@ def train(opt: argparse.Namespace) -> dict:
     import fastload
     from fastload.augment.hyp import load_hyp
     from fastload.data.config import load_data_config
+    from fastload.engines.factory import engine_class
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     ddp = _Dist()
@@ -338,12 +339,12 @@ def train(opt: argparse.Namespace) -> dict:
     per_rank = opt.batch_size // ddp.world
     train_loader = fastload.loader(
         opt.data, split="train", imgsz=opt.imgsz, batch_size=per_rank, hyp=hyp, augment=True, store=store,
-        engine=opt.loader, workers=None if opt.loader == "gpu" else opt.workers,  # the gpu engine takes no workers
-        shuffle=True, rect=opt.rect, stride=gs, pad=0.0,
+        engine=opt.loader, **engine_class(opt.loader).renderer_keywords(opt.workers),  # workers, or Ray actors
+        shuffle=True, rect=opt.rect, stride=gs,
         seed=opt.seed if opt.data_seed is None else opt.data_seed,
         rank=ddp.rank, world_size=ddp.world, min_items=opt.min_items, single_cls=opt.single_cls,
         device=device if cuda else None,
-        hsv_on="consumer" if cuda else "worker")
+        hsv_on="consumer" if cuda else None)  # None: the engine's default
     val_loader = None
     if ddp.main:
         val_loader = make_val_loader(opt.data, opt.imgsz, max(per_rank * 2, 1), workers=min(opt.workers, 4),

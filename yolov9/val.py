@@ -32,11 +32,13 @@ def make_val_loader(data: Any, imgsz: int, batch_size: int, *, workers: int = 4,
                     device: torch.device | None = None) -> FastLoader:
     """Validation batches as YOLOv9 builds them: no augmentation, rect batches, pad 0.5, fixed order."""
     import fastload
+    from fastload.engines.factory import engine_class
 
+    cls = engine_class(engine)
     return fastload.loader(data, split=split, imgsz=imgsz, batch_size=batch_size, augment=False, rect=True,
                            pad=0.5, shuffle=False, stride=stride, single_cls=single_cls,
-                           workers=None if engine == "gpu" else workers,  # the gpu engine takes no workers
-                           store=store, engine=engine, device=device if engine != "cpu" else None)
+                           **cls.renderer_keywords(workers),  # worker processes, Ray actors, or none
+                           store=store, engine=engine, device=device if cls.renders_on == "device" else None)
 
 
 def boxes_to_original(pred: torch.Tensor, gt: torch.Tensor, shape: tuple, protocol: Protocol) -> None:

@@ -164,7 +164,7 @@ def analyse(
         "configs": configs,
         "primary": primary,
     }
-    bottleneck, sentence = _sentence(primary, configs, parallel, reads, workers, cores)
+    bottleneck, sentence = _sentence(primary, configs, parallel, workers, cores)
     if primary is None:
         loaders = [m for m in ms if m.stage == "loader" and m.ok]
         if loaders:
@@ -179,7 +179,7 @@ def analyse(
 
 
 def _sentence(
-    primary: str | None, configs: dict[str, dict[str, Any]], parallel: int, reads: float, workers: int, cores: int
+    primary: str | None, configs: dict[str, dict[str, Any]], parallel: int, workers: int, cores: int
 ) -> tuple[str, str]:
     if primary is None:
         return "unknown", "no bottleneck named: too few stages could be measured (see the skipped rows)"

@@ -50,9 +50,9 @@ from fastload.store.base import StoreError
 from fastload.store.convert import convert as do_convert
 from fastload.store.factory import open_store
 from fastload.store.files import FileStore
-from fastload.store.kinds import AUTO_ORDER, detect_kind
+from fastload.store.kinds import AUTO_ORDER, CONVERT_KINDS, detect_kind
 
-STORE_KINDS = tuple(reversed(AUTO_ORDER))  # the host stores, slowest first
+STORE_KINDS = tuple(reversed(AUTO_ORDER))  # the host stores store="auto" chooses from, slowest first
 ENGINE_KINDS = tuple(ENGINES)
 
 Log = Callable[[str], None]
@@ -124,16 +124,19 @@ class _Source:
 
 
 def _default_engines() -> list[str]:
-    """``cpu``, plus the GPU engines when CUDA (and, for dali, nvidia-dali) are present, plus ``ray`` when
-    Ray is installed (on the cluster ``ray.init()`` finds, else a local instance on this machine)."""
-    engines = ["cpu"]
-    if torch.cuda.is_available():
-        engines.append("gpu")
-        if importlib.util.find_spec("nvidia") is not None and importlib.util.find_spec("nvidia.dali") is not None:
-            engines.append("dali")
-    if importlib.util.find_spec("ray") is not None:
-        engines.append("ray")
-    return engines
+    """Every engine whose optional package is installed, those that render on a device only when CUDA is
+    present (``ray``: on the cluster ``ray.init()`` finds, else a local instance on this machine)."""
+    cuda = torch.cuda.is_available()
+    return [name for name, cls in ENGINES.items()
+            if (cls.renders_on == "host" or cuda) and (cls.requires is None or _installed(cls.requires))]
+
+
+def _installed(module: str) -> bool:
+    """Whether ``module`` (dotted) can be imported, without importing it."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # a missing parent package
+        return False
 
 
 def _parse_list(value: str | Sequence[str] | None, allowed: Sequence[str], what: str) -> list[str] | None:
@@ -169,8 +172,8 @@ def _resolve_sources(
     if split not in cfg.splits:
         raise ValueError(f"split {split!r} is not defined in {cfg.origin} (it defines {', '.join(cfg.splits)})")
     recorded = dict((cfg.stores or {}).get(split, {}))
-    wanted = kinds or ["files", *[k for k in STORE_KINDS if k in recorded and k != "files"]]
-    missing = [k for k in wanted if k != "files" and k not in recorded]
+    wanted = kinds or ["files", *[k for k in STORE_KINDS if k in recorded and k in CONVERT_KINDS]]
+    missing = [k for k in wanted if k in CONVERT_KINDS and k not in recorded]
     data_for: dict[str, Any] = {k: data for k in wanted}
     if missing and convert:
         disk_kinds = [k for k in missing if k in ("lmdb", "disk")]
@@ -349,7 +352,7 @@ def run_bench(
             add(rows)
         if "augment" in stage_list:
             say("stage augment: sampled records drawn from pre-decoded images, one core")
-            src_store = next((s.store for s in sorted(live, key=lambda s: ("ram", "disk", "lmdb", "files").index(s.kind))), None)
+            src_store = next((s.store for s in sorted(live, key=lambda s: AUTO_ORDER.index(s.kind))), None)
             if src_store is None:
                 add([Measurement("augment", "cpu", skipped="no store could be opened")])
             else:
@@ -366,8 +369,7 @@ def run_bench(
                     add([measure_loader(loader_data, engine, s.kind, seconds, split=split, imgsz=imgsz,
                                         batch=batch, workers=n_workers, hyp=hyp_d)])
     finally:
-        if "ray" in engine_list:
-            ray_disconnect()  # a local Ray instance the bench started stops with it
+        ray_disconnect()  # a local Ray instance a ray engine of the bench started stops with it (no-op otherwise)
         for s in sources:
             if s.store is not None:
                 try:

@@ -26,6 +26,7 @@ from fastload.augment.params import ParamSampler
 from fastload.augment.pipeline import render_sample
 from fastload.bench import pagecache
 from fastload.bench.decoders import available_decoders
+from fastload.engines.factory import engine_class
 from fastload.fastloader import loader as make_loader
 
 STAGES: tuple[str, ...] = ("read", "decode", "augment", "loader")
@@ -258,7 +259,7 @@ class CpuClock:
     """
 
     def __init__(self, pids: Sequence[int] = ()) -> None:
-        self.pids = list(pids)  # the loader's processes that are not our children (Ray actors)
+        self.pids = list(pids)  # the loader's renderers: those that are not our children (Ray actors) count too
         self.tree0 = self._tree()
         self.busy0 = self._busy()
 
@@ -314,13 +315,12 @@ def measure_loader(
     name = f"{engine}/{store_kind}"
     kwargs: dict[str, Any] = dict(split=split, imgsz=imgsz, batch_size=batch, engine=engine, store=store_kind,
                                   augment=True, shuffle=True)
-    if workers is not None and engine not in ("gpu", "ray"):  # the gpu engine's host side is one thread: no workers
-        kwargs["workers"] = workers
-    if workers is not None and engine == "ray":  # its renderers are Ray actors, as many as the others' workers
-        kwargs["engine_options"] = {"actors": workers}
+    cls = engine_class(engine)
+    if workers is not None:  # as many renderers as asked (workers, Ray actors; none for the gpu engine)
+        kwargs.update(cls.renderer_keywords(workers))
     if hyp is not None:
         kwargs["hyp"] = hyp
-    if engine in ("gpu", "dali"):
+    if cls.renders_on == "device":
         kwargs["device"] = "cuda"  # GPU engines deliver on the device; the loader checks CUDA itself
     t_start = time.perf_counter()
     try:
@@ -345,8 +345,8 @@ def measure_loader(
                 if t0 is None:
                     first_batch_s = now - t_start
                     t0 = now
-                    # Ray actors are not our children: their CPU time counts as the loader's too
-                    cpu0 = CpuClock(ld.stats()["worker_pids"] if engine == "ray" else ())
+                    # renderers that are not our children (Ray actors): their CPU time counts as the loader's too
+                    cpu0 = CpuClock(ld.stats()["worker_pids"])
                 else:
                     samples += int(imgs.shape[0])
                     nbytes += int(imgs.numel() * imgs.element_size())
@@ -365,7 +365,7 @@ def measure_loader(
     finally:
         ld.close()
     n_workers = stats.get("actors", ld.engine.workers)
-    unit = "actors" if engine == "ray" else "workers"
+    unit = cls.renderers or "workers"
     extra: dict[str, Any] = {"first_batch_s": first_batch_s, "epochs": epoch + 1, "workers": n_workers, **cpu}
     hits, misses = stats.get("decode_cache_hits"), stats.get("decode_cache_misses")
     if hits is not None and misses is not None and hits + misses > 0:

@@ -5,7 +5,7 @@ import argparse
 import contextlib
 import sys
 
-from fastload.cli.errors import check_choices, check_splits, whole
+from fastload.cli.errors import check_choices, whole
 
 
 def register(sub: argparse._SubParsersAction, help_text: str) -> None:
@@ -34,17 +34,19 @@ def run(args: argparse.Namespace) -> int:
     from fastload.store.kinds import CONVERT_KINDS, finish_hint, unfinished_conversions
 
     kinds = check_choices("--to", args.to, CONVERT_KINDS, "store kind(s)")
-    splits = check_splits("--split", args.split, args.data)
+    cfg = load_data_config(args.data)  # read once: the --split check and the conversion share it
+    splits = None if args.split is None else check_choices("--split", args.split, list(cfg.splits),
+                                                           f"split(s) of {args.data}:")
     try:
         convert(
-            args.data, kinds, out=args.out, imgsz=args.imgsz, splits=splits, workers=args.workers,
+            cfg, kinds, out=args.out, imgsz=args.imgsz, splits=splits, workers=args.workers,
             resume=args.resume, max_side=args.max_side, quality=args.quality, progress=not args.no_progress,
             force=args.force,
         )
     except KeyboardInterrupt:
         # before the "interrupted" line: what was left and the command that finishes it
-        with contextlib.suppress(Exception):  # a yaml that cannot be read had no conversion to leave behind
-            for partial in unfinished_conversions(output_folder(load_data_config(args.data), args.out)):
+        with contextlib.suppress(Exception):  # a folder that cannot be listed has nothing to report
+            for partial in unfinished_conversions(output_folder(cfg, args.out)):
                 print(f"fastload convert: {partial} is {finish_hint(partial)}", file=sys.stderr)
         raise
     return 0

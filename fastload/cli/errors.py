@@ -22,7 +22,6 @@ import os
 import sys
 from typing import Callable, NoReturn, Sequence
 
-EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130

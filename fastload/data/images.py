@@ -293,6 +293,7 @@ def _decode_jpeg_pil(buf: bytes, flags: int) -> np.ndarray | None:
 
 
 _JPEG_DECODERS = {"cv2": _decode_jpeg_default, "torchvision": _decode_jpeg_torchvision, "pil": _decode_jpeg_pil}
+JPEG_DECODERS: tuple[str, ...] = tuple(_JPEG_DECODERS)
 _chosen_decoder: str | None = None  # set_jpeg_decoder()'s choice; None: the environment's, else cv2
 
 
@@ -328,10 +329,11 @@ def _decode_other_pil(buf: bytes) -> np.ndarray | None:
         return None
 
 
-def _decode(buf: bytes, path: str | None, reduce: int = 1) -> tuple[np.ndarray, int, int, int]:
+def _decode(buf: bytes, path: str | None, reduce: int = 1, decoder: str | None = None) -> tuple[np.ndarray, int, int, int]:
     """Decode to RGB uint8 HWC with orientation applied; also returns the stored (h0, w0, orientation).
 
     ``reduce`` in {1, 2, 4, 8} asks for a 1/reduce-scale DCT decode (JPEG only; ignored otherwise).
+    ``decoder``: the JPEG decoder (None: :func:`jpeg_decoder`, the process's choice).
     """
     fmt, h0, w0, orientation = probe_header(buf, path)
     if fmt == "jpeg":
@@ -342,7 +344,7 @@ def _decode(buf: bytes, path: str | None, reduce: int = 1) -> tuple[np.ndarray, 
             reduce
         ]
         try:
-            img = _JPEG_DECODERS[jpeg_decoder()](buf, flags)
+            img = _JPEG_DECODERS[decoder or jpeg_decoder()](buf, flags)
         except Exception as exc:
             raise CorruptImageError(path, f"JPEG decode failed ({type(exc).__name__}: {exc})") from None
         if img is None:
@@ -364,13 +366,14 @@ def _decode(buf: bytes, path: str | None, reduce: int = 1) -> tuple[np.ndarray, 
     return img, h0, w0, orientation
 
 
-def decode_image(buf: bytes, path: str | None = None) -> np.ndarray:
-    """Decode encoded image bytes to an RGB HWC uint8 array, EXIF orientation applied.
+def decode_image(buf: bytes, path: str | None = None, *, decoder: str | None = None) -> np.ndarray:
+    """Decode encoded image bytes to an RGB HWC uint8 array, EXIF orientation applied; JPEGs with
+    ``decoder`` (one of :data:`JPEG_DECODERS`; None: :func:`jpeg_decoder`, the process's choice).
 
     Raises :class:`CorruptImageError` (naming ``path``) for empty, truncated, unknown or
     undecodable input.
     """
-    return _decode(_as_bytes(buf), path)[0]
+    return _decode(_as_bytes(buf), path, decoder=decoder)[0]
 
 
 def _reduce_factor(h: int, w: int, target: int) -> int:
@@ -382,18 +385,18 @@ def _reduce_factor(h: int, w: int, target: int) -> int:
     return factor
 
 
-def decode_image_reduced(buf: bytes, imgsz: int, path: str | None = None) -> np.ndarray:
+def decode_image_reduced(buf: bytes, imgsz: int, path: str | None = None, *, decoder: str | None = None) -> np.ndarray:
     """Decode a JPEG at 1/2, 1/4 or 1/8 scale when its long side is at least 2x ``imgsz``.
 
     The result's long side stays >= ``imgsz`` (so a following resize still shrinks) and is
     cheaper to decode than the full image (``benchmarks/reduced_decode.py`` measures by how much).
-    Other formats decode at full size.
+    Other formats decode at full size. ``decoder``: as in :func:`decode_image`.
     """
     buf = _as_bytes(buf)
     if sniff_format(buf) != "jpeg":
-        return _decode(buf, path)[0]
+        return _decode(buf, path, decoder=decoder)[0]
     _, h0, w0, _ = probe_header(buf, path)
-    return _decode(buf, path, _reduce_factor(h0, w0, imgsz))[0]
+    return _decode(buf, path, _reduce_factor(h0, w0, imgsz), decoder)[0]
 
 
 def decode_loaded(buf: bytes, imgsz: int, path: str | None = None, *, reduced: bool = True,

@@ -37,8 +37,9 @@ import torch
 from fastload.augment.functional.tiles import AXIS_KERNELS, AxisKernel
 from fastload.augment.functional.torch_ops import apply_hsv_batch
 from fastload.augment.params import ParamSampler, Partners
-from fastload.data.images import ShrinkFilter, shrink_filter
+from fastload.data.images import JPEG_DECODERS, ShrinkFilter, shrink_filter
 from fastload.store.base import DAMAGE_KINDS, DamagedRecordError, Store
+from fastload.store.kinds import STORE_KINDS
 
 HSVMode = Literal["worker", "consumer", "defer"]
 HSV_MODES: tuple[str, ...] = get_args(HSVMode)
@@ -75,6 +76,7 @@ class HostRenderOptions:
     decode_cache_mb: int | None = None
     decode_scale: Literal["full", "reduced"] = "full"
     axis_kernel: AxisKernel | None = None
+    jpeg_decoder: str | None = None
 
     def __post_init__(self) -> None:
         if self.timeout < 0:
@@ -83,6 +85,8 @@ class HostRenderOptions:
             raise self.bad(f"decode_cache_mb must be None or >= 0, got {self.decode_cache_mb}")
         if self.decode_scale not in ("full", "reduced"):
             raise self.bad(f"decode_scale must be 'full' or 'reduced', got {self.decode_scale!r}")
+        if self.jpeg_decoder is not None and self.jpeg_decoder not in JPEG_DECODERS:
+            raise self.bad(f"jpeg_decoder must be None or one of {', '.join(JPEG_DECODERS)}, got {self.jpeg_decoder!r}")
         if self.axis_kernel is not None and self.axis_kernel not in AXIS_KERNELS:
             raise self.bad(f"axis_kernel must be None or one of {', '.join(AXIS_KERNELS)}, got {self.axis_kernel!r}")
 
@@ -95,23 +99,24 @@ class HostRenderOptions:
 class EngineSettings:
     """The settings every engine honours the same way (``loader()``'s common keywords).
 
+    What each engine does with each setting, and which values it refuses, is one table: docs/design.md
+    ("fastload.engines and fastload.fastloader"), which ``tests/test_settings_table.py`` holds to the engines'
+    declarations (:attr:`Engine.renderers`, :attr:`Engine.min_workers`, :attr:`Engine.min_prefetch`,
+    :attr:`Engine.hsv_modes`, :attr:`Engine.accepts_gpu_store`).
+
     Attributes:
         batch_size: samples per batch; ``iter_batches`` cuts its indices into chunks of this size
             (the last one may be smaller).
-        workers: the engine's host-side worker processes (``cpu``: processes that render, 0 renders
-            in the calling process; ``dali``: external-source processes, at least 1; ``gpu``: none,
-            only 0 is accepted: its host side is one background thread).
-        device: where ``imgs`` and ``targets`` are delivered (``None``: the engine's default: the
-            CPU for ``cpu``, the current CUDA device, else the CPU, for ``gpu`` and ``dali``).
-        hsv_on: ``"worker"``: HSV is applied by the engine while it renders (CPU workers, the GPU
-            engine's background thread, the DALI engine's output step); ``"consumer"``: applied to
-            the whole batch on ``device`` when it is delivered, in the consumer's thread;
-            ``"defer"``: not applied; :attr:`Engine.hsv_gains` holds the latest batch's gains.
+        workers: the engine's host-side worker processes (0: none, or rendering in the calling process).
+        device: where ``imgs`` and ``targets`` are delivered (``None``: the engine's default: the CPU for
+            engines that render on the host, the current CUDA device, else the CPU, for those that render
+            on a device; :attr:`Engine.renders_on`).
+        hsv_on: ``"worker"``: HSV is applied by the engine while it renders; ``"consumer"``: applied to
+            the whole batch on ``device`` when it is delivered, in the consumer's thread; ``"defer"``: not
+            applied; :attr:`Engine.hsv_gains` holds the latest batch's gains.
         layout: memory order of ``imgs`` (always shaped ``[B, 3, H, W]``): ``"nhwc"``: channels-last
             (``imgs.is_contiguous(memory_format=torch.channels_last)``); ``"nchw"``: contiguous.
-        prefetch: batches prepared ahead of the one being consumed (``cpu``: per worker; ``gpu``:
-            by the background thread, 0 renders in the caller's thread; ``dali``: the pipeline's
-            prefetch queue, at least 1).
+        prefetch: batches prepared ahead of the one being consumed.
         world_size: ranks of the job (the Ray engine's default actor count splits the cluster's CPUs
             between the ranks).
         strict: a record that fails its check at load time (:class:`~fastload.store.base.DamagedRecordError`)
@@ -170,13 +175,18 @@ class Rendered(NamedTuple):
 class Engine(abc.ABC):
     """Applies sampled augmentation records to images and collates YOLOv9 batches.
 
-    Subclasses set :attr:`name`, :attr:`Options` (their frozen options dataclass),
-    :attr:`default_workers` and :attr:`default_partners` (with the reason for it in their docstring),
-    refuse in ``__init__`` the settings they cannot honour (with :meth:`_refuse`) and implement
-    :meth:`_render_batches`, drawing each batch's records with
+    Subclasses set :attr:`name`, :attr:`Options` (their frozen options dataclass) and declare what they
+    can do (below; :attr:`default_partners` with the reason for it in their docstring); the base class
+    refuses the settings the declarations rule out, an engine refuses in ``__init__`` (with :meth:`_refuse`)
+    any other it cannot honour. They implement :meth:`_render_batches`, drawing each batch's records with
     :meth:`~fastload.augment.params.ParamSampler.sample_batch` and adding the images they decode to
     :attr:`decodes`; they may extend :meth:`stats`, :meth:`close_mosaic`, :meth:`expect_next` and
     :meth:`_release`.
+
+    The declarations are what the loader, ``fastload bench``, the YOLOv9 compat layer and the contract test
+    read (none of them compares engine names): :attr:`renderers`, :attr:`min_workers`, :attr:`min_prefetch`,
+    :attr:`renders_on`, :attr:`accepts_gpu_store`, :attr:`hsv_modes`, :attr:`takes_sample_ids`, :attr:`default_workers`,
+    :attr:`default_partners`, :attr:`requires`.
 
     ``shrink`` is the filter images from encoded stores are shrunk to their loaded size with, as
     YOLOv9's ``load_image`` picks it: ``"linear"`` when the sampler augments (training), ``"area"``
@@ -191,11 +201,32 @@ class Engine(abc.ABC):
 
     name: ClassVar[str] = ""
     Options: ClassVar[type]
+    # what renders the batches on the host, and how many: "workers" (loader(workers=N), processes), "actors"
+    # (the engine option of that name), None (nothing: workers must be 0)
+    renderers: ClassVar[Literal["workers", "actors"] | None] = "workers"
+    min_workers: ClassVar[int] = 0  # fewer workers are refused
+    min_prefetch: ClassVar[int] = 0  # a smaller prefetch is refused
+    # where pixels are drawn: "host" (delivered on the CPU unless a device is given, so hsv_on="consumer"
+    # without a GPU device runs HSV in the consumer's thread on the host) or "device" (a CUDA device by default)
+    renders_on: ClassVar[Literal["host", "device"]] = "host"
+    accepts_gpu_store: ClassVar[bool] = False  # a store not on the host (store="gpu": device memory) can be drawn from
+    # the hsv_on values it honours, its default first (loader(hsv_on=None)); the others are refused
+    hsv_modes: ClassVar[tuple[str, ...]] = HSV_MODES
     default_workers: ClassVar[int] = 0  # loader(workers=None) means this
     default_partners: ClassVar[Partners] = "dataset"  # loader(partners=None) means this
     # True when iter_batches also takes sample ids (fastload.augment.params.visit_ids): an epoch that
     # shows an image more than once, each visit with its own draws (YOLOv9's --image-weights)
     takes_sample_ids: ClassVar[bool] = False
+    requires: ClassVar[str | None] = None  # the optional package (a module name) the engine needs, if any
+
+    @classmethod
+    def renderer_keywords(cls, n: int) -> dict[str, Any]:
+        """The ``loader()`` keywords that ask this engine for ``n`` renderers (none where it has none)."""
+        if cls.renderers is None:
+            return {}
+        if cls.renderers == "workers":
+            return {"workers": n}
+        return {"engine_options": {cls.renderers: n}}
 
     def __init__(self, store: Store, sampler: ParamSampler, settings: EngineSettings, options: Any = None) -> None:
         if options is None:
@@ -218,6 +249,24 @@ class Engine(abc.ABC):
         self._damaged: dict[tuple[str, int], str] = {}  # (store path, record) -> damage kind, as reported
         self._redrawn = 0  # samples of the delivered batches drawn again because of a damaged record
         self._closed = False
+        self._refuse_undeclared(store)
+
+    def _refuse_undeclared(self, store: Store) -> None:
+        """Refuse the settings and the store this engine's declarations rule out."""
+        if self.workers and self.renderers != "workers":
+            self._refuse("workers", self.workers, f"its renderers are set by {self.Options.__name__}({self.renderers}=N)"
+                         if self.renderers else "it has no worker processes; leave workers unset (or 0)")
+        if self.workers < self.min_workers:
+            self._refuse("workers", self.workers, f"it renders in worker processes (at least {self.min_workers})")
+        if self.settings.hsv_on not in self.hsv_modes:
+            self._refuse("hsv_on", self.settings.hsv_on, f"it applies HSV only as {' or '.join(map(repr, self.hsv_modes))}")
+        if self.settings.prefetch < self.min_prefetch:
+            self._refuse("prefetch", self.settings.prefetch, f"it keeps at least {self.min_prefetch} batch in flight")
+        kind = STORE_KINDS.get(store.kind)  # (a store of no registered kind, such as a test's, is on the host)
+        if kind is not None and not kind.on_host and not self.accepts_gpu_store:
+            raise ValueError(f"engine={self.name!r} cannot use store={store.kind!r} (its images live in device memory, "
+                             f"which this engine does not read); use store='ram'/'disk'/'lmdb', or engine='gpu' with "
+                             f"store='gpu'")
 
     def _refuse(self, setting: str, value: Any, why: str) -> None:
         """Raise the error of a setting this engine cannot honour."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import Any, ClassVar, Generator, NamedTuple
+from typing import Any, ClassVar, Generator, Sequence
 
 import numpy as np
 import torch
@@ -26,6 +26,7 @@ from fastload.augment.params import ParamSampler, shapes_from_array
 from fastload.engines.base import Batch, Engine, EngineSettings, HostRenderOptions, Rendered, chunks
 from fastload.engines.cpu_render import BatchRenderer
 from fastload.engines.cpu_workers import WorkerPool, default_start_method_ok
+from fastload.engines.inflight import InFlightWindow
 from fastload.engines.shm_batch import SlotRing
 from fastload.engines.shm_cache import open_decode_cache
 from fastload.store.base import Store
@@ -63,6 +64,9 @@ class CPUOptions(HostRenderOptions):
             (:func:`~fastload.augment.functional.tiles.default_axis_kernel`;
             ``benchmarks/augment_kernels.py`` measures both). Letterboxes are bit-identical to
             YOLOv9 either way.
+        jpeg_decoder: encoded stores: the JPEG decoder of the workers (``"cv2"``, ``"torchvision"`` or
+            ``"pil"``; ``fastload bench --stages decode`` compares them on your data). ``None``: the process's
+            choice (:func:`fastload.data.images.set_jpeg_decoder`, else ``$FASTLOAD_JPEG_DECODER``, else cv2).
     """
 
     engine: ClassVar[str] = "cpu"
@@ -74,14 +78,47 @@ class CPUOptions(HostRenderOptions):
         super().__post_init__()
 
 
-class _EarlyTasks(NamedTuple):
-    """Batches of an expected epoch sent to the workers before that epoch was asked for."""
+class _WorkerTransport:
+    """The CPU engine's :class:`~fastload.engines.inflight.Transport`: a task is ``(task id, slot)``, sent to
+    the worker pool, rendered into the ring's slot."""
 
-    pool: WorkerPool
-    epoch: int
-    indices: np.ndarray
-    mosaic_closed: bool  # the workers' mosaic state when they were sent
-    tasks: list[tuple[int, int]]  # (task, slot) of its first batches, in order
+    def __init__(self, engine: CPUEngine) -> None:
+        self.engine = engine
+
+    def submit(self, epoch: int, indices: np.ndarray, mosaic_closed: bool, pending: Sequence[tuple[int, int]]
+               ) -> tuple[int, int] | None:
+        eng = self.engine
+        slot = eng.ring.acquire()
+        if slot is None:
+            return None
+        task = eng._task
+        try:
+            eng.pool.submit(task, epoch, slot, indices, mosaic_closed)
+        except BaseException:
+            eng.ring.release(slot)
+            raise
+        eng._task += 1
+        return task, slot
+
+    def receive(self, task: tuple[int, int], seq: int, pending: Sequence[tuple[int, int]]) -> Rendered:
+        eng, (task_id, slot) = self.engine, task
+        pool = eng.pool
+        msg = pool.receive(task_id)
+        eng._worker_stats[task_id % pool.n] = msg["c"]
+        eng._cache_stats = [sum(v[k] for v in eng._worker_stats.values()) for k in range(3)]
+        eng.decodes = eng._cache_stats[2]
+        targets = np.frombuffer(bytearray(msg["t"]), np.float32).reshape(-1, 6)
+        shapes = [shapes_from_array(a) for a in np.frombuffer(msg["sh"], np.float64).reshape(-1, 6)]
+        gains = None if msg["g"] is None else np.frombuffer(bytearray(msg["g"]), np.float32).reshape(-1, 3)
+        eng._note_damage(msg["d"], msg["rp"])
+        images = np.frombuffer(msg["ix"], np.int64)
+        return eng._rendered(slot, images, tuple(msg["hw"]), targets, shapes, gains)
+
+    def drop(self, tasks: Sequence[tuple[int, int]]) -> None:
+        # a worker answers in task order: collect every outstanding result so the next epoch starts clean
+        self.engine._drain_pool()
+        for _, slot in tasks:
+            self.engine.ring.release(slot)
 
 
 class CPUEngine(Engine):
@@ -118,9 +155,6 @@ class CPUEngine(Engine):
 
     def __init__(self, store: Store, sampler: ParamSampler, settings: EngineSettings, options: CPUOptions | None = None) -> None:
         super().__init__(store, sampler, settings, options)
-        if store.kind == "gpu":
-            raise ValueError("engine='cpu' renders in worker processes and cannot use store='gpu' (its images live in "
-                             "device memory); use engine='gpu' with store='gpu', or store='ram'/'disk' with engine='cpu'")
         opts: CPUOptions = self.options
         if self.workers > 0 and not default_start_method_ok():
             warnings.warn("fastload: no 'fork' start method on this platform; rendering in the main process")
@@ -130,11 +164,11 @@ class CPUEngine(Engine):
         self.keep = int(opts.keep)
         self.prefetch = int(settings.prefetch)
         self.cache = cache = open_decode_cache(store, sampler.imgsz, decode_scale=opts.decode_scale, shrink=self.shrink,
-                                               budget_mb=opts.decode_cache_mb)
+                                               budget_mb=opts.decode_cache_mb, jpeg_decoder=opts.jpeg_decoder)
         self.renderer = BatchRenderer(
             store, sampler, cache=cache, hsv_in_worker=(settings.hsv_on == "worker"), layout=self.layout,
             reduced_decode=opts.decode_scale == "reduced", axis_kernel=opts.axis_kernel, shrink=self.shrink,
-            strict=settings.strict,
+            strict=settings.strict, jpeg_decoder=opts.jpeg_decoder,
         )
         # slots being rendered into (in flight to the workers, or the one being drawn in-process) plus `keep`
         # for the caller: one delivered while the caller holds `keep` is copied, so one is always left to render
@@ -148,9 +182,7 @@ class CPUEngine(Engine):
         # task ids run on across epochs: a worker answers in the order it was sent tasks, so batches
         # of the next epoch sent early are received after this epoch's
         self._task = 0
-        self._hint: tuple[int, np.ndarray] | None = None  # expect_next(): the epoch after the current one
-        self._ahead: _EarlyTasks | None = None  # that epoch's first batches, sent before it began
-        self._early_stats = [0, 0]  # batches sent before their epoch began: [used, dropped (wrong guess)]
+        self._window: InFlightWindow[tuple[int, int]] = InFlightWindow()
 
     # -- consumer-side state ------------------------------------------------------------------------------
     def close_mosaic(self) -> None:
@@ -160,13 +192,15 @@ class CPUEngine(Engine):
         self.renderer.sync(True)  # the in-process renderer shares this sampler; workers sync from each task
 
     def expect_next(self, epoch: int, indices: np.ndarray) -> None:
-        self._hint = (int(epoch), np.asarray(indices, np.int64))
+        self._window.expect_next(epoch, indices)
 
     def _start(self) -> WorkerPool:
         self._check_open()
         if self.pool is None or not self.pool.alive():
             if self.pool is not None:
                 self.pool.close(timeout=1.0)
+                self.pool = None
+            self._window.drop_ahead(_WorkerTransport(self))  # they were sent to the workers just stopped
             self.pool = WorkerPool(self.workers, self.renderer, self.ring, timeout=self.timeout)
         return self.pool
 
@@ -176,7 +210,7 @@ class CPUEngine(Engine):
         out["decode_cache_hits"], out["decode_cache_misses"] = self._cache_stats[:2]
         if self.cache is not None:
             out.update(self.cache.stats())
-        out["early_batches_used"], out["early_batches_dropped"] = self._early_stats
+        out["early_batches_used"], out["early_batches_dropped"] = self._window.early_used, self._window.early_dropped
         return out
 
     # -- batches --------------------------------------------------------------------------------------------
@@ -222,71 +256,10 @@ class CPUEngine(Engine):
             yield self._rendered(slot, out.images, out.hw, out.targets, out.shapes, out.gains)
 
     def _iter_workers(self, epoch: int, indices: np.ndarray) -> Generator[Rendered, None, None]:
-        pool = self._start()
-        batches = chunks(indices, self.batch_size)
-        sent = self._adopt_early(pool, epoch, indices)  # (task, slot) per batch sent, in batch order
-        hint, self._hint = self._hint, None
-        early_batches = chunks(hint[1], self.batch_size) if hint is not None else []
-        early: list[tuple[int, int]] = []  # (task, slot) of the next epoch's first batches
-        early_mosaic_closed = self.mosaic_closed  # the state the first of them was rendered with
-        received = 0
-        finished = False
-        try:
-            for seq in range(len(batches)):
-                # at most `keep` slots are lent (see _rendered): the others are in flight or free, so the
-                # batch wanted next is in flight already or gets a slot here
-                while True:  # fill the free slots: this epoch's batches first, then the next epoch's
-                    if len(sent) < len(batches):
-                        todo, e, out = batches[len(sent)], epoch, sent
-                    elif hint is not None and len(early) < len(early_batches):
-                        todo, e, out = early_batches[len(early)], hint[0], early
-                    else:
-                        break
-                    slot = self.ring.acquire()
-                    if slot is None:
-                        break
-                    if out is early and not early:
-                        early_mosaic_closed = self.mosaic_closed
-                    pool.submit(self._task, e, slot, todo, self.mosaic_closed)
-                    out.append((self._task, slot))
-                    self._task += 1
-                task, slot = sent[seq]
-                msg = pool.receive(task)
-                received += 1
-                self._worker_stats[task % pool.n] = msg["c"]
-                self._cache_stats = [sum(v[k] for v in self._worker_stats.values()) for k in range(3)]
-                self.decodes = self._cache_stats[2]
-                targets = np.frombuffer(bytearray(msg["t"]), np.float32).reshape(-1, 6)
-                shapes = [shapes_from_array(a) for a in np.frombuffer(msg["sh"], np.float64).reshape(-1, 6)]
-                gains = None if msg["g"] is None else np.frombuffer(bytearray(msg["g"]), np.float32).reshape(-1, 3)
-                self._note_damage(msg["d"], msg["rp"])
-                images = np.frombuffer(msg["ix"], np.int64)
-                yield self._rendered(slot, images, tuple(msg["hw"]), targets, shapes, gains)
-            finished = True
-        finally:
-            if finished and early and hint is not None:
-                self._ahead = _EarlyTasks(pool, hint[0], hint[1], early_mosaic_closed, early)
-            else:
-                # abandoned or failed epoch: collect what is still being rendered so the next epoch starts clean
-                self._drain_pool()
-                for _, slot in sent[received:] + early:
-                    self.ring.release(slot)
-
-    def _adopt_early(self, pool: WorkerPool, epoch: int, indices: np.ndarray) -> list[tuple[int, int]]:
-        """The tasks sent early for this epoch when the guess was right; otherwise drop them."""
-        ahead, self._ahead = self._ahead, None
-        if ahead is None:
-            return []
-        if ahead.pool is pool and ahead.epoch == epoch and ahead.mosaic_closed == self.mosaic_closed \
-                and np.array_equal(ahead.indices, indices):
-            self._early_stats[0] += len(ahead.tasks)
-            return list(ahead.tasks)
-        self._early_stats[1] += len(ahead.tasks)
-        if ahead.pool is pool:
-            self._drain_pool()
-        for _, slot in ahead.tasks:
-            self.ring.release(slot)
-        return []
+        self._start()
+        # at most `keep` slots are lent (see _rendered): the others are in flight or free, so the batch wanted
+        # next is in flight already or gets a slot when the window fills
+        yield from self._window.batches(_WorkerTransport(self), epoch, indices, self.batch_size, lambda: self.mosaic_closed)
 
     def _drain_pool(self) -> None:
         if self.pool is not None:
@@ -300,7 +273,7 @@ class CPUEngine(Engine):
         if self._active is not None:
             self._active.close()
             self._active = None
-        self._ahead = None  # the workers stop below; their early batches are not wanted
+        self._window.forget()  # the workers stop below; their early batches are not wanted
         if self.pool is not None:
             self.pool.close()
             self.pool = None

@@ -87,6 +87,7 @@ class BatchRenderer:
         axis_kernel: AxisKernel | None = None,
         shrink: ShrinkFilter = "area",
         strict: bool = False,
+        jpeg_decoder: str | None = None,
     ) -> None:
         self.store = store
         self.sampler = sampler
@@ -97,6 +98,8 @@ class BatchRenderer:
         self.reduced_decode = bool(reduced_decode)
         self.axis_kernel = check_axis_kernel(axis_kernel)
         self.shrink = shrink
+        # only when chosen: a Store subclass whose load() predates the keyword keeps working without it
+        self._decoder = {} if jpeg_decoder is None else {"decoder": jpeg_decoder}
         self.labels: Sequence[np.ndarray] = store.labels
         self._scratch: np.ndarray | None = None
         self.decodes = 0  # encoded images this process decoded (cache misses included, hits not)
@@ -106,7 +109,8 @@ class BatchRenderer:
     def _load(self, i: int) -> np.ndarray:
         if not self.store.decoded:
             self.decodes += 1
-        return self.store.load(int(i), self.imgsz, reduced=self.reduced_decode, shrink=self.shrink)
+        return self.store.load(int(i), self.imgsz, reduced=self.reduced_decode, shrink=self.shrink,
+                               **self._decoder)
 
     def get_image(self, i: int) -> np.ndarray:
         """Loaded RGB HWC uint8 image of loader index ``i`` (decoded stores: a zero-copy view)."""

@@ -37,7 +37,6 @@ from fastload.store.base import DamagedRecordError
 
 
 def _worker_main(
-    wid: int,
     tasks: Connection,
     results: Connection,
     renderer: BatchRenderer,
@@ -126,7 +125,7 @@ class WorkerPool:
             foreign = self.tasks + self.results + [task_w, res_r]
             p = ctx.Process(
                 target=_worker_main,
-                args=(wid, task_r, res_w, renderer, ring, foreign),
+                args=(task_r, res_w, renderer, ring, foreign),
                 name=f"fastload-worker-{wid}",
                 daemon=True,
             )

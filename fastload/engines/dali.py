@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 from fastload.augment.params import ParamSampler, shapes_from_array
+from fastload.data.device import resolve_device
 from fastload.engines.base import Batch, Engine, EngineOptionError, EngineSettings, Rendered, chunks, collate_targets
 from fastload.engines.dali_graph import build_pipeline
 from fastload.engines.dali_source import SampleSource, TileSlots, write_plan
@@ -60,18 +61,11 @@ def require_dali() -> Any:
 
 
 def _device_id(device: str | torch.device | None) -> tuple[int | None, torch.device]:
-    if device is None:
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    dev = torch.device(device)
-    if dev.type == "cpu":
-        return None, dev
-    if dev.type != "cuda":
+    """DALI's ``device_id`` (None: its CPU-only mode) and the device batches are delivered on."""
+    dev = resolve_device(device, "engine='dali'", instead="device='cpu' for DALI's CPU-only mode, or engine='cpu'")
+    if dev.type not in ("cpu", "cuda"):
         raise ValueError(f"engine='dali' supports device='cpu' or a CUDA device, got {device!r}")
-    if not torch.cuda.is_available():
-        raise RuntimeError(f"engine='dali' with device={str(device)!r}, but no CUDA GPU is visible "
-                           f"(torch.cuda.is_available() is False); use device='cpu' for DALI's CPU-only mode or engine='cpu'")
-    index = dev.index if dev.index is not None else torch.cuda.current_device()
-    return index, torch.device("cuda", index)
+    return dev.index, dev
 
 
 def _refuse_unguarded_script() -> None:
@@ -109,8 +103,9 @@ class DALIEngine(Engine):
     """Batches decoded and augmented by an NVIDIA DALI pipeline (options: :class:`DALIOptions`).
 
     Settings: ``workers`` external-source worker processes (at least 1); ``prefetch``: DALI's
-    prefetch queue depth (at least 1); ``hsv_on="worker"`` and ``"consumer"`` both apply HSV to the
-    output batch on ``device`` (the engine has no earlier place for it); ``layout="nhwc"`` skips the
+    prefetch queue depth (at least 1); ``hsv_on="consumer"`` (the default) applies HSV to the output batch
+    on ``device``, ``"defer"`` hands the gains over; ``"worker"`` is refused (the graph has no HSV step);
+    ``layout="nhwc"`` skips the
     graph's transpose (``imgs`` is a channels-last view), ``"nchw"`` transposes in the graph.
     :meth:`close_mosaic` takes effect from the next epoch: the workers hold their own sampler copies
     and learn it from the next plan. Batches are fresh tensors, the caller's to keep (``batches_copied`` stays 0).
@@ -129,21 +124,21 @@ class DALIEngine(Engine):
 
     name = "dali"
     Options = DALIOptions
+    min_workers = 1  # samples are read in external-source worker processes
+    min_prefetch = 1  # DALI's prefetch queue holds at least one batch
+    renders_on = "device"
+    # HSV is applied to the output batch by the shared finishing step: there is no earlier place for it
+    # (YOLOv9's multiplicative hue has no DALI operator), so "worker" would silently mean "consumer"
+    hsv_modes = ("consumer", "defer")
     default_workers = 8
     default_partners = "batch"
+    requires = "nvidia.dali"
 
     def __init__(self, store: Store, sampler: ParamSampler, settings: EngineSettings, options: DALIOptions | None = None) -> None:
         require_dali()
         _refuse_unguarded_script()
         super().__init__(store, sampler, settings, options)
-        if self.workers < 1:
-            self._refuse("workers", self.workers, "samples are read in external-source worker processes (at least 1)")
-        if settings.prefetch < 1:
-            self._refuse("prefetch", settings.prefetch, "DALI's prefetch queue holds at least one batch")
         self.device_id, self.device = _device_id(settings.device)
-        if store.kind == "gpu":
-            raise ValueError("engine='dali' reads images in worker processes and cannot use store='gpu'; "
-                             "use engine='gpu' with store='gpu', or store='ram'/'lmdb' with engine='dali'")
         self.imgsz = int(sampler.imgsz)
         k = _max_tiles(sampler)
         # slots are sized once, for the largest record the sampler can draw before close_mosaic

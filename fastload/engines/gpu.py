@@ -40,6 +40,7 @@ from fastload.augment.boxes import batch_targets
 from fastload.augment.functional.torch_ops import apply_hsv_batch
 from fastload.augment.functional.torch_tiles import ImageBank, chw_to_rows, render_batch
 from fastload.augment.params import ParamSampler, SampleParams
+from fastload.data.device import resolve_device
 from fastload.data.torch_images import decode_on_device
 from fastload.engines.base import Batch, Engine, EngineOptionError, EngineSettings, Rendered, chunks
 from fastload.store.base import DamagedRecords, Store
@@ -90,19 +91,6 @@ class _Ready:
     report: _Report
 
 
-def _resolve_device(device: str | torch.device | None) -> torch.device:
-    if device is None:
-        return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-    dev = torch.device(device)
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise RuntimeError(f"engine='gpu' with device={str(device)!r}: CUDA is not available in this torch build or machine "
-                               f"(torch {torch.__version__}); use device='cpu' or engine='cpu'")
-        if dev.index is None:
-            dev = torch.device("cuda", torch.cuda.current_device())
-    return dev
-
-
 class GPUEngine(Engine):
     """Batches decoded and augmented on ``device`` with PyTorch (options: :class:`TorchGPUOptions`).
 
@@ -122,16 +110,17 @@ class GPUEngine(Engine):
 
     name = "gpu"
     Options = TorchGPUOptions
+    renderers = None  # its host side is one background thread
+    renders_on = "device"
+    accepts_gpu_store = True
     default_workers = 0
     default_partners = "dataset"
 
     def __init__(self, store: Store, sampler: ParamSampler, settings: EngineSettings,
                  options: TorchGPUOptions | None = None) -> None:
         super().__init__(store, sampler, settings, options)
-        if self.workers:
-            self._refuse("workers", self.workers, "its host side is one background thread; leave workers unset (or 0)")
         opts: TorchGPUOptions = self.options
-        self.device = _resolve_device(settings.device)
+        self.device = resolve_device(settings.device, "engine='gpu'", instead="device='cpu' or engine='cpu'")
         self.decode_on = opts.decode_on
         self.prefetch = int(settings.prefetch)
         self.cuda = self.device.type == "cuda"

@@ -87,6 +87,7 @@ class RenderSpec:
     max_batch_bytes: int
     threads: int
     strict: bool
+    jpeg_decoder: str | None = None
 
 
 def node_name() -> str:
@@ -173,7 +174,7 @@ class RenderActor:
             return
         try:
             cache = open_decode_cache(store, sampler.imgsz, decode_scale=render.decode_scale, shrink=render.shrink,
-                                      budget_mb=render.decode_cache_mb)
+                                      budget_mb=render.decode_cache_mb, jpeg_decoder=render.jpeg_decoder)
         except Exception as e:  # e.g. a segment of another layout left at its name: reported like a store error
             store.close()
             self.error = (f"engine 'ray': the render actor on node {self.where} cannot open the decoded-image cache of "
@@ -181,7 +182,8 @@ class RenderActor:
             return
         self.renderer = BatchRenderer(store, sampler, cache=cache, hsv_in_worker=render.hsv_in_worker,
                                       layout=render.layout, reduced_decode=render.decode_scale == "reduced",
-                                      axis_kernel=render.axis_kernel, shrink=render.shrink, strict=render.strict)
+                                      axis_kernel=render.axis_kernel, shrink=render.shrink, strict=render.strict,
+                                      jpeg_decoder=render.jpeg_decoder)
         self.max_batch_bytes = render.max_batch_bytes
 
     def hello(self, slots: SlotFile | None = None) -> dict[str, Any]:

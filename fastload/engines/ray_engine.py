@@ -30,7 +30,7 @@ from __future__ import annotations
 import time
 import warnings
 from dataclasses import dataclass
-from typing import Any, ClassVar, Generator, Literal, NamedTuple
+from typing import Any, ClassVar, Generator, Literal, Sequence
 
 import numpy as np
 import torch
@@ -39,6 +39,7 @@ from fastload.augment.functional.tiles import check_axis_kernel
 from fastload.augment.params import ParamSampler, shapes_from_array
 from fastload.engines.base import (Batch, Engine, EngineOptionError, EngineSettings, HostRenderOptions, Rendered,
                                    WorkerError, chunks)
+from fastload.engines.inflight import InFlightWindow
 from fastload.engines.ray_actor import RenderActor, RenderSpec, StoreSpec, versions
 from fastload.engines.ray_slots import SlotPool
 from fastload.store.base import DamagedRecordError, Store, StoreError, join_labels
@@ -85,8 +86,9 @@ class RayOptions(HostRenderOptions):
             shared-memory segment per node that every actor there (of every loader and rank) fills and
             reads, as :class:`~fastload.engines.cpu.CPUOptions` ``decode_cache_mb`` is for one machine's
             workers. ``None``: 1/8 of that node's physical memory; ``0``: off (every read decodes).
-        decode_scale, axis_kernel: as in :class:`~fastload.engines.cpu.CPUOptions` (``axis_kernel=None``
-            is resolved in this process, so every node draws with the same kernel).
+        decode_scale, axis_kernel, jpeg_decoder: as in :class:`~fastload.engines.cpu.CPUOptions` (``axis_kernel=None``
+            is resolved in this process, so every node draws with the same kernel; ``jpeg_decoder=None`` is each
+            actor's process choice, ``$FASTLOAD_JPEG_DECODER`` in its ``runtime_env``).
         delivery: how the pixels of a batch reach this process.
             ``"auto"``: actors on this process's node write them into shared-memory slots that this process
             maps (no copy, no object-store round trip); ``imgs`` is then a view of a slot, which is
@@ -126,8 +128,9 @@ class RayOptions(HostRenderOptions):
         super().__post_init__()
 
 
-class _Task(NamedTuple):
-    """A batch sent to an actor and not yet delivered."""
+@dataclass
+class _Task:
+    """A batch sent to an actor and not yet delivered (sent again, in place, when its actor dies)."""
 
     epoch: int
     indices: np.ndarray
@@ -138,13 +141,47 @@ class _Task(NamedTuple):
     copied: bool  # it goes through the object store although its actor could write a slot: none was free
 
 
-class _Ahead(NamedTuple):
-    """The first batches of the expected next epoch, sent before that epoch was asked for."""
+class _ActorTransport:
+    """The Ray engine's :class:`~fastload.engines.inflight.Transport`: a task is a :class:`_Task`, sent to the
+    actor with the fewest unfinished ones while fewer than ``in_flight_limit`` are in flight."""
 
-    epoch: int
-    indices: np.ndarray
-    mosaic_closed: bool
-    tasks: list[_Task]
+    def __init__(self, engine: RayEngine) -> None:
+        self.engine = engine
+
+    def submit(self, epoch: int, indices: np.ndarray, mosaic_closed: bool, pending: Sequence[_Task]) -> _Task | None:
+        eng = self.engine
+        if len(pending) >= eng.in_flight_limit:
+            return None
+        unfinished = [0] * eng.n_actors
+        if pending:
+            _, not_ready = eng._ray.wait([t.ref for t in pending], num_returns=len(pending), timeout=0, fetch_local=False)
+            waiting = set(not_ready)
+            for t in pending:
+                unfinished[t.actor] += t.ref in waiting
+        k = min(range(eng.n_actors), key=lambda a: (unfinished[a], (a - len(pending)) % eng.n_actors))
+        slot = eng._slots.take() if eng._local[k] else None
+        ref = eng._actors[k].render.remote(epoch, indices, mosaic_closed, slot)
+        eng._peak = max(eng._peak, len(pending) + 1)
+        return _Task(epoch, indices, mosaic_closed, k, ref, slot, copied=eng._local[k] and slot is None)
+
+    def receive(self, task: _Task, seq: int, pending: Sequence[_Task]) -> Rendered:
+        eng = self.engine
+        while True:
+            try:
+                result = eng._fetch(task, seq)
+                break
+            except _ActorLost as lost:  # its actor died: a new one renders its unfinished batches again
+                eng._replace(task.actor, str(lost))
+                eng._resend(pending, task.actor)
+        return eng._deliver(task, result)
+
+    def drop(self, tasks: Sequence[_Task]) -> None:
+        # Dropped with their references: the actors finish those batches and Ray frees them (their slots once
+        # they are finished). Not ray.cancel(): it stalls an actor's later tasks for tens of seconds.
+        slots = self.engine._slots
+        if slots is not None:
+            for t in tasks:
+                slots.drop(t.ref, t.slot)
 
 
 class _ActorLost(Exception):
@@ -220,20 +257,16 @@ class RayEngine(Engine):
 
     name = "ray"
     Options = RayOptions
+    renderers = "actors"
+    min_prefetch = 1  # each actor needs a batch in flight
     default_workers = 0
     default_partners = "dataset"
     takes_sample_ids = True  # the actors' renderer draws sample ids as the CPU engine's does
+    requires = "ray"
 
     def __init__(self, store: Store, sampler: ParamSampler, settings: EngineSettings, options: RayOptions | None = None) -> None:
         super().__init__(store, sampler, settings, options)
         opts: RayOptions = self.options
-        if store.kind == "gpu":
-            raise ValueError("engine='ray' renders on Ray actors and cannot use store='gpu' (its images live in this "
-                             "process's device memory); use store='ram'/'disk'/'lmdb' with engine='ray'")
-        if self.workers:
-            self._refuse("workers", self.workers, "its renderers are Ray actors; set RayOptions(actors=N)")
-        if settings.prefetch < 1:
-            self._refuse("prefetch", settings.prefetch, "each actor needs at least one batch in flight")
         if opts.store_path is not None and store.kind == "files":
             raise EngineOptionError("engine 'ray': store_path does not apply to store='files' (its images are read "
                                     "by their own paths)")
@@ -253,7 +286,7 @@ class RayEngine(Engine):
             decode_cache_mb=opts.decode_cache_mb,
             axis_kernel=check_axis_kernel(opts.axis_kernel), shrink=self.shrink,
             max_batch_bytes=self.batch_size * int(np.prod(sampler.max_out_hw)) * 3, threads=max(1, int(opts.cpus_per_actor)),
-            strict=settings.strict,
+            strict=settings.strict, jpeg_decoder=opts.jpeg_decoder,
         )
         # Replacing dead actors is done here, not by Ray's max_restarts: Ray would need the constructor's
         # arguments kept in its object store and warns on every start; the engine keeps them itself.
@@ -269,11 +302,7 @@ class RayEngine(Engine):
         self._retired_counts = [0, 0, 0]  # the last totals of replaced actors
         self._peak = 0
         self._active: Generator[Rendered, None, None] | None = None
-        self._hint: tuple[int, np.ndarray] | None = None
-        self._ahead: _Ahead | None = None
-        self._queue: list[_Task] = []
-        self._early: list[_Task] = []
-        self._early_stats = [0, 0]  # batches sent before their epoch began: [used, dropped]
+        self._window: InFlightWindow[_Task] = InFlightWindow()
         self._via = [0, 0]  # batches delivered through the shared-memory slots, through the object store
         try:
             self._greet(range(n))
@@ -349,33 +378,30 @@ class RayEngine(Engine):
         self._actors[k] = self._actor_class.remote(*self._actor_args)
         self._greet([k])
 
-    def _resend(self, tasks: list[_Task], k: int) -> list[_Task]:
-        """``tasks`` with those of actor slot ``k`` sent again to its (new) actor, in the same order (into the
-        same shared-memory slots when the new actor can write them; the old one is dead)."""
-        out = []
+    def _resend(self, tasks: Sequence[_Task], k: int) -> None:
+        """Send those of ``tasks`` that actor slot ``k`` had again to its (new) actor, in the same order (into
+        the same shared-memory slots when the new actor can write them; the old one is dead)."""
         for t in tasks:
             if t.actor == k:
                 if t.slot is not None and not self._local[k]:
                     self._slots.give_back(t.slot)
-                    t = t._replace(slot=None)
+                    t.slot = None
                 if not self._local[k]:  # its new actor cannot write slots: the object store is no fallback
-                    t = t._replace(copied=False)
-                t = t._replace(ref=self._actors[k].render.remote(t.epoch, t.indices, t.mosaic_closed, t.slot))
-            out.append(t)
-        return out
+                    t.copied = False
+                t.ref = self._actors[k].render.remote(t.epoch, t.indices, t.mosaic_closed, t.slot)
 
     # -- consumer-side state ----------------------------------------------------------------------------
     def expect_next(self, epoch: int, indices: np.ndarray) -> None:
-        self._hint = (int(epoch), np.asarray(indices, np.int64))
+        self._window.expect_next(epoch, indices)
 
     def stats(self) -> dict[str, Any]:
         out = super().stats()
         out["worker_pids"] = list(self.pids)
         out.update(actors=self.n_actors, nodes=sorted(set(self.nodes)), actor_restarts=sum(self._replaced),
-                   in_flight=self.in_flight, in_flight_limit=self.in_flight_limit, in_flight_peak=self._peak,
+                   in_flight=self._window.in_flight, in_flight_limit=self.in_flight_limit, in_flight_peak=self._peak,
                    slot_batches=self._via[0], object_store_batches=self._via[1])
         out["decode_cache_hits"], out["decode_cache_misses"] = self._total_counts()[1:]
-        out["early_batches_used"], out["early_batches_dropped"] = self._early_stats
+        out["early_batches_used"], out["early_batches_dropped"] = self._window.early_used, self._window.early_dropped
         return out
 
     def _total_counts(self) -> list[int]:
@@ -383,21 +409,6 @@ class RayEngine(Engine):
         return [r + sum(c[j] for c in self._counts) for j, r in enumerate(self._retired_counts)]
 
     # -- batches ----------------------------------------------------------------------------------------
-    def _submit(self, epoch: int, idx: np.ndarray) -> _Task:
-        """Send one batch to the actor with the fewest unfinished tasks."""
-        pending = self._queue + self._early
-        unfinished = [0] * self.n_actors
-        if pending:
-            _, not_ready = self._ray.wait([t.ref for t in pending], num_returns=len(pending), timeout=0, fetch_local=False)
-            waiting = set(not_ready)
-            for t in pending:
-                unfinished[t.actor] += t.ref in waiting
-        k = min(range(self.n_actors), key=lambda a: (unfinished[a], (a - len(pending)) % self.n_actors))
-        slot = self._slots.take() if self._local[k] else None
-        ref = self._actors[k].render.remote(epoch, idx, self.mosaic_closed, slot)
-        self._peak = max(self._peak, self.in_flight + 1)
-        return _Task(epoch, idx, self.mosaic_closed, k, ref, slot, copied=self._local[k] and slot is None)
-
     def _fetch(self, task: _Task, seq: int) -> tuple[Any, ...]:
         """The result of ``task``; :class:`_ActorLost` when its actor died before delivering it."""
         ray = self._ray
@@ -438,72 +449,9 @@ class RayEngine(Engine):
         if self._active is not None:  # an abandoned iteration still has tasks in flight
             self._active.close()
             self._active = None
-        gen = self._iterate(epoch, indices)
+        gen = self._window.batches(_ActorTransport(self), epoch, indices, self.batch_size, lambda: self.mosaic_closed)
         self._active = gen
         return gen
-
-    def _iterate(self, epoch: int, indices: np.ndarray) -> Generator[Rendered, None, None]:
-        batches = chunks(indices, self.batch_size)
-        self._queue = self._adopt_early(epoch, indices)  # this epoch's batches in flight, in order
-        self._early = []  # the next epoch's first batches, sent once this epoch's are all out
-        sent = len(self._queue)
-        hint, self._hint = self._hint, None
-        early_batches = chunks(hint[1], self.batch_size) if hint is not None else []
-        early_mosaic_closed = self.mosaic_closed
-        finished = False
-        try:
-            for seq in range(len(batches)):
-                while self.in_flight < self.in_flight_limit:  # this epoch first, then the next one's start
-                    if sent < len(batches):
-                        self._queue.append(self._submit(epoch, batches[sent]))
-                        sent += 1
-                    elif hint is not None and len(self._early) < len(early_batches):
-                        if not self._early:
-                            early_mosaic_closed = self.mosaic_closed
-                        self._early.append(self._submit(hint[0], early_batches[len(self._early)]))
-                    else:
-                        break
-                while True:
-                    try:
-                        result = self._fetch(self._queue[0], seq)
-                        break
-                    except _ActorLost as lost:  # its actor died: a new one renders its unfinished batches again
-                        k = self._queue[0].actor
-                        self._replace(k, str(lost))
-                        self._queue, self._early = self._resend(self._queue, k), self._resend(self._early, k)
-                yield self._deliver(self._queue.pop(0), result)
-            finished = True
-        finally:
-            if finished and self._early and hint is not None:
-                self._ahead = _Ahead(hint[0], hint[1], early_mosaic_closed, self._early)
-                self._early = []  # kept for the next epoch, not dropped
-            # The rest (an abandoned or failed epoch) is dropped with its references: the actors finish those
-            # batches and Ray frees them (their slots once they are finished). Not ray.cancel(): it stalls an
-            # actor's later tasks for tens of seconds.
-            self._drop(self._queue + self._early)
-            self._queue, self._early = [], []
-
-    @property
-    def in_flight(self) -> int:
-        """Batches sent to the actors and not yet delivered (this epoch's and the next one's first)."""
-        return len(self._queue) + len(self._early) + (len(self._ahead.tasks) if self._ahead is not None else 0)
-
-    def _adopt_early(self, epoch: int, indices: np.ndarray) -> list[_Task]:
-        """The tasks sent early for this epoch when the guess was right; otherwise drop them."""
-        ahead, self._ahead = self._ahead, None
-        if ahead is None:
-            return []
-        if ahead.epoch == epoch and ahead.mosaic_closed == self.mosaic_closed and np.array_equal(ahead.indices, indices):
-            self._early_stats[0] += len(ahead.tasks)
-            return list(ahead.tasks)
-        self._early_stats[1] += len(ahead.tasks)
-        self._drop(ahead.tasks)
-        return []
-
-    def _drop(self, tasks: list[_Task]) -> None:
-        if self._slots is not None:
-            for t in tasks:
-                self._slots.drop(t.ref, t.slot)
 
     # -- shutdown ---------------------------------------------------------------------------------------
     def _kill_actors(self) -> None:
@@ -531,7 +479,7 @@ class RayEngine(Engine):
         if self._active is not None:
             self._active.close()
             self._active = None
-        self._ahead = None
+        self._window.forget()
         self._kill_actors()
         if self._slots is not None:  # after the actors: none writes into the slots any more
             self._slots.close()

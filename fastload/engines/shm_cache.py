@@ -105,14 +105,15 @@ def auto_decode_cache_bytes() -> int:
 
 
 def open_decode_cache(store: Store, imgsz: int, *, decode_scale: str, shrink: ShrinkFilter,
-                      budget_mb: int | None) -> "SharedDecodeCache | None":
+                      budget_mb: int | None, jpeg_decoder: str | None = None) -> "SharedDecodeCache | None":
     """This machine's decoded cache of a loader's store, as an engine option asks for it.
 
     Args:
         store: the loader's store (view); a decoded store needs no cache (None).
         imgsz: the long side of loaded images.
-        decode_scale, shrink: how the loaded pixels are made (``"full"``/``"reduced"``, the shrink filter):
-            part of the segment's name, so loaders that make other pixels never share one.
+        decode_scale, shrink, jpeg_decoder: how the loaded pixels are made (``"full"``/``"reduced"``, the shrink
+            filter, the JPEG decoder an engine option chose, None: the process's): part of the segment's name, so
+            loaders that make other pixels never share one.
         budget_mb: bound of the segment, if this process creates it (None: :func:`auto_decode_cache_bytes`;
             0: no cache, None is returned).
     """
@@ -122,7 +123,8 @@ def open_decode_cache(store: Store, imgsz: int, *, decode_scale: str, shrink: Sh
     if budget <= 0:
         return None
     # what decides the loaded pixels besides the store and imgsz (see Store.load)
-    return SharedDecodeCache.open(store, imgsz, f"decode={decode_scale};shrink={shrink};enlarge=linear", budget)
+    recipe = f"decode={decode_scale};shrink={shrink};enlarge=linear" + (f";jpeg={jpeg_decoder}" if jpeg_decoder else "")
+    return SharedDecodeCache.open(store, imgsz, recipe, budget)
 
 
 def _layout(hw: np.ndarray, capacity: int) -> tuple[int, np.ndarray, int]:

@@ -157,7 +157,7 @@ def monitor(
                 writer.writerow(row)
                 fh.flush()
             if say is not None:
-                say.line(_echo_line(elapsed, reading, gpu_readings, host.cores))
+                say.line(_echo_line(elapsed, reading, gpu_readings))
             if stopped:
                 break
         exit_code = 0  # watching a pid or the machine ends normally, also on Ctrl-C
@@ -278,7 +278,7 @@ def _echo_header(nvml: NvmlSampler, host: HostSampler) -> str:
     return f"#  time_s   cpu%  iow%  tree%  {'pss' if host.pss_available else 'rss'}GiB{gpu}"
 
 
-def _echo_line(elapsed: float, h: HostReading, gpus: list[GpuReading], cores: int) -> str:
+def _echo_line(elapsed: float, h: HostReading, gpus: list[GpuReading]) -> str:
     mem = h.proc_rss_mib if math.isnan(h.proc_pss_mib) else h.proc_pss_mib
     line = f"{elapsed:8.1f} {h.cpu_pct:6.1f} {h.iowait_pct:5.1f} {h.proc_cpu_pct:6.0f} {mem / 1024:7.2f}"
     for g in gpus:

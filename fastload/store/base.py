@@ -204,7 +204,7 @@ class Store(abc.ABC):
 
     # -- helpers shared by all backends ----------------------------------------------------------
     def load(self, i: int, imgsz: int | None = None, *, reduced: bool = False,
-             shrink: ShrinkFilter = "area") -> np.ndarray:
+             shrink: ShrinkFilter = "area", decoder: str | None = None) -> np.ndarray:
         """The loaded RGB HWC uint8 image ``i`` whose long side is ``imgsz`` (default: the store's).
 
         The result always has exactly ``fastload.data.images.loaded_shape(h0, w0, imgsz)``, the shape
@@ -212,7 +212,8 @@ class Store(abc.ABC):
         ``reduced``: a JPEG whose stored long side is at least twice ``imgsz`` is decoded at 1/2, 1/4
         or 1/8 scale by the DCT (still >= ``imgsz``) before the same final resize: cheaper, pixels
         within a few grey levels of the full decode (``benchmarks/reduced_decode.py`` measures both).
-        ``shrink``: the filter when the image shrinks, ``"area"`` (YOLOv9 validation) or ``"linear"``
+        ``decoder``: an encoded store's JPEG decoder (:data:`fastload.data.images.JPEG_DECODERS`; None: the
+        process's choice, :func:`fastload.data.images.jpeg_decoder`). ``shrink``: the filter when the image shrinks, ``"area"`` (YOLOv9 validation) or ``"linear"``
         (YOLOv9 training). A decoded store returns its stored pixels at its own ``imgsz`` whatever
         ``shrink`` says: they were shrunk once, with the filter its ``meta["shrink"]`` records.
         """
@@ -222,9 +223,9 @@ class Store(abc.ABC):
             if isinstance(sample, np.ndarray):
                 img = sample
             elif reduced and target is not None:
-                img = decode_image_reduced(bytes(sample), target, self.im_files[i])
+                img = decode_image_reduced(bytes(sample), target, self.im_files[i], decoder=decoder)
             else:
-                img = decode_image(bytes(sample), self.im_files[i])
+                img = decode_image(bytes(sample), self.im_files[i], decoder=decoder)
         except CorruptImageError as e:
             raise self.damaged(i, "decode", e.reason) from None
         if target is None:

@@ -15,37 +15,19 @@ from pathlib import Path
 from typing import Any, Callable
 
 from fastload.data.config import DataConfig, load_data_config
-from fastload.store import convert, shm
+from fastload.store import shm
 from fastload.store.base import IncompleteStoreError, Store, StoreError
 from fastload.store.files import FileStore
-from fastload.store.kinds import AUTO_ORDER, KINDS, PARTIAL, detect_kind, finish_hint, ram_segment_path, store_imgsz
-from fastload.store.lmdb_store import LmdbStore
+from fastload.store.kinds import AUTO_ORDER, PARTIAL, detect_kind, finish_hint, ram_segment_path, store_imgsz, store_kind
 from fastload.store.origin import check_one_source
-from fastload.store.packed import PackedStore, RamStore
+from fastload.store.packed import RamStore
+from fastload.store.rebuild import ram_builder
 
 LOG = logging.getLogger(__name__)
 
-# Rebuilding a missing ram store straight from the source images decodes every image once; do it
-# silently only for sets up to this size (override with FASTLOAD_RAM_REBUILD_MAX).
-RAM_REBUILD_MAX = 20000
-
-
 def store_class(kind: str) -> type[Store]:
     """The class that reads stores of ``kind`` (one of :data:`fastload.store.kinds.KINDS`)."""
-    if kind == "files":
-        return FileStore
-    if kind == "lmdb":
-        return LmdbStore
-    if kind == "disk":
-        return PackedStore
-    if kind == "ram":
-        return RamStore
-    if kind == "gpu":
-        # torch: only store="gpu" needs it, so the CLI's store commands stay light
-        from fastload.store.gpu import GpuStore
-
-        return GpuStore
-    raise ValueError(f"unknown store kind {kind!r}; choose auto or one of {', '.join(KINDS)}")
+    return store_kind(kind).reader_class()
 
 
 def open_store(
@@ -64,10 +46,16 @@ def open_store(
       kind: ``auto`` or one of ``files | lmdb | disk | ram | gpu``. ``ram`` on a yaml without a recorded
         ram store builds one in shared memory on demand (removed when the last user exits).
       imgsz: the training image size; decoded stores must match it.
-      kwargs: passed to the GPU store (``kind="gpu"``) or ``build_index`` (``kind="files"``).
+      kwargs: passed to the GPU store (``kind="gpu"``: ``device``, ``share``, ``chunk_bytes``, ``base``) or
+        ``build_index`` (``kind="files"``: ``cache``, ``workers``, ``progress``); any other keyword, or one with
+        another kind (``auto`` takes none), raises TypeError.
     """
-    if kind != "auto":
-        store_class(kind)  # an unknown kind fails here, before anything is opened
+    # an unknown kind, or a keyword the kind does not take, fails here, before anything is opened
+    takes = store_kind(kind).open_keywords if kind != "auto" else ()
+    extra = [k for k in kwargs if k not in takes]
+    if extra:
+        raise TypeError(f"open_store(kind={kind!r}) takes no {', '.join(map(repr, extra))} keyword; "
+                        + (f"it takes {', '.join(takes)}" if takes else "it takes none besides data, split, kind and imgsz"))
     if kind == "gpu":
         return _open_gpu(data, split, imgsz, **kwargs)
 
@@ -100,7 +88,7 @@ def open_store(
             return _files(cfg, split, **kwargs)
         if k not in recorded:
             continue
-        if k in ("ram", "disk") and store_imgsz(recorded[k]) not in (None, imgsz):
+        if store_kind(k).decoded and store_imgsz(recorded[k]) not in (None, imgsz):
             LOG.info("%s store %s is for another imgsz than %d; skipped", k, recorded[k], imgsz)
             continue
         try:
@@ -151,7 +139,7 @@ def _open_ram(cfg: DataConfig, split: str, imgsz: int, recorded: dict[str, Path]
     if not shm.is_complete(seg):
         # A ram store asked for on a yaml that records none is built on demand; a recorded one that
         # vanished (reboot) is rebuilt from the disk store, or from the source only when that is cheap.
-        build = _ram_builder(cfg, split, imgsz, recorded, allow_decode=explicit and "ram" not in recorded)
+        build = ram_builder(cfg, split, imgsz, recorded, allow_decode=explicit and "ram" not in recorded)
     try:
         return RamStore(seg, build=build)
     except StoreError as e:
@@ -162,21 +150,6 @@ def _open_ram(cfg: DataConfig, split: str, imgsz: int, recorded: dict[str, Path]
                 f"--to ram` (or --to disk, from which it is rebuilt quickly)"
             ) from e
         raise
-
-
-def _ram_builder(
-    cfg: DataConfig, split: str, imgsz: int, recorded: dict[str, Path], *, allow_decode: bool
-) -> Callable[[Path], None] | None:
-    """How to (re)build a missing ram store: copy the disk store, else decode the source if cheap."""
-    disk = recorded.get("disk")
-    if disk is not None and (disk / "meta.json").is_file() and store_imgsz(disk) == imgsz:
-        return lambda seg: convert.copy_packed(disk, seg)
-    limit = int(os.environ.get("FASTLOAD_RAM_REBUILD_MAX", RAM_REBUILD_MAX))
-    if split not in cfg.splits:
-        return None
-    if allow_decode or convert.count_images(cfg, split) <= limit:
-        return lambda seg: convert.build_packed_from_source(cfg, split, seg, imgsz=imgsz, kind="ram")
-    return None
 
 
 def _open_gpu(data: Any, split: str, imgsz: int, *, base: str = "auto", **kwargs: Any) -> Store:

@@ -20,6 +20,7 @@ import psutil
 import torch
 
 from fastload.data.images import loaded_shape
+from fastload.data.device import resolve_device
 from fastload.data.torch_images import decode_on_device
 from fastload.store.base import ResidentImages, Store, StoreError
 
@@ -27,13 +28,6 @@ __all__ = ["GpuStore"]
 
 LOG = logging.getLogger(__name__)
 _GIB = float(1 << 30)
-
-
-def _default_device() -> torch.device:
-    """The current CUDA device when there is one, else the CPU."""
-    if torch.cuda.is_available():
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
 
 
 # ------------------------------------------------------------------------------------------- the store
@@ -80,9 +74,10 @@ class GpuStore(Store):
         if not 0 < share <= 1:
             raise ValueError(f"share must be in (0, 1], got {share}")
         self.base = base
-        self.device = torch.device(device) if device is not None else _default_device()
-        if self.device.type == "cuda" and not torch.cuda.is_available():
-            raise StoreError(f"store='gpu' on {self.device}: CUDA is not available here (use device='cpu' or another store)")
+        try:
+            self.device = resolve_device(device, "store='gpu'", instead="device='cpu' or another store")
+        except RuntimeError as e:  # a store's errors are StoreErrors
+            raise StoreError(str(e)) from None
         self.imgsz = int(imgsz or base.imgsz or 0) or None
         if self.imgsz is None:
             raise StoreError(f"store='gpu' from {base!r} needs imgsz (the base store is encoded)")

@@ -1,26 +1,118 @@
-"""Store kinds and where they live: the one list of kind names, the shared-memory root, and how a
-folder is recognised as a store. Every other store module takes these from here."""
+"""Store kinds and where they live: the registry of kinds (what reads and writes each, how the loader
+treats it), the shared-memory root, and how a folder is recognised as a store. Every other store module
+takes these from here.
+
+Adding a kind is one module (its :class:`~fastload.store.base.Store` and its writer) plus one
+:class:`StoreKind` line in :data:`STORE_KINDS`.
+"""
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 import os
 import re
 import shlex
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Callable
 
 from fastload.store.base import PACKED_SCHEMA
 
 if TYPE_CHECKING:
     from fastload.data.config import DataConfig
+    from fastload.data.index import DatasetIndex
+    from fastload.store.base import Store
 
-# Every kind open_store() knows (see :func:`fastload.store.factory.store_class`).
-KINDS = ("files", "lmdb", "disk", "ram", "gpu")
-# kind="auto": the fastest host store recorded for a split; "gpu" is used only when asked for.
-AUTO_ORDER = ("ram", "disk", "lmdb", "files")
+
+@dataclass(frozen=True)
+class WriteJob:
+    """One store to write for ``fastload convert`` (or a ram-store rebuild): what a kind's writer gets."""
+
+    cfg: DataConfig
+    name: str  # the split (the first of the splits with these sources) the store is named after
+    index: DatasetIndex  # the scan of its sources
+    source_hash: str  # origin.source_fingerprint of index.im_files, computed once per conversion
+    out_dir: Path
+    imgsz: int
+    workers: int
+    progress: bool
+    resume: bool = False
+    max_side: int | None = None
+    quality: int = 90
+    log: Callable[[str], None] = print
+
+
+@dataclass(frozen=True)
+class StoreKind:
+    """One kind of store, as ``open_store``, ``store="auto"``, ``fastload convert`` and ``fastload bench`` see it.
+
+    ``reader`` and ``writer`` are ``"module:name"`` references, imported when first used (the gpu store needs
+    torch; the CLI's store commands stay light).
+    """
+
+    name: str
+    reader: str  # its Store class
+    writer: str | None = None  # its writer, (WriteJob, final path) -> (path, skipped images); None: not converted
+    path: Callable[[DataConfig, str, Path, int], Path] | None = None  # where convert writes it: (cfg, name, out, imgsz)
+    decoded: bool = False  # holds loaded pixels at one imgsz (else the encoded images)
+    auto_rank: int | None = None  # its place in store="auto", 0 first; None: only when asked for by name
+    on_host: bool = True  # False: its images live in device memory (engines declare whether they draw from it)
+    resumable: bool = False  # `fastload convert --resume` continues an interrupted conversion
+    open_keywords: tuple[str, ...] = ()  # the keywords open_store(kind=...) passes on (anything else is refused)
+
+    def reader_class(self) -> type[Store]:
+        return _resolve(self.reader)
+
+    def write(self, job: WriteJob, final: Path) -> tuple[Path, list[tuple[str, str]]]:
+        """Write this kind's store of ``job`` at ``final``; returns its path and the source images it skipped."""
+        if self.writer is None:
+            raise ValueError(f"`fastload convert` does not write {self.name} stores")
+        return _resolve(self.writer)(job, final)
+
+
+def _resolve(ref: str) -> Any:
+    module, _, name = ref.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def _in_out(pattern: str) -> Callable[[DataConfig, str, Path, int], Path]:
+    """A store path inside convert's output folder, ``pattern`` formatted with the split name and imgsz."""
+    return lambda cfg, name, out_dir, imgsz: out_dir / pattern.format(name=name, imgsz=imgsz)
+
+
+def _ram_path(cfg: DataConfig, name: str, out_dir: Path, imgsz: int) -> Path:
+    return ram_segment_path(cfg, name, imgsz)
+
+
+STORE_KINDS: dict[str, StoreKind] = {k.name: k for k in (
+    StoreKind("files", "fastload.store.files:FileStore", auto_rank=3, open_keywords=("cache", "workers", "progress")),
+    StoreKind("lmdb", "fastload.store.lmdb_store:LmdbStore", "fastload.store.lmdb_store:write_lmdb",
+              _in_out("{name}.lmdb"), auto_rank=2, resumable=True),
+    StoreKind("disk", "fastload.store.packed:PackedStore", "fastload.store.packed:write_disk",
+              _in_out("{name}-{imgsz}.disk"), decoded=True, auto_rank=1),
+    # pinned in shared memory until `fastload unstage` (or a reboot; open_store then rebuilds it)
+    StoreKind("ram", "fastload.store.packed:RamStore", "fastload.store.packed:write_ram", _ram_path, decoded=True,
+              auto_rank=0),
+    StoreKind("gpu", "fastload.store.gpu:GpuStore", decoded=True, on_host=False,
+              open_keywords=("device", "share", "chunk_bytes", "base")),
+)}
+# Every kind open_store() knows.
+KINDS = tuple(STORE_KINDS)
+# kind="auto": the fastest host store recorded for a split, in this order; the others only when asked for.
+AUTO_ORDER = tuple(sorted((k.name for k in STORE_KINDS.values() if k.auto_rank is not None),
+                          key=lambda n: STORE_KINDS[n].auto_rank))
 # What `fastload convert --to` writes ("files" is the source itself, "gpu" is filled at open).
-CONVERT_KINDS = ("lmdb", "disk", "ram")
+CONVERT_KINDS = tuple(k.name for k in STORE_KINDS.values() if k.writer is not None)
+RESUMABLE_KINDS = tuple(k.name for k in STORE_KINDS.values() if k.resumable)  # the others start over
+
+
+def store_kind(name: str) -> StoreKind:
+    """The registered kind called ``name``."""
+    if name not in STORE_KINDS:
+        raise ValueError(f"unknown store kind {name!r}; choose auto or one of {', '.join(KINDS)}")
+    return STORE_KINDS[name]
+
 
 SHM_PREFIX = "fastload-"  # ram store segments under the shm root are named fastload-*
 
@@ -74,7 +166,6 @@ def ram_segment_path(cfg: DataConfig, split: str, imgsz: int) -> Path:
 
 # ----------------------------------------------------------------------------- interrupted conversions
 PARTIAL = ".partial"  # a store being written is <final>.partial until it is renamed into place
-RESUMABLE_KINDS = ("lmdb",)  # `convert --resume` continues these; disk/ram conversions start over
 
 
 def finish_note_path(partial: str | Path) -> Path:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
@@ -27,10 +28,15 @@ import lmdb
 import msgpack
 import numpy as np
 
+from fastload._version import __version__
 from fastload.data.checksum import record_checksum
 from fastload.store.base import SCHEMA_VERSION, IncompleteStoreError, Store, StoreError, check_schema, join_labels, split_labels
-from fastload.store.kinds import PARTIAL, finish_hint
+from fastload.store.kinds import PARTIAL, WriteJob, finish_hint
 from fastload.store.packed import replace_dir
+from fastload.store.space import check_space
+from fastload.store.writing import Progress, encoded_task, parallel_map
+
+COMMIT_EVERY = 64  # records per LMDB transaction written by write_lmdb: the most a kill can lose
 
 META_KEY = b"__meta__"
 INDEX_KEY = b"__index__"
@@ -310,3 +316,49 @@ class LmdbWriter:
             self.env.close()
         except lmdb.Error:
             pass
+
+
+def write_lmdb(job: WriteJob, final: Path) -> tuple[Path, list[tuple[str, str]]]:
+    """Write the LMDB store of ``job`` at ``final`` (the encoded files, re-encoded smaller above ``job.max_side``);
+    returns its path and the images it had to skip. Resumable (``job.resume``) after an interruption."""
+    index, max_side, quality = job.index, job.max_side, job.quality
+    files = list(index.im_files)
+    src_bytes = sum(os.path.getsize(f) for f in files if os.path.exists(f))
+    spec = {"sources": job.source_hash, "n": len(files), "max_side": max_side, "quality": quality if max_side else None}
+    if not (job.resume and final.with_name(final.name + PARTIAL).exists()):
+        check_space(final.parent, int(src_bytes * 1.1) + (16 << 20), f"LMDB store {final.name}")
+    writer = LmdbWriter(final, job=spec, map_size=int(src_bytes * 1.5) + (64 << 20), resume=job.resume)
+    try:
+        if writer.done:
+            job.log(f"resuming {final.name}: {len(writer.done)} of {len(files)} records already written")
+        todo = [i for i in range(len(files)) if i not in writer.done]
+        tasks = [(i, files[i], max_side, quality) for i in todo]
+        bar = Progress(len(files), f"lmdb {final.name}", job.progress, initial=len(writer.done))
+        batch: list[Any] = []
+        try:
+            for i, buf, err, nbytes in parallel_map(encoded_task, tasks, job.workers):
+                batch.append((i, buf, index.labels[i], index.shapes[i], files[i], err))
+                if len(batch) >= COMMIT_EVERY:
+                    writer.add_many(batch)
+                    batch.clear()
+                bar.update(1, nbytes)
+            if batch:
+                writer.add_many(batch)
+        finally:
+            bar.close()
+        meta = {
+            "kind": "lmdb",
+            "names": list(job.cfg.names),
+            "source_hash": job.source_hash,
+            "source_files": len(files),
+            "options": {"max_side": max_side, "quality": spec["quality"]},
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "fastload_version": __version__,
+        }
+        return writer.commit(len(files), meta)
+    except lmdb.Error as e:  # disk full, map errors: keep what is written and say how to go on
+        writer.close()
+        raise StoreError(f"writing {final.name} failed ({e}); free space if needed and rerun with --resume") from e
+    except BaseException:
+        writer.close()  # the partial environment stays for --resume
+        raise

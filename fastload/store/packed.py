@@ -21,11 +21,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from fastload._version import __version__
 from fastload.data.checksum import record_checksum
 from fastload.data.images import loaded_shape
 from fastload.store import shm
@@ -38,6 +40,9 @@ from fastload.store.base import (
     join_labels,
     split_labels,
 )
+from fastload.store.kinds import PARTIAL, WriteJob, in_shm, store_kind
+from fastload.store.space import check_memory, check_space, fmt_bytes, tree_bytes
+from fastload.store.writing import DECODED_SHRINK, Progress, decoded_task, parallel_map
 
 META = "meta.json"
 PIXELS = "pixels.bin"
@@ -270,3 +275,105 @@ class RamStore(PackedStore):
         state = super().__getstate__()
         state["_holder_pid"] = None  # a worker copy is not a holder
         return state
+
+
+# ----------------------------------------------------------------------------- writers (fastload convert)
+def write_packed(job: WriteJob, final: Path, *, kind: str, check: Callable[[int], None]) -> tuple[Path, list[tuple[str, str]]]:
+    """Decode, resize and pack the images of ``job`` into a packed store of ``kind`` at ``final`` (``check``: the
+    room for its bytes); returns it and the images it skipped."""
+    index, imgsz = job.index, job.imgsz
+    files = list(index.im_files)
+    check(packed_nbytes(index.shapes, imgsz))
+    meta = {
+        "kind": kind,
+        "source_hash": job.source_hash,
+        "source_files": len(files),
+        "options": {"imgsz": imgsz},
+        "shrink": DECODED_SHRINK,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "fastload_version": __version__,
+    }
+    writer = PackedWriter(final, imgsz=imgsz, names=job.cfg.names, meta=meta)
+    skipped: list[tuple[str, str]] = []
+    bar = Progress(len(files), f"{kind} {final.name}", job.progress)
+    try:
+        for i, img, err, nbytes in parallel_map(decoded_task, [(i, f, imgsz) for i, f in enumerate(files)], job.workers):
+            if img is None:
+                skipped.append((files[i], err or "undecodable"))
+            else:
+                writer.add(img, index.labels[i], index.shapes[i], files[i])
+            bar.update(1, nbytes)
+        return writer.commit(), skipped
+    except BaseException:
+        writer.abort()
+        raise
+    finally:
+        bar.close()
+
+
+def write_disk(job: WriteJob, final: Path) -> tuple[Path, list[tuple[str, str]]]:
+    """The disk store of ``job`` at ``final`` (decoded images at ``job.imgsz``)."""
+    return write_packed(job, final, kind="disk",
+                        check=lambda n: check_space(final.parent, n + (16 << 20), f"disk store {final.name}"))
+
+
+def write_ram(job: WriteJob, segment: Path) -> tuple[Path, list[tuple[str, str]]]:
+    """The ram store of ``job``: a copy of its disk store when convert wrote one, else decoded from the source;
+    pinned in shared memory until ``fastload unstage``. A segment in use by other processes is kept (refused
+    when it holds other images than the ones ``job`` scanned)."""
+    disk = store_kind("disk").path(job.cfg, job.name, job.out_dir, job.imgsz)
+    skipped: list[tuple[str, str]] = []
+    with shm.locked(segment) as reg:
+        reg.prune()
+        if reg.pids and shm.is_complete(segment):
+            held = _source_hash(segment)
+            if held is not None and held != job.source_hash:
+                raise StoreError(f"ram store {segment} holds other images than {job.cfg.origin} lists now and is in use "
+                                 f"by PIDs {reg.pids}; stop them (or `fastload unstage --force {segment}`) and convert again")
+            job.log(f"ram store {segment} is in use by PIDs {reg.pids}; kept as it is")
+            reg.pinned = True
+            return segment, skipped
+        shutil.rmtree(segment, ignore_errors=True)
+        if (disk / META).is_file():
+            copy_packed(disk, segment)
+        else:
+            _, skipped = write_ram_from_source(job, segment)
+        reg.pinned = True
+        reg.info.update(created=time.time(), created_by=os.getpid(), source=str(job.cfg.origin))
+    job.log(f"ram store pinned in shared memory ({fmt_bytes(tree_bytes(segment))}); free it with `fastload unstage {segment}`")
+    return segment, skipped
+
+
+def write_ram_from_source(job: WriteJob, segment: Path) -> tuple[Path, list[tuple[str, str]]]:
+    """Decode the images of ``job`` into the ram segment ``segment`` (memory checked first)."""
+    return write_packed(job, segment, kind="ram", check=lambda n: check_memory(n, f"ram store {segment.name}"))
+
+
+def _source_hash(path: Path) -> str | None:
+    """The source fingerprint a finished packed store records (None: unreadable, or none recorded)."""
+    try:
+        return read_meta(path).get("source_hash") or None
+    except (StoreError, OSError, ValueError):
+        return None
+
+
+def copy_packed(src: Path, dst: Path) -> Path:
+    """Copy a finished packed store (e.g. disk -> /dev/shm) through a temporary sibling."""
+    src, dst = Path(src), Path(dst)
+    meta = read_meta(src)
+    if in_shm(dst):
+        check_memory(int(meta.get("pixel_bytes", 0)), f"ram store {dst.name}")
+    else:
+        check_space(dst.parent, tree_bytes(src), f"copy of {src}")
+    tmp = dst.with_name(dst.name + PARTIAL)
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    for f in sorted(src.iterdir()):
+        if f.name != META and f.is_file():
+            shutil.copyfile(f, tmp / f.name)
+    meta["kind"] = "ram" if in_shm(dst) else meta.get("kind", "disk")
+    meta["copied_from"] = str(src)
+    (tmp / (META + ".tmp")).write_text(json.dumps(meta, indent=1))
+    os.replace(tmp / (META + ".tmp"), tmp / META)
+    replace_dir(tmp, dst)
+    return dst

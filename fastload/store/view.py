@@ -58,8 +58,11 @@ class StoreView(Store):
         return self.base.read_encoded(int(self.base_indices[self.check_index(i)]))
 
     def load(self, i: int, imgsz: int | None = None, *, reduced: bool = False,
-             shrink: ShrinkFilter = "area") -> np.ndarray:
-        return self.base.load(int(self.base_indices[self.check_index(i)]), imgsz, reduced=reduced, shrink=shrink)
+             shrink: ShrinkFilter = "area", decoder: str | None = None) -> np.ndarray:
+        # the decoder only when chosen: a base whose load() predates the keyword keeps working without it
+        chosen = {} if decoder is None else {"decoder": decoder}
+        return self.base.load(int(self.base_indices[self.check_index(i)]), imgsz, reduced=reduced, shrink=shrink,
+                              **chosen)
 
     def nbytes(self, i: int) -> int:
         return self.base.nbytes(int(self.base_indices[self.check_index(i)]))

@@ -12,7 +12,8 @@ import torch
 
 from fastload.compat.yolov9.options import CompatOptions
 from fastload.data.config import DataConfig, load_data_config
-from fastload.engines.factory import SAMPLE_ID_ENGINES
+from fastload.data.device import resolve_device
+from fastload.engines.factory import SAMPLE_ID_ENGINES, engine_class
 from fastload.fastloader import loader as make_loader
 from fastload.store.base import Store
 from fastload.store.factory import open_store
@@ -67,8 +68,9 @@ def _device(opts: CompatOptions) -> torch.device | None:
         return None
     if opts.device == "auto":
         # called after the official select_device(), which hides CUDA for --device cpu
-        return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
-    return torch.device(opts.device)
+        dev = resolve_device(None, "fastload.compat.yolov9")
+        return dev if dev.type == "cuda" else None
+    return resolve_device(opts.device, "fastload.compat.yolov9", instead="device='cpu'")
 
 
 def create_dataloader(
@@ -116,23 +118,25 @@ def create_dataloader(
     opts = CompatOptions.resolve(fastload_options)
     if quad:
         raise ValueError("fastload.compat.yolov9: --quad (quad=True) is not supported; drop the flag")
-    if image_weights and opts.engine not in SAMPLE_ID_ENGINES:  # dataset.indices would refuse it later
+    engine = engine_class(opts.engine)
+    if image_weights and not engine.takes_sample_ids:  # dataset.indices would refuse it later
         able = " or ".join(map(repr, SAMPLE_ID_ENGINES))
         raise ValueError(f"fastload.compat.yolov9: --image-weights needs engine={able} (engine={opts.engine!r})")
     if rect and shuffle:
         LOG.warning("%s--rect is incompatible with shuffle, setting shuffle=False", prefix)
         shuffle = False
     device = _device(opts)
-    hsv = opts.hsv if opts.hsv != "auto" else ("consumer" if device is not None else "worker")
-    if not augment:  # validation draws no HSV gains: nothing to apply anywhere
-        hsv = "worker"
+    # auto: on the device with the batch when there is one, else the engine's default (None)
+    hsv = opts.hsv if opts.hsv != "auto" else ("consumer" if device is not None else None)
+    if not augment:  # validation draws no HSV gains: nothing to apply anywhere, the engine's default does
+        hsv = None
     store = _open_store(path, cache, imgsz, opts.store)
     try:
         n = len(store)
         batch_size = max(1, min(batch_size, n))
         nd = torch.cuda.device_count()
         nw = opts.num_workers
-        if nw is None and opts.engine != "gpu":  # the official rule (the gpu engine's host side is one thread: no workers)
+        if nw is None and engine.renderers == "workers":  # the official rule, for engines that have worker processes
             nw = min((os.cpu_count() or 1) // max(nd, 1), batch_size if batch_size > 1 else 0, workers)
         world = int(os.environ.get("WORLD_SIZE", "1"))
         global_rank = int(os.environ.get("RANK", rank)) if rank != -1 else -1
@@ -147,7 +151,7 @@ def create_dataloader(
             shuffle=shuffle,
             rect=rect,
             stride=int(stride),
-            pad=pad,
+            pad=pad if rect else None,  # the official loader pads rect batch shapes only
             seed=opts.seed,
             rank=global_rank,
             world_size=world if global_rank != -1 else 1,
