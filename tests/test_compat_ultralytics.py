@@ -1,0 +1,183 @@
+"""fastload.compat.ultralytics against the real ``ultralytics`` package (skipped where it is not installed).
+
+The loaders: Ultralytics' batch dict and loader protocol, its data arguments (fraction, classes,
+single_cls, cache), the one-line refusals, and the validation loader beside Ultralytics' own on coco128.
+Then the real trainer (tests/ultralytics_run.py, in a subprocess, offline) for 2 epochs with
+``close_mosaic=1``, ``cache="ram"`` and rect validation, and its weights validated both ways.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from official_helpers import coco_subset
+
+pytest.importorskip("ultralytics")
+
+from fastload.compat.ultralytics import FastloadTrainer, UltralyticsOptions, UnsupportedArgument  # noqa: E402
+from fastload.compat.ultralytics.loader import LoaderRequest, build_loader  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+N_IMAGES = 16
+
+
+def ultralytics_env(tmp: Path) -> dict[str, str]:
+    """Offline, settings in ``tmp``, fonts there too (Ultralytics downloads Arial.ttf for its plots otherwise)."""
+    import matplotlib
+
+    config = tmp / "ultralytics_config"
+    config.mkdir(exist_ok=True)
+    shutil.copyfile(Path(matplotlib.get_data_path()) / "fonts" / "ttf" / "DejaVuSans.ttf", config / "Arial.ttf")
+    return {"YOLO_OFFLINE": "1", "YOLO_CONFIG_DIR": str(config), "MPLBACKEND": "Agg", "OMP_NUM_THREADS": "1",
+            "FASTLOAD_SHM_DIR": str(tmp / "shm")}
+
+
+@pytest.fixture(scope="module")
+def coco16(coco128_yaml, tmp_path_factory) -> Path:
+    return coco_subset(Path(coco128_yaml).parent, tmp_path_factory.mktemp("ultra") / "data", N_IMAGES)
+
+
+@pytest.fixture
+def ultra(tmp_path, monkeypatch):
+    for k, v in ultralytics_env(tmp_path).items():
+        monkeypatch.setenv(k, v)
+    (tmp_path / "shm").mkdir()
+    from ultralytics.cfg import get_cfg
+    from ultralytics.data.utils import check_det_dataset
+
+    def make(data: Path, **overrides):
+        args = get_cfg(overrides={"data": str(data), "imgsz": 64, "batch": 8, "workers": 0, **overrides})
+        return args, check_det_dataset(str(data))
+    return make
+
+
+def test_options_override_then_environment_then_default():
+    assert UltralyticsOptions.resolve({}, {}) == UltralyticsOptions()
+    env = {"FASTLOAD_WORKERS": "3", "FASTLOAD_RECIPE": "yolov9", "FASTLOAD_SEED": "5"}
+    got = UltralyticsOptions.resolve({"fastload_seed": 9, "fastload_engine": "gpu"}, env)
+    assert (got.seed, got.num_workers, got.recipe, got.engine) == (9, 3, "yolov9", "gpu")
+    with pytest.raises(ValueError, match="FASTLOAD_RECIPE='ultra'"):
+        UltralyticsOptions.resolve({}, {"FASTLOAD_RECIPE": "ultra"})
+    with pytest.raises(TypeError, match="fastload_wokers"):
+        UltralyticsOptions.resolve({"fastload_wokers": 2}, {})
+
+
+def test_refusals_are_one_line(coco16, ultra):
+    opts = UltralyticsOptions(recipe="yolov9")
+    cases = [({"copy_paste": 0.1}, opts, "copy_paste=0.1"), ({"cutmix": 0.5}, opts, "cutmix=0.5"),
+             ({"bgr": 0.2}, opts, "bgr=0.2"), ({}, UltralyticsOptions(), "fastload_recipe='yolov9'"),
+             ({"imgsz": [64, 96]}, opts, "imgsz=\\[64, 96\\]"), ({"cache": "gpu"}, opts, "cache='gpu'")]
+    for overrides, o, match in cases:
+        args, data = ultra(coco16, **overrides)
+        with pytest.raises(UnsupportedArgument, match=match) as e:
+            build_loader(args, data, LoaderRequest(data["train"], 8, "train", False, 32), o)
+        assert "\n" not in str(e.value)
+    args, data = ultra(coco16, task="segment")
+    with pytest.raises(UnsupportedArgument, match="task='segment'"):
+        build_loader(args, data, LoaderRequest(data["val"], 8, "val", True, 32), opts)
+    # the disk cache needs a converted store: the StoreError says how to make one
+    args, data = ultra(coco16, cache="disk")
+    with pytest.raises(Exception, match="fastload convert"):
+        build_loader(args, data, LoaderRequest(data["train"], 8, "train", False, 32), opts)
+
+
+def test_trainer_refuses_before_building_anything(coco16, ultra, tmp_path):
+    with pytest.raises(UnsupportedArgument, match="cutmix"):
+        FastloadTrainer(overrides={"model": "yolov9t.yaml", "data": str(coco16), "imgsz": 64, "device": "cpu",
+                                   "cutmix": 0.3, "fastload_recipe": "yolov9", "project": str(tmp_path / "runs")})
+
+
+def test_train_batches_and_loader_protocol(coco16, ultra):
+    args, data = ultra(coco16, cache="ram", classes=[0, 2], fraction=0.75)
+    ld = build_loader(args, data, LoaderRequest(data["train"], 4, "train", False, 32), UltralyticsOptions(recipe="yolov9"))
+    try:
+        n = round(N_IMAGES * 0.75)
+        assert len(ld.dataset) == n and len(ld.sampler) == n and len(ld) == n // 4
+        assert ld.batch_size == 4 and ld.drop_last is False and ld.num_workers == 0
+        assert ld.stats()["store"] == "ram"  # cache="ram": the shared ram store
+        cls = np.concatenate([lb["cls"] for lb in ld.dataset.labels])
+        assert set(np.unique(cls).tolist()) <= {0.0, 2.0} and cls.shape[1] == 1
+        assert all(lb["bboxes"].shape == (len(lb["cls"]), 4) for lb in ld.dataset.labels)
+        batch = next(iter(ld))
+        assert batch["img"].dtype == torch.uint8 and batch["img"].shape == (4, 3, 64, 64)
+        assert batch["img"].is_contiguous()  # NCHW on the CPU, as Ultralytics' collate gives
+        nb = len(batch["cls"])
+        assert batch["cls"].shape == (nb, 1) and batch["bboxes"].shape == (nb, 4) and batch["batch_idx"].shape == (nb,)
+        assert batch["bboxes"].dtype == torch.float32 and float(batch["bboxes"].max()) <= 1.0
+        assert set(batch["cls"].flatten().tolist()) <= {0.0, 2.0}
+        assert len(batch["im_file"]) == len(batch["ori_shape"]) == len(batch["ratio_pad"]) == 4
+        assert batch["resized_shape"] == ((64, 64),) * 4
+        assert all(r is None for r in batch["ratio_pad"])  # every sample a mosaic (mosaic=1.0)
+        ld.dataset.close_mosaic(SimpleNamespace(mosaic=1.0))
+        ld.reset()
+        for batch in ld:
+            assert all(r is not None for r in batch["ratio_pad"])  # letterboxes from now on
+    finally:
+        ld.close()
+
+
+def test_validation_batches_beside_ultralytics_loader(coco16, ultra):
+    """Rect validation at imgsz 96: the same images in the same batches and shapes, the same labels; boxes and
+    pads within one pixel. The pixels are not identical: fastload's loaded image has YOLOv9's size (truncated,
+    INTER_AREA when shrinking), Ultralytics' its own (rounded up, INTER_LINEAR)."""
+    from ultralytics.data import build_dataloader, build_yolo_dataset
+
+    args, data = ultra(coco16, imgsz=96, single_cls=True)
+    own = build_dataloader(build_yolo_dataset(args, data["val"], 8, data, mode="val", rect=True, stride=32), 8, 0,
+                           shuffle=False, rank=-1)
+    ours = build_loader(args, data, LoaderRequest(data["val"], 8, "val", True, 32), UltralyticsOptions())
+    try:
+        assert len(ours) == len(own) == N_IMAGES // 8
+        for a, b in zip(own, ours):
+            assert a["im_file"] == b["im_file"] and a["ori_shape"] == b["ori_shape"]
+            assert a["img"].shape == b["img"].shape
+            assert [tuple(int(v) for v in hw) for hw in a["resized_shape"]] == list(b["resized_shape"])
+            assert torch.equal(a["cls"], b["cls"]) and torch.equal(a["batch_idx"], b["batch_idx"])
+            assert float(a["cls"].max()) == 0.0  # single_cls
+            h, w = a["img"].shape[2:]
+            px = (a["bboxes"] - b["bboxes"]).abs() * torch.tensor([w, h, w, h])
+            assert float(px.max()) <= 1.0
+            for (_, pad_a), (_, pad_b) in zip(a["ratio_pad"], b["ratio_pad"]):
+                assert abs(pad_a[0] - pad_b[0]) <= 1 and abs(pad_a[1] - pad_b[1]) <= 1
+    finally:
+        ours.close()
+
+
+@pytest.mark.slow
+def test_real_trainer_two_epochs(coco16, tmp_path):
+    """The real trainer, offline on the CPU: results.csv of both epochs, mosaic in epoch 1 only, plots from
+    dataset.labels, and the best weights validated through fastload and through Ultralytics' own loader."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]),
+               **ultralytics_env(tmp_path))
+    (tmp_path / "shm").mkdir()
+    run = subprocess.run([sys.executable, str(REPO / "tests" / "ultralytics_run.py"), str(coco16), str(tmp_path)],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["train_loader"] == summary["val_loader"] == "UltralyticsLoader"
+    assert summary["stores"] == {"train": "ram", "val": "ram"}  # cache="ram": fastload's shared ram store
+    save_dir = Path(summary["save_dir"])
+    rows = (save_dir / "results.csv").read_text().strip().splitlines()
+    assert len(rows) == 3 and rows[0].split(",")[0].strip() == "epoch"
+    assert (save_dir / "labels.jpg").is_file()  # Ultralytics' label plot, drawn from dataset.labels
+    log = [json.loads(line) for line in (tmp_path / "batches.jsonl").read_text().splitlines()]
+    train = [r for r in log if r["split"] == "train"]
+    assert {r["epoch"] for r in train} == {0, 1}
+    assert all(r["mosaic"] == r["n"] for r in train if r["epoch"] == 0)  # close_mosaic=1: mosaic in epoch 1 only
+    assert all(r["mosaic"] == 0 for r in train if r["epoch"] == 1)
+    val = [r for r in log if r["split"] == "val"]
+    assert val and all(r["hw"][0] % 32 == 0 and r["hw"][1] % 32 == 0 for r in val)
+    assert not list((tmp_path / "shm").iterdir())  # the ram store went with its last user
+    ours, theirs = summary["fastload"], summary["ultralytics"]
+    assert ours["nt"] == theirs["nt"] and sum(ours["nt"]) > 0  # the same labels counted
+    for key, value in theirs["results"].items():
+        assert ours["results"][key] == pytest.approx(value, abs=0.02), key
