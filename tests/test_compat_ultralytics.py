@@ -125,6 +125,22 @@ def test_train_batches_and_loader_protocol(coco16, ultra):
         ld.close()
 
 
+def test_cache_disk_reads_the_converted_disk_store(coco16, ultra, tmp_path):
+    """cache="disk" maps to fastload's packed disk store: the one `fastload convert --to disk` recorded."""
+    from fastload.store.convert import convert
+
+    out = tmp_path / "converted"
+    convert(str(coco16), "disk", out=out, imgsz=64, splits="train", workers=1, progress=False, log=lambda _: None)
+    args, data = ultra(coco16, cache="disk")
+    ld = build_loader(args, data, LoaderRequest(data["val"], 8, "val", True, 32),
+                      UltralyticsOptions(store=str(out / "data.yaml")))
+    try:
+        assert ld.stats()["store"] == "disk"
+        assert sum(len(b["im_file"]) for b in ld) == N_IMAGES
+    finally:
+        ld.close()
+
+
 def test_validation_batches_beside_ultralytics_loader(coco16, ultra):
     """Rect validation at imgsz 96: the same images in the same batches and shapes, the same labels; boxes and
     pads within one pixel. The pixels are not identical: fastload's loaded image has YOLOv9's size (truncated,

@@ -2,8 +2,9 @@
 settings and callbacks): ``python ultralytics_run.py DATA_YAML OUT_DIR``.
 
 Trains yolov9t (built from its yaml, no weights) for 2 epochs with ``close_mosaic=1``, ``cache="ram"`` and
-rect validation through :class:`FastloadTrainer`, draws its label plot (from ``dataset.labels``), then validates the run's best.pt twice, with
-Ultralytics' own validation loader and with :class:`FastloadValidator`, and writes ``OUT_DIR/summary.json``.
+rect validation through :class:`FastloadTrainer`, draws its label plot (from ``dataset.labels``), then
+validates the run's best.pt twice, with Ultralytics' own validation loader and with
+:class:`FastloadValidator`, and writes ``OUT_DIR/summary.json``.
 The environment (set by the test) keeps it offline: YOLO_OFFLINE, YOLO_CONFIG_DIR in the test's folder.
 """
 from __future__ import annotations
