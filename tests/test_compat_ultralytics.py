@@ -125,6 +125,46 @@ def test_train_batches_and_loader_protocol(coco16, ultra):
         ld.close()
 
 
+def test_ddp_shards_and_set_epoch(coco16, ultra, monkeypatch):
+    """Under DDP (the trainer passes LOCAL_RANK) each rank loads its shard: disjoint, covering, reshuffled by
+    ``sampler.set_epoch`` as the trainer calls it."""
+    args, data = ultra(coco16)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    seen = {}
+    for rank in (0, 1):
+        monkeypatch.setenv("RANK", str(rank))
+        ld = build_loader(args, data, LoaderRequest(data["train"], 4, "train", False, 32, rank=rank),
+                          UltralyticsOptions(recipe="yolov9"))
+        try:
+            assert len(ld.sampler) == N_IMAGES // 2 and len(ld) == N_IMAGES // 8
+            ld.sampler.set_epoch(3)
+            seen[rank] = [f for b in ld for f in b["im_file"]]
+            ld.sampler.set_epoch(4)
+            assert [f for b in ld for f in b["im_file"]] != seen[rank]
+        finally:
+            ld.close()
+    assert not set(seen[0]) & set(seen[1]) and len(set(seen[0]) | set(seen[1])) == N_IMAGES
+
+
+@pytest.mark.filterwarnings("ignore:fastload.loader. hsv_on='consumer' without a GPU")
+def test_hsv_on_the_batch_device_equals_hsv_in_the_workers(coco16, ultra):
+    """The CUDA path forced on the CPU (fastload_device="cpu", fastload_hsv="consumer"): HSV applied to the
+    delivered batch equals HSV in the workers within one level, boxes identical."""
+    args, data = ultra(coco16)
+    batches = {}
+    for hsv, device in (("worker", None), ("consumer", "cpu")):
+        ld = build_loader(args, data, LoaderRequest(data["train"], 8, "train", False, 32),
+                          UltralyticsOptions(recipe="yolov9", hsv=hsv, device=device))
+        try:
+            assert ld.loader.engine.settings.hsv_on == hsv
+            batches[hsv] = [(b["img"].clone(), b["bboxes"].clone()) for b in ld]
+        finally:
+            ld.close()
+    for (img_w, box_w), (img_c, box_c) in zip(batches["worker"], batches["consumer"]):
+        assert torch.equal(box_w, box_c)
+        assert int((img_w.int() - img_c.int()).abs().max()) <= 1
+
+
 def test_cache_disk_reads_the_converted_disk_store(coco16, ultra, tmp_path):
     """cache="disk" maps to fastload's packed disk store: the one `fastload convert --to disk` recorded."""
     from fastload.store.convert import convert

@@ -40,8 +40,9 @@ def main(data: str, out: Path) -> None:
     summary = {"save_dir": str(trainer.save_dir), "best": str(best),
                "train_loader": type(trainer.train_loader).__name__, "val_loader": type(trainer.test_loader).__name__, "stores": stores}
     for name, validator in (("ultralytics", None), ("fastload", FastloadValidator)):
+        extra = {"validator": validator, "fastload_workers": 0} if validator else {}
         metrics = YOLO(str(best)).val(**common, batch=8, plots=False, project=str(out / "runs"), name=f"val_{name}",
-                                      exist_ok=True, validator=validator)
+                                      exist_ok=True, **extra)
         summary[name] = {"results": {k: float(v) for k, v in metrics.results_dict.items()},
                          "seen": int(metrics.seen) if hasattr(metrics, "seen") else None,
                          "nt": [int(x) for x in getattr(metrics, "nt_per_class", [])]}
