@@ -123,6 +123,13 @@ def test_train_batches_and_loader_protocol(coco16, ultra):
             assert all(r is not None for r in batch["ratio_pad"])  # letterboxes from now on
     finally:
         ld.close()
+    for fraction, images in ((1, N_IMAGES), (3, 3), (0.5, N_IMAGES // 2)):  # an int > 1 is an image count
+        args, data = ultra(coco16)
+        args.fraction = fraction  # as given, without get_cfg's 1 -> 1.0
+        ld = build_loader(args, data, LoaderRequest(data["train"], 4, "train", False, 32),
+                          UltralyticsOptions(recipe="yolov9"))
+        ld.close()
+        assert len(ld.dataset) == images, fraction
 
 
 def test_ddp_shards_and_set_epoch(coco16, ultra, monkeypatch):

@@ -58,6 +58,8 @@ def _fraction(args: Any, mode: str) -> float | int:
         value = value[k] if k < len(value) else 1.0
     elif mode != "train":
         value = 1.0
+    if not isinstance(value, bool) and value == 1:  # 1 means every image, as 1.0 (not one image)
+        value = 1.0
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0 or (
             isinstance(value, float) and value > 1):
         raise UnsupportedArgument(f"{OWNER}: fraction={value!r} must be a share in (0, 1] or an image count >= 1")
