@@ -84,9 +84,9 @@ def test_refusals_are_one_line(coco16, ultra):
     args, data = ultra(coco16, task="segment")
     with pytest.raises(UnsupportedArgument, match="task='segment'"):
         build_loader(args, data, LoaderRequest(data["val"], 8, "val", True, 32), opts)
-    # the disk cache needs a converted store: the StoreError says how to make one
+    # the disk cache needs a converted store: the refusal says how to make one
     args, data = ultra(coco16, cache="disk")
-    with pytest.raises(Exception, match="fastload convert"):
+    with pytest.raises(UnsupportedArgument, match="fastload convert .* --to disk --imgsz 64"):
         build_loader(args, data, LoaderRequest(data["train"], 8, "train", False, 32), opts)
 
 
@@ -281,6 +281,7 @@ def test_real_trainer_two_epochs(coco16, tmp_path):
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["train_loader"] == summary["val_loader"] == "UltralyticsLoader"
+    assert "fastload: 16 images, 2 batches of 8, 0 workers, ram store, cpu engine" in run.stdout  # its log line
     assert summary["stores"] == {"train": "ram", "val": "ram"}  # cache="ram": fastload's shared ram store
     save_dir = Path(summary["save_dir"])
     rows = (save_dir / "results.csv").read_text().strip().splitlines()

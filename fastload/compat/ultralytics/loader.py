@@ -145,6 +145,11 @@ def build_loader(args: Any, data: Mapping[str, Any], req: LoaderRequest, opts: U
     cache = "ram" if cache is True else (str(cache).lower() if cache else "")
     if cache not in ("", "ram", "disk"):
         raise UnsupportedArgument(f"{OWNER}: cache={args.cache!r}: choose ram, disk or False")
+    if cache == "disk" and opts.store == "auto":
+        raise UnsupportedArgument(
+            f"{OWNER}: cache='disk' reads fastload's packed disk store: make it once with `fastload convert "
+            f"{data.get('yaml_file') or 'data.yaml'} --to disk --imgsz {imgsz} --out DIR` and pass "
+            "fastload_store='DIR/data.yaml' (or FASTLOAD_STORE)")
     names = data.get("names") or {}
     names = [names[k] for k in sorted(names)] if isinstance(names, Mapping) else list(names)
     cfg = split_config(req.img_path, owner=OWNER, names=names, nc=int(data.get("nc") or len(names) or 1))
@@ -178,11 +183,12 @@ def build_loader(args: Any, data: Mapping[str, Any], req: LoaderRequest, opts: U
     except BaseException:
         base.close()
         raise
-    LOG.info("%s: fastload %s loader: %d images, %d batches of %d, %d workers, %s store, %s engine, HSV %s, "
-             "batches on %s", OWNER, req.mode, fl.n, len(fl), batch_size, fl.num_workers, base.kind, opts.engine,
-             chosen["hsv_on"] if augment else "off", device if device is not None else "cpu")
+    summary = (f"fastload: {fl.n} images, {len(fl)} batches of {batch_size}, {fl.num_workers} workers, {base.kind} "
+               f"store, {opts.engine} engine, HSV {chosen['hsv_on'] if augment else 'off'}, batches on "
+               f"{device if device is not None else 'cpu'}")
+    LOG.info("%s %s loader: %s", OWNER, req.mode, summary)
     source: Any = BatchLog(fl, opts.batch_log, prefix=req.mode) if opts.batch_log else fl
-    return UltralyticsLoader(fl, source, view)
+    return UltralyticsLoader(fl, source, view, summary=summary)
 
 
 class UltralyticsDataset:
@@ -237,8 +243,9 @@ class UltralyticsLoader:
     ``close()``.
     """
 
-    def __init__(self, fl: FastLoader, source: Any, view: StoreView) -> None:
+    def __init__(self, fl: FastLoader, source: Any, view: StoreView, *, summary: str = "") -> None:
         self.loader = fl
+        self.summary = summary  # one line for the trainer's log
         self._source = source  # fl, or fl seen through the batch log
         self._view = view
         self.dataset = UltralyticsDataset(fl, view)

@@ -6,7 +6,7 @@ import os
 from typing import Any, Mapping
 
 from ultralytics.models.yolo.detect import DetectionTrainer, DetectionValidator
-from ultralytics.utils import DEFAULT_CFG
+from ultralytics.utils import DEFAULT_CFG, LOGGER, colorstr
 from ultralytics.utils.torch_utils import unwrap_model
 
 from fastload.compat.ultralytics.loader import LoaderRequest, UltralyticsLoader, build_loader, check_arguments
@@ -46,7 +46,9 @@ class FastloadTrainer(DetectionTrainer):
         stride = max(int(unwrap_model(self.model).stride.max()), 32)
         req = LoaderRequest(dataset_path, batch_size, mode, rect=mode == "val" or bool(self.args.rect), stride=stride,
                             rank=rank, device=self.device)
-        return build_loader(self.args, self.data, req, self.fastload)
+        loader = build_loader(self.args, self.data, req, self.fastload)
+        LOGGER.info(f"{colorstr(f'{mode}: ')}{loader.summary}")
+        return loader
 
 
 class FastloadValidator(DetectionValidator):
