@@ -188,16 +188,20 @@ def test_cache_disk_reads_the_converted_disk_store(coco16, ultra, tmp_path):
         ld.close()
 
 
-def test_validation_batches_beside_ultralytics_loader(coco16, ultra):
-    """Rect validation at imgsz 96: the same images in the same batches and shapes, the same labels; boxes and
-    pads within one pixel. The pixels are not identical: fastload's loaded image has YOLOv9's size (truncated,
-    INTER_AREA when shrinking), Ultralytics' its own (rounded up, INTER_LINEAR)."""
+@pytest.mark.parametrize("imgsz", [96, 640])
+def test_validation_batches_beside_ultralytics_loader(coco16, ultra, imgsz):
+    """Rect validation: the same images in the same batches and shapes, the same labels; boxes and pads within
+    one pixel (YOLOv9's letterbox moves boxes by the float pad, Ultralytics' by the integer one). Pixels are
+    identical where neither loader resizes (an image whose long side is imgsz: 13 of the 16 at 640); elsewhere
+    fastload's loaded image has YOLOv9's size (truncated, INTER_AREA when shrinking) and Ultralytics' its own
+    (rounded up, INTER_LINEAR)."""
     from ultralytics.data import build_dataloader, build_yolo_dataset
 
-    args, data = ultra(coco16, imgsz=96, single_cls=True)
+    args, data = ultra(coco16, imgsz=imgsz, single_cls=True)
     own = build_dataloader(build_yolo_dataset(args, data["val"], 8, data, mode="val", rect=True, stride=32), 8, 0,
                            shuffle=False, rank=-1)
     ours = build_loader(args, data, LoaderRequest(data["val"], 8, "val", True, 32), UltralyticsOptions())
+    unresized = 0
     try:
         assert len(ours) == len(own) == N_IMAGES // 8
         for a, b in zip(own, ours):
@@ -209,8 +213,12 @@ def test_validation_batches_beside_ultralytics_loader(coco16, ultra):
             h, w = a["img"].shape[2:]
             px = (a["bboxes"] - b["bboxes"]).abs() * torch.tensor([w, h, w, h])
             assert float(px.max()) <= 1.0
-            for (_, pad_a), (_, pad_b) in zip(a["ratio_pad"], b["ratio_pad"]):
+            for k, ((_, pad_a), (_, pad_b)) in enumerate(zip(a["ratio_pad"], b["ratio_pad"])):
                 assert abs(pad_a[0] - pad_b[0]) <= 1 and abs(pad_a[1] - pad_b[1]) <= 1
+                if max(a["ori_shape"][k]) == imgsz:
+                    assert torch.equal(a["img"][k], b["img"][k]) and pad_a == pad_b
+                    unresized += 1
+        assert unresized == (13 if imgsz == 640 else 0)
     finally:
         ours.close()
 
