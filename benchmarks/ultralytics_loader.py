@@ -11,8 +11,9 @@ from the same Ultralytics argument namespace (its defaults: mosaic 1.0, scale 0.
   without a cache and with ``cache="ram"``;
 * fastload: the loader ``FastloadTrainer`` builds (``build_loader``, YOLOv9's recipe with those
   hyperparameters), from the image files, from an LMDB store, and from the shared ram store
-  (``cache="ram"``), HSV in the workers; and the ram store with HSV left to the consumer's device
-  (``hsv_on="defer"``, not applied here: what a CUDA trainer's batches cost the CPU).
+  (``cache="ram"``), HSV in the workers; the files as on a dataset larger than memory (no decoded-image
+  cache, mosaic partners from the batch: one decode per image); and the ram store with HSV left to the
+  consumer's device (``hsv_on="defer"``, not applied here: what a CUDA trainer's batches cost the CPU).
 
 Each configuration is timed for ``--seconds`` after a warm-up batch, in ``--rounds`` interleaved rounds
 (median round shown; ratios are the medians of same-round ratios to the Ultralytics rows). ``--pss`` also
@@ -66,6 +67,17 @@ def fastload_loader(yaml_path: Path, imgsz: int, batch: int, workers: int, cache
     return build_loader(args, data, LoaderRequest(data["train"], batch, "train", rect=False, stride=32), opts)
 
 
+def decode_bound_loader(yaml_path: Path, imgsz: int, batch: int, workers: int) -> Any:
+    """The image files as on a dataset larger than memory: no decoded-image cache, mosaic partners from the
+    batch (one decode per image), as docs/benchmarks.md's decode-bound rows."""
+    from fastload.augment.hyp import AUGMENT_KEYS
+    from fastload.fastloader import loader
+
+    args, _ = ultralytics_args(yaml_path, imgsz, batch, workers, False)
+    return loader(yaml_path, imgsz=imgsz, batch_size=batch, workers=workers, partners="batch",
+                  engine_options={"decode_cache_mb": 0}, hyp={k: float(getattr(args, k)) for k in AUGMENT_KEYS})
+
+
 def deferred_hsv_loader(yaml_path: Path, imgsz: int, batch: int, workers: int) -> Any:
     """The ram-store loader with the same hyperparameters, HSV gains left for the consumer's device."""
     from fastload.augment.hyp import AUGMENT_KEYS
@@ -102,6 +114,7 @@ def configurations(yaml_path: Path, lmdb_yaml: Path, a: argparse.Namespace) -> d
         "ultralytics, cache ram": (lambda: ultralytics_loader(yaml_path, *size, "ram"), "ultralytics"),
         "fastload files": (lambda: fastload_loader(yaml_path, *size, False), "fastload"),
         "fastload lmdb": (lambda: fastload_loader(yaml_path, *size, False, store=str(lmdb_yaml)), "fastload"),
+        "fastload files, batch partners, no decode cache": (lambda: decode_bound_loader(yaml_path, *size), "plain"),
         "fastload ram (cache ram)": (lambda: fastload_loader(yaml_path, *size, "ram"), "fastload"),
         "fastload ram, HSV deferred to device": (lambda: deferred_hsv_loader(yaml_path, *size), "plain"),
     }
