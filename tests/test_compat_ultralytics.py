@@ -7,6 +7,7 @@ Then the real trainer (tests/ultralytics_run.py, in a subprocess, offline) for 2
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -19,12 +20,13 @@ import numpy as np
 import pytest
 import torch
 
+from fastload.compat.ultralytics import UltralyticsOptions, UnsupportedArgument
+from fastload.compat.ultralytics.loader import LoaderRequest, build_loader
 from official_helpers import coco_subset
 
-pytest.importorskip("ultralytics")
-
-from fastload.compat.ultralytics import FastloadTrainer, UltralyticsOptions, UnsupportedArgument  # noqa: E402
-from fastload.compat.ultralytics.loader import LoaderRequest, build_loader  # noqa: E402
+# Ultralytics is imported inside the fixtures, once the environment keeps it offline and its settings here
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("ultralytics") is None,
+                                reason='ultralytics is not installed (pip install "fastload[ultralytics]")')
 
 REPO = Path(__file__).resolve().parents[1]
 N_IMAGES = 16
@@ -46,11 +48,20 @@ def coco16(coco128_yaml, tmp_path_factory) -> Path:
     return coco_subset(Path(coco128_yaml).parent, tmp_path_factory.mktemp("ultra") / "data", N_IMAGES)
 
 
+@pytest.fixture(scope="module")
+def ultra_env(tmp_path_factory):
+    """The module's environment: offline, Ultralytics' settings and fastload's ram stores in a temporary folder."""
+    tmp = tmp_path_factory.mktemp("ultralytics_env")
+    (tmp / "shm").mkdir()
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in ultralytics_env(tmp).items():
+            mp.setenv(k, v)
+        yield tmp
+
+
 @pytest.fixture
-def ultra(tmp_path, monkeypatch):
-    for k, v in ultralytics_env(tmp_path).items():
-        monkeypatch.setenv(k, v)
-    (tmp_path / "shm").mkdir()
+def ultra(ultra_env):
+    """``make(data, **overrides) -> (args, data dict)`` as Ultralytics' trainer holds them."""
     from ultralytics.cfg import get_cfg
     from ultralytics.data.utils import check_det_dataset
 
@@ -91,6 +102,8 @@ def test_refusals_are_one_line(coco16, ultra):
 
 
 def test_trainer_refuses_before_building_anything(coco16, ultra, tmp_path):
+    from fastload.compat.ultralytics import FastloadTrainer
+
     with pytest.raises(UnsupportedArgument, match="cutmix"):
         FastloadTrainer(overrides={"model": "yolov9t.yaml", "data": str(coco16), "imgsz": 64, "device": "cpu",
                                    "cutmix": 0.3, "fastload_recipe": "yolov9", "project": str(tmp_path / "runs")})
