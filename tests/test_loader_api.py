@@ -235,6 +235,23 @@ def test_bad_arguments(synth_yaml):
         loader(synth_yaml, store="files", engine="gpu", engine_options={"axis_kernel": "warp"})
 
 
+def test_ultralytics_recipe_renders_on_the_cpu_engine_and_is_refused_elsewhere(synth_yaml):
+    """recipe="ultralytics": rendered by the cpu engine's workers (the same batches for 0 and 1 workers,
+    other than YOLOv9's); engines and HSV placements without its additive-hue kernel are refused in one line."""
+    runs = []
+    for recipe, w in (("ultralytics", 0), ("ultralytics", 1), ("yolov9", 0)):
+        with loader(synth_yaml, imgsz=IMGSZ, batch_size=6, workers=w, seed=2, store="files", recipe=recipe) as fl:
+            runs.append(batches(fl, 1)[0])
+    assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1])
+    assert not torch.equal(runs[0][0], runs[2][0])
+    for kw in (dict(engine="gpu"), dict(hsv_on="defer")):
+        with pytest.raises(ValueError, match="recipe='ultralytics' \\(additive-hue HSV\\) is applied by the cpu and ray") as e:
+            loader(synth_yaml, store="files", recipe="ultralytics", **kw)
+        assert "\n" not in str(e.value)
+    with pytest.raises(ValueError, match="recipe must be one of yolov9, ultralytics"):
+        loader(synth_yaml, store="files", recipe="v8")
+
+
 @pytest.mark.parametrize("kw, says", [
     (dict(imgsz=300), r"imgsz must be a positive multiple of the stride 32, got 300; use e.g. 288"),
     (dict(imgsz=0), r"imgsz must be a positive multiple of the stride 32, got 0; use e.g. 32"),

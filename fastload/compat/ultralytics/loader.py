@@ -86,9 +86,12 @@ def check_arguments(args: Any, data: Mapping[str, Any], mode: str, opts: Ultraly
     if _arg(args, "augmentations"):
         refuse("augmentations=[...]", "custom Albumentations transforms are not applied by fastload; drop them")
     if opts.recipe is None:
-        refuse("augmented training", "Ultralytics' own augmentation recipe (its mosaic buffer, additive hue, ceil "
-               "resize) is not implemented yet; pass fastload_recipe='yolov9' (or FASTLOAD_RECIPE=yolov9) to draw "
-               f"YOLOv9's recipe with these hyperparameters (recipes: {', '.join(RECIPES)})")
+        refuse("augmented training", "Ultralytics' own augmentation recipe is implemented only in part (its loaded-"
+               "image size and mosaic buffer are not); pass fastload_recipe='ultralytics' (or FASTLOAD_RECIPE) to "
+               f"draw that part, or 'yolov9' for YOLOv9's recipe, with these hyperparameters (recipes: {', '.join(RECIPES)})")
+    if opts.recipe == "ultralytics" and (opts.engine not in ("cpu", "ray") or opts.hsv == "consumer"):
+        refuse(f"fastload_recipe='ultralytics' with engine={opts.engine!r}, hsv={opts.hsv!r}", "its additive-hue "
+               "HSV is applied in the cpu and ray engines' workers only; use fastload_engine='cpu', fastload_hsv='auto'")
 
 
 def _labels_view(base: Store, args: Any, mode: str) -> StoreView:
@@ -159,6 +162,10 @@ def build_loader(args: Any, data: Mapping[str, Any], req: LoaderRequest, opts: U
         batch_size = max(1, min(int(req.batch_size), len(view)))
         device = _device(opts, req)
         chosen = opts.loader_keywords(augment=augment, rect=req.rect, device=device)
+        # validation is always Ultralytics' letterbox (boxes moved by the integer pad), whatever trains
+        recipe = opts.recipe if augment else "ultralytics"
+        if recipe == "ultralytics":
+            chosen["hsv_on"] = "worker"  # its additive hue has no batch kernel yet (check_arguments refused 'consumer')
         rank, world = shard_of(req.rank)
         hyp = {k: float(getattr(args, k)) for k in AUGMENT_KEYS}
         fl = make_loader(
@@ -178,6 +185,7 @@ def build_loader(args: Any, data: Mapping[str, Any], req: LoaderRequest, opts: U
             drop_last=augment and bool(_arg(args, "compile", False)),
             # Ultralytics moves the model to channels-last on CUDA only
             layout="nhwc" if device is not None and device.type == "cuda" else "nchw",
+            recipe=recipe,
             **chosen,
         )
     except BaseException:

@@ -9,13 +9,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
+from fastload.augment.params import RECIPES
 from fastload.compat.options import Option, parse_choice, parse_optional_int, resolve_options
 from fastload.compat.yolov9.options import OPTIONS as YOLOV9_OPTIONS
 from fastload.compat.yolov9.options import CompatOptions
 
 OWNER = "fastload.compat.ultralytics"
-#: augmentation recipes fastload can draw Ultralytics' training batches with (the sampler's recipes)
-RECIPES = ("yolov9",)
 _SHARED = {o.name: o for o in YOLOV9_OPTIONS}
 
 
@@ -45,9 +44,10 @@ OPTIONS: tuple[Option, ...] = (
     _SHARED["strict"],
     _SHARED["batch_log"],
     Option("recipe", _recipe, None,
-           f"the augmentation recipe of training batches ({', '.join(RECIPES)}): yolov9 draws YOLOv9's mosaic, "
-           "perspective, mixup, HSV and flips with the trainer's hyperparameter values. Ultralytics' own recipe is "
-           "not implemented yet, so augmented training is refused until a recipe is chosen"),
+           f"the augmentation recipe of training batches ({', '.join(RECIPES)}), drawn with the trainer's "
+           "hyperparameter values: ultralytics: Ultralytics' mosaic, perspective, mixup, additive-hue HSV and flips "
+           "(engines cpu and ray, HSV in the workers; loaded images still sized as YOLOv9's); yolov9: YOLOv9's. "
+           "None: augmented training is refused until one is chosen"),
 )
 
 
