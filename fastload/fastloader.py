@@ -408,9 +408,9 @@ def loader(
             :class:`~fastload.store.base.DamagedRecordError` (a ``StoreError``) instead, from any worker.
         recipe: whose augmentation distributions the training batches are drawn with, with ``hyp``'s values
             (:data:`~fastload.augment.params.Recipe`): ``"yolov9"`` or ``"ultralytics"`` (Ultralytics 8.4's
-            ``v8_transforms``; docs/ultralytics.md says what of it is implemented). Its additive-hue HSV is
-            applied by the ``cpu`` and ``ray`` engines' workers only: other engines and ``hsv_on`` values raise
-            ``ValueError``.
+            ``v8_transforms``; docs/ultralytics.md says what of it is implemented). Its additive-hue HSV has
+            numpy and torch kernels: ``engine="dali"`` and ``hsv_on="defer"`` (whose caller applies YOLOv9's
+            rule) raise ``ValueError``.
         engine_options: what only the chosen engine has: a :class:`~fastload.CPUOptions`,
             :class:`~fastload.TorchGPUOptions`, :class:`~fastload.DALIOptions` or
             :class:`~fastload.RayOptions`, or a dict of its
@@ -434,9 +434,9 @@ def loader(
                       "with torch ops (slow on a CPU); use hsv_on='worker' there")
     if recipe not in RECIPES:
         raise ValueError(f"recipe must be one of {', '.join(RECIPES)}, got {recipe!r}")
-    if recipe == "ultralytics" and augment and (engine not in ("cpu", "ray") or hsv_on != "worker"):
-        raise ValueError(f"recipe='ultralytics' (additive-hue HSV) is applied by the cpu and ray engines' workers only, "
-                         f"got engine={engine!r}, hsv_on={hsv_on!r}; use engine='cpu', hsv_on='worker'")
+    if recipe == "ultralytics" and augment and (engine == "dali" or hsv_on == "defer"):
+        raise ValueError(f"recipe='ultralytics' (additive-hue HSV) is applied by the cpu, ray and gpu engines, in the "
+                         f"workers or on the consumer, got engine={engine!r}, hsv_on={hsv_on!r}")
     rank, world_size = _resolve_world(rank, world_size)
     settings = EngineSettings(batch_size=batch_size, workers=cls.default_workers if workers is None else int(workers),
                               device=device, hsv_on=hsv_on, layout=layout, prefetch=prefetch, world_size=world_size,

@@ -87,8 +87,7 @@ def test_refusals_are_one_line(coco16, ultra):
     cases = [({"copy_paste": 0.1}, opts, "copy_paste=0.1"), ({"cutmix": 0.5}, opts, "cutmix=0.5"),
              ({"bgr": 0.2}, opts, "bgr=0.2"), ({}, UltralyticsOptions(), "pass fastload_recipe='ultralytics'"),
              ({"imgsz": [64, 96]}, opts, "imgsz=\\[64, 96\\]"), ({"cache": "gpu"}, opts, "cache='gpu'"),
-             ({}, UltralyticsOptions(recipe="ultralytics", engine="gpu"), "additive-hue HSV is applied in the cpu"),
-             ({}, UltralyticsOptions(recipe="ultralytics", hsv="consumer"), "hsv='consumer'")]
+             ({}, UltralyticsOptions(recipe="ultralytics", engine="dali"), "additive-hue HSV has no DALI kernel")]
     for overrides, o, match in cases:
         args, data = ultra(coco16, **overrides)
         with pytest.raises(UnsupportedArgument, match=match) as e:
@@ -169,14 +168,15 @@ def test_ddp_shards_and_set_epoch(coco16, ultra, monkeypatch):
 
 
 @pytest.mark.filterwarnings("ignore:fastload.loader. hsv_on='consumer' without a GPU")
-def test_hsv_on_the_batch_device_equals_hsv_in_the_workers(coco16, ultra):
+@pytest.mark.parametrize("recipe", ["ultralytics", "yolov9"])
+def test_hsv_on_the_batch_device_equals_hsv_in_the_workers(coco16, ultra, recipe):
     """The CUDA path forced on the CPU (fastload_device="cpu", fastload_hsv="consumer"): HSV applied to the
     delivered batch equals HSV in the workers within one level, boxes identical."""
     args, data = ultra(coco16)
     batches = {}
     for hsv, device in (("worker", None), ("consumer", "cpu")):
         ld = build_loader(args, data, LoaderRequest(data["train"], 8, "train", False, 32),
-                          UltralyticsOptions(recipe="yolov9", hsv=hsv, device=device))
+                          UltralyticsOptions(recipe=recipe, hsv=hsv, device=device))
         try:
             assert ld.loader.engine.settings.hsv_on == hsv
             batches[hsv] = [(b["img"].clone(), b["bboxes"].clone()) for b in ld]

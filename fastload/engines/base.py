@@ -250,7 +250,7 @@ class Engine(abc.ABC):
             if self.settings.hsv_on == "defer":
                 self.hsv_gains = gains
             elif bool((gains != 1).any()):
-                imgs = apply_hsv_batch(imgs, gains)
+                imgs = apply_hsv_batch(imgs, gains, rule=self.sampler.recipe)
         imgs = imgs.contiguous(memory_format=_MEMORY_FORMAT[self.settings.layout])
         self._delivered[0] += 1
         self._delivered[1] += len(batch.paths)

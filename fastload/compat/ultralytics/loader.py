@@ -89,9 +89,9 @@ def check_arguments(args: Any, data: Mapping[str, Any], mode: str, opts: Ultraly
         refuse("augmented training", "Ultralytics' own augmentation recipe is implemented only in part (its loaded-"
                "image size and mosaic buffer are not); pass fastload_recipe='ultralytics' (or FASTLOAD_RECIPE) to "
                f"draw that part, or 'yolov9' for YOLOv9's recipe, with these hyperparameters (recipes: {', '.join(RECIPES)})")
-    if opts.recipe == "ultralytics" and (opts.engine not in ("cpu", "ray") or opts.hsv == "consumer"):
-        refuse(f"fastload_recipe='ultralytics' with engine={opts.engine!r}, hsv={opts.hsv!r}", "its additive-hue "
-               "HSV is applied in the cpu and ray engines' workers only; use fastload_engine='cpu', fastload_hsv='auto'")
+    if opts.recipe == "ultralytics" and opts.engine == "dali":
+        refuse("fastload_recipe='ultralytics' with fastload_engine='dali'", "its additive-hue HSV has no DALI "
+               "kernel; use fastload_engine='cpu' (or gpu, ray)")
 
 
 def _labels_view(base: Store, args: Any, mode: str) -> StoreView:
@@ -164,8 +164,6 @@ def build_loader(args: Any, data: Mapping[str, Any], req: LoaderRequest, opts: U
         chosen = opts.loader_keywords(augment=augment, rect=req.rect, device=device)
         # validation is always Ultralytics' letterbox (boxes moved by the integer pad), whatever trains
         recipe = opts.recipe if augment else "ultralytics"
-        if recipe == "ultralytics":
-            chosen["hsv_on"] = "worker"  # its additive hue has no batch kernel yet (check_arguments refused 'consumer')
         rank, world = shard_of(req.rank)
         hyp = {k: float(getattr(args, k)) for k in AUGMENT_KEYS}
         fl = make_loader(

@@ -46,7 +46,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("recipe", _recipe, None,
            f"the augmentation recipe of training batches ({', '.join(RECIPES)}), drawn with the trainer's "
            "hyperparameter values: ultralytics: Ultralytics' mosaic, perspective, mixup, additive-hue HSV and flips "
-           "(engines cpu and ray, HSV in the workers; loaded images still sized as YOLOv9's); yolov9: YOLOv9's. "
+           "(not with engine dali; loaded images still sized as YOLOv9's); yolov9: YOLOv9's. "
            "None: augmented training is refused until one is chosen"),
 )
 
