@@ -76,6 +76,7 @@ def test_options_override_then_environment_then_default():
     env = {"FASTLOAD_WORKERS": "3", "FASTLOAD_RECIPE": "yolov9", "FASTLOAD_SEED": "5"}
     got = UltralyticsOptions.resolve({"fastload_seed": 9, "fastload_engine": "gpu"}, env)
     assert (got.seed, got.num_workers, got.recipe, got.engine) == (9, 3, "yolov9", "gpu")
+    assert UltralyticsOptions.resolve({"fastload_recipe": "ultralytics"}, env).recipe == "ultralytics"
     with pytest.raises(ValueError, match="FASTLOAD_RECIPE='ultra'"):
         UltralyticsOptions.resolve({}, {"FASTLOAD_RECIPE": "ultra"})
     with pytest.raises(TypeError, match="fastload_wokers"):
