@@ -187,7 +187,7 @@ class SampleParams:
         index: dataset index of the sample (its labels' owner in validation/letterbox mode).
         epoch: epoch the record was drawn for.
         image: the main composed image.
-        mixup: the mixup partner (a second mosaic) or None.
+        mixup: the mixup partner (YOLOv9: a second mosaic; Ultralytics: a mosaic or a centred warp) or None.
         mixup_ratio: weight of ``image`` in ``image * r + mixup * (1 - r)`` (YOLOv9: Beta(32, 32)).
         hsv_gain: ``(gh, gs, gv)`` gains of OpenCV's 8-bit H, S, V (1 = unchanged); ``hsv_rule`` says
             how the hue gain applies.
@@ -530,6 +530,7 @@ class ParamSampler:
         )
 
     def _draws_mosaic(self, rng: np.random.Generator) -> bool:
+        """Whether a (main or mixup) image is a mosaic: one draw against the mosaic probability."""
         return bool(self.augment and self.mosaic_prob > 0 and rng.random() < self.mosaic_prob)
 
     # -- pieces ------------------------------------------------------------------------------------
