@@ -18,7 +18,7 @@ import torch
 from fastload import order as _order
 from fastload.augment.hyp import load_hyp
 from fastload.augment.params import (
-    PARTNERS, ParamSampler, Partners, image_of, per_index_shapes, rect_batch_shapes, visit_ids,
+    PARTNERS, RECIPES, ParamSampler, Partners, Recipe, image_of, per_index_shapes, rect_batch_shapes, visit_ids,
 )
 from fastload.data.images import loaded_shape
 from fastload.data.labels import img2label_path
@@ -323,6 +323,7 @@ def loader(
     prefetch: int = 2,
     partners: Partners | None = None,
     strict: bool = False,
+    recipe: Recipe = "yolov9",
     engine_options: Any = None,
 ) -> FastLoader:
     """Build a YOLOv9-compatible loader.
@@ -411,6 +412,11 @@ def loader(
             that depends only on ``(seed, epoch, index, attempt)``, so batches stay the same for any
             worker count. True: the loader raises that one-line
             :class:`~fastload.store.base.DamagedRecordError` (a ``StoreError``) instead, from any worker.
+        recipe: whose augmentation distributions the training batches are drawn with, with ``hyp``'s values
+            (:data:`~fastload.augment.params.Recipe`): ``"yolov9"`` or ``"ultralytics"`` (Ultralytics 8.4's
+            ``v8_transforms``; docs/ultralytics.md says what of it is implemented). Its additive-hue HSV has
+            numpy and torch kernels: ``engine="dali"`` and ``hsv_on="defer"`` (whose caller applies YOLOv9's
+            rule) raise ``ValueError``.
         engine_options: what only the chosen engine has: a :class:`~fastload.CPUOptions`,
             :class:`~fastload.TorchGPUOptions`, :class:`~fastload.DALIOptions` or
             :class:`~fastload.RayOptions`, or a dict of its
@@ -436,6 +442,13 @@ def loader(
     if hsv_on == "consumer" and cls.renders_on == "host" and (device is None or torch.device(device).type == "cpu"):
         warnings.warn("fastload.loader: hsv_on='consumer' without a GPU device applies HSV in the main process "
                       "with torch ops (slow on a CPU); use hsv_on='worker' there")
+    if recipe not in RECIPES:
+        raise ValueError(f"recipe must be one of {', '.join(RECIPES)}, got {recipe!r}")
+    if augment and recipe not in cls.recipes:
+        raise ValueError(f"recipe={recipe!r}: engine={engine!r} applies only {', '.join(map(repr, cls.recipes))}")
+    if augment and recipe == "ultralytics" and hsv_on == "defer":  # apply_hsv_batch's caller would not know the rule
+        raise ValueError(f"recipe='ultralytics' (additive-hue HSV) is applied in the workers or on the consumer, "
+                         f"not deferred (hsv_on={hsv_on!r})")
     rank, world_size = _resolve_world(rank, world_size)
     settings = EngineSettings(batch_size=batch_size, workers=cls.default_workers if workers is None else int(workers),
                               device=device, hsv_on=hsv_on, layout=layout, prefetch=prefetch, world_size=world_size,
@@ -469,7 +482,7 @@ def loader(
             rect_shapes = per_index_shapes(order_idx, batch_shapes, batch_size)
             rect_batches = _order.rect_order(order_idx, batch_size, rank=rank, world_size=world_size)
         sampler = ParamSampler(loaded_hw, hyp_d, imgsz, augment=augment, seed=seed, rect_shapes=rect_shapes,
-                               orig_shapes=view.shapes, partners=partners or cls.default_partners)
+                               orig_shapes=view.shapes, partners=partners or cls.default_partners, recipe=recipe)
         if partners == "batch" and not sampler.draws_mosaics:
             raise ValueError("partners='batch' applies to mosaic training batches only, and this loader draws no mosaic "
                              f"(augment={augment}, rect={rect}, hyp mosaic={hyp_d['mosaic']}); leave partners unset")

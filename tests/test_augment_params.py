@@ -14,6 +14,7 @@ from fastload.augment.params import (
     _mosaic4_placements,
     per_index_shapes,
     rect_batch_shapes,
+    translation,
 )
 from fastload.augment.boxes import transform_labels
 from tests.augment_helpers import random_world
@@ -268,3 +269,52 @@ def test_batch_partners_come_from_the_batch_and_depend_on_it():
     # letterbox records (validation) have no partners: identical under both settings
     v = [ParamSampler(shapes, None, 320, augment=False, partners=p) for p in ("dataset", "batch")]
     assert v[0].sample_batch(0, batch) == v[1].sample_batch(0, batch)
+
+
+# ----------------------------------------------------------------------------------------- ultralytics recipe
+def test_ultralytics_recipe_draws():
+    """Ultralytics' recipe: the sample's own image is always the top-left mosaic tile (YOLOv9 shuffles it
+    among its partners), mosaics are imgsz square, every record carries the additive-hue rule."""
+    ours = ParamSampler(SHAPES, {"mosaic": 1.0, "mixup": 0.0}, 64, seed=3, recipe="ultralytics")
+    yolo = ParamSampler(SHAPES, {"mosaic": 1.0, "mixup": 0.0}, 64, seed=3)
+    recs = [ours.sample(0, i % len(SHAPES)) for i in range(40)]
+    assert all(r.mosaic and r.image.out_hw == (64, 64) and r.hsv_rule == "ultralytics" for r in recs)
+    for r in recs:
+        top_left = r.image.tiles[0]
+        assert top_left.src == r.index
+        # its visible part ends at the mosaic centre: the crop's bottom-right corner is the loaded image's
+        assert (top_left.crop.x1, top_left.crop.y1) == (top_left.src_hw[1], top_left.src_hw[0])
+    assert any(yolo.sample(0, i).image.tiles[0].src != i for i in range(len(SHAPES)))
+    assert all(yolo.sample(0, i).hsv_rule == "yolov9" for i in range(len(SHAPES)))
+
+
+def test_ultralytics_recipe_mixup_and_centred_samples():
+    """Without mosaic, Ultralytics warps the loaded image about its centre straight into the output (no
+    letterbox) and still mixes up (YOLOv9 mixes only mosaics); rect batches and validation draw neither."""
+    hyp = {"mosaic": 0.0, "mixup": 1.0, "degrees": 0.0, "scale": 0.0, "translate": 0.0, "shear": 0.0}
+    ours = ParamSampler(SHAPES, hyp, 64, seed=1, recipe="ultralytics")
+    for i in range(len(SHAPES)):
+        r = ours.sample(0, i)
+        assert not r.mosaic and r.mixup is not None and r.shapes[1][1] == (0.0, 0.0) and 0 < r.mixup_ratio < 1
+        h, w = ours.loaded_shapes[i]
+        # no scale, rotation or translation: the loaded image's centre lands on the output's
+        np.testing.assert_allclose(r.image.tiles[0].matrix, translation(32 - w / 2, 32 - h / 2), atol=1e-12)
+        assert r.image.candidate_scale == 1.0
+    assert all(ParamSampler(SHAPES, hyp, 64, seed=1).sample(0, i).mixup is None for i in range(len(SHAPES)))
+    rect = ParamSampler(SHAPES, hyp, 64, seed=1, recipe="ultralytics", rect_shapes=np.full((len(SHAPES), 2), 64))
+    assert rect.mixup_prob == 0.0 and all(rect.sample(0, i).mixup is None for i in range(len(SHAPES)))
+    with pytest.raises(ValueError, match="recipe must be one of yolov9, ultralytics"):
+        ParamSampler(SHAPES, None, 64, recipe="ultra")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="no 9-tile mosaic"):
+        ParamSampler(SHAPES, None, 64, recipe="ultralytics", mosaic9=True)
+
+
+def test_ultralytics_recipe_validation_boxes_follow_the_integer_pad():
+    """Validation letterbox: the same pixels either way; YOLOv9 moves boxes by the float pad, Ultralytics by
+    the pixels' integer pad (and records that pad)."""
+    shapes = np.array([[64, 43]])  # 21 px of pad: 10.5 on each side, the pixels' left pad is 10
+    ours = ParamSampler(shapes, None, 64, augment=False, recipe="ultralytics").sample(0, 0)
+    yolo = ParamSampler(shapes, None, 64, augment=False).sample(0, 0)
+    np.testing.assert_array_equal(ours.image.tiles[0].matrix, yolo.image.tiles[0].matrix)
+    assert ours.image.tiles[0].box_matrix[0, 2] == 10.0 and yolo.image.tiles[0].box_matrix[0, 2] == 10.5
+    assert ours.shapes[1][1] == (10.0, 0.0) and yolo.shapes[1][1] == (10.5, 0.0)

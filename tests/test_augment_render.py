@@ -200,6 +200,37 @@ def test_hsv_reference_is_stock_on_bgr_and_identity():
     assert np.array_equal(apply_hsv(img.copy(), g), apply_hsv_reference(img.copy(), g))
 
 
+def test_hsv_ultralytics_rule_shifts_hue_additively():
+    """The "ultralytics" rule: hue moved by 180 (gh - 1) levels, wrapping both ways (YOLOv9's multiplies, so
+    hue 0 never moves); the fast path, the box path and the render pipeline equal the reference tables."""
+    from fastload.augment.functional.color import apply_hsv_in_box, hsv_luts
+
+    lut_h, lut_s, _ = hsv_luts((1.1, 1.5, 1.0), "ultralytics")
+    assert (int(lut_h[0]), int(lut_h[170]), int(lut_s[0]), int(lut_s[100])) == (18, 8, 0, 150)
+    assert int(hsv_luts((0.9, 1.0, 1.0), "ultralytics")[0][5]) == 167
+    assert int(hsv_luts((1.1, 1.0, 1.0), "yolov9")[0][0]) == 0
+    with pytest.raises(ValueError, match="HSV rule"):
+        hsv_luts((1.0, 1.0, 1.0), "other")  # type: ignore[arg-type]
+    rng = np.random.default_rng(4)
+    for img in _hsv_images():
+        for _ in range(10):
+            g = rng.uniform(-1, 1, 3) * [0.5, 0.7, 0.4] + 1
+            want = apply_hsv_reference(img.copy(), g, "ultralytics")
+            assert not np.array_equal(want, apply_hsv_reference(img.copy(), g))
+            assert np.array_equal(apply_hsv(img.copy(), g, "ultralytics"), want)
+            box = Rect(0, 16, img.shape[1], 48)
+            padded = img.copy()
+            padded[:16], padded[48:] = 114, 114
+            assert np.array_equal(apply_hsv_in_box(padded.copy(), g, box, "ultralytics"),
+                                  apply_hsv_reference(padded.copy(), g, "ultralytics"))
+    shapes = np.array([im.shape[:2] for im in _hsv_images()])
+    sampler = ParamSampler(shapes, {"mosaic": 0.0, "mixup": 0.0, "hsv_h": 0.5}, 64, seed=2, recipe="ultralytics")
+    rec = sampler.sample(0, 2)
+    drawn = render_sample(rec, _hsv_images().__getitem__)
+    plain = render_sample(rec, _hsv_images().__getitem__, hsv=False)
+    assert np.array_equal(drawn, apply_hsv_reference(plain, rec.hsv_gain, "ultralytics"))
+
+
 def test_hsv_in_box_fills_coloured_border_rows():
     """Border rows above and below the box (any colour, not only grey) get the colour's own HSV result."""
     from fastload.augment.functional.color import apply_hsv_in_box

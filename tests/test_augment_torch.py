@@ -32,16 +32,16 @@ def test_rgb_to_hsv_exact_and_back_within_one_level():
     assert d.max() <= 1 and (d > 0).mean() < 1e-3
 
 
-def _check_batch(device: str) -> None:
+def _check_batch(device: str, rule: str = "yolov9", hue: float = 0.015) -> None:
     imgs = _batch()
     rng = np.random.default_rng(1)
-    gains = rng.uniform(-1, 1, (len(imgs), 3)) * [0.015, 0.7, 0.4] + 1
+    gains = rng.uniform(-1, 1, (len(imgs), 3)) * [hue, 0.7, 0.4] + 1
     gains[2] = 1.0  # an untouched image
     ref = imgs.copy()
     for i in range(len(imgs)):
-        apply_hsv_reference(ref[i], gains[i])
+        apply_hsv_reference(ref[i], gains[i], rule)
     t = torch.from_numpy(imgs).permute(0, 3, 1, 2).contiguous().to(device)
-    out = apply_hsv_batch(t, torch.from_numpy(gains).to(device), chunk=4).permute(0, 2, 3, 1).cpu().numpy()
+    out = apply_hsv_batch(t, torch.from_numpy(gains).to(device), rule=rule, chunk=4).permute(0, 2, 3, 1).cpu().numpy()
     d = np.abs(out.astype(int) - ref)
     assert d.max() <= 1 and (d > 0).mean() < 1e-3, (d.max(), (d > 0).mean())
     assert np.array_equal(out[2], imgs[2])
@@ -51,10 +51,18 @@ def test_apply_hsv_batch_cpu():
     _check_batch("cpu")
 
 
+def test_apply_hsv_batch_ultralytics_rule():
+    """Ultralytics' added hue (wrapping both ways at hsv_h 0.5) equals the numpy tables within one level."""
+    _check_batch("cpu", "ultralytics", hue=0.5)
+    with pytest.raises(ValueError, match="HSV rule"):
+        apply_hsv_batch(torch.zeros(1, 3, 4, 4, dtype=torch.uint8), torch.full((1, 3), 1.1), rule="other")
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_apply_hsv_batch_cuda():
     _check_batch("cuda")
+    _check_batch("cuda", "ultralytics", hue=0.5)
 
 
 def test_apply_hsv_batch_errors():

@@ -128,6 +128,14 @@ def test_same_batches_whatever_the_number_of_actors_and_store(stores, cpu_refere
     assert_same(load(stores, "cpu", workers=0, **val)[0], load(stores, "ray", **val)[0])
 
 
+def test_ultralytics_recipe_gives_the_cpu_engine_s_batches(stores):
+    """recipe="ultralytics" (the sampler Ray ships carries it): the actors render the CPU engine's batches."""
+    kw = dict(epochs=(0,), recipe="ultralytics")
+    cpu = load(stores, "cpu", workers=0, **kw)[0]
+    assert_same(cpu, load(stores, "ray", engine_options={"actors": 1}, **kw)[0])
+    assert not torch.equal(cpu[0][0][0], load(stores, "cpu", workers=0, epochs=(0,))[0][0][0][0])
+
+
 def test_an_image_table_gives_the_cpu_engine_s_batches(stores):
     """YOLOv9's --image-weights: positions show the table's images, repeats with their own draws."""
     table = np.random.default_rng(0).integers(0, 24, 24)

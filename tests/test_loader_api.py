@@ -1,6 +1,8 @@
 """fastload.loader(): batch format, length, epochs, close_mosaic, rect, filtering, determinism."""
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -233,6 +235,30 @@ def test_bad_arguments(synth_yaml):
         loader(synth_yaml, store="files", engine_options={"axis_kernel": "cubic"})
     with pytest.raises(TypeError, match="engine 'gpu' has no option 'axis_kernel' \\(an option of engines 'cpu' and 'ray'\\)"):
         loader(synth_yaml, store="files", engine="gpu", engine_options={"axis_kernel": "warp"})
+
+
+def test_ultralytics_recipe_renders_on_the_cpu_engine_and_is_refused_elsewhere(synth_yaml):
+    """recipe="ultralytics": rendered by the cpu engine's workers (the same batches for 0 and 1 workers,
+    other than YOLOv9's), its HSV on the consumer within one level of the workers'; the DALI engine and
+    deferred HSV, which have no additive-hue kernel, are refused in one line."""
+    runs = []
+    for recipe, w, hsv in (("ultralytics", 0, "worker"), ("ultralytics", 1, "worker"), ("yolov9", 0, "worker"),
+                           ("ultralytics", 0, "consumer")):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # hsv_on='consumer' without a GPU: slow, says a warning
+            with loader(synth_yaml, imgsz=IMGSZ, batch_size=6, workers=w, seed=2, store="files", recipe=recipe,
+                        hsv_on=hsv) as fl:
+                runs.append(batches(fl, 1)[0])
+    assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1])
+    assert not torch.equal(runs[0][0], runs[2][0])
+    assert int((runs[0][0].int() - runs[3][0].int()).abs().max()) <= 1
+    for kw, says in ((dict(engine="dali"), "recipe='ultralytics': engine='dali' applies only 'yolov9'"),
+                     (dict(hsv_on="defer"), r"recipe='ultralytics' \(additive-hue HSV\) is applied in the workers or on")):
+        with pytest.raises(ValueError, match=says) as e:
+            loader(synth_yaml, store="files", recipe="ultralytics", **kw)
+        assert "\n" not in str(e.value)
+    with pytest.raises(ValueError, match="recipe must be one of yolov9, ultralytics"):
+        loader(synth_yaml, store="files", recipe="v8")
 
 
 @pytest.mark.parametrize("kw, says", [

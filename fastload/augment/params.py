@@ -2,9 +2,9 @@
 
 A :class:`SampleParams` record says everything an engine needs to draw one output sample:
 which loaded images go where (:class:`TileParams`: a crop and a matrix), the optional mixup
-image, the HSV gains and the flips.  :class:`ParamSampler` draws records with YOLOv9's
-distributions (``LoadImagesAndLabels.__getitem__``, ``load_mosaic``, ``load_mosaic9``,
-``random_perspective``, ``mixup``, ``augment_hsv``, ``letterbox``) from a generator seeded by
+image, the HSV gains and the flips.  :class:`ParamSampler` draws records with YOLOv9's distributions
+(``LoadImagesAndLabels.__getitem__``, ``load_mosaic``, ``load_mosaic9``, ``random_perspective``,
+``mixup``, ``augment_hsv``, ``letterbox``), or Ultralytics' (the second :data:`Recipe`), from a generator seeded by
 ``SeedSequence([seed, epoch, index])`` only, so a record is a pure function of those three numbers
 (with ``partners="batch"``: and of the batch the index belongs to, itself a pure function of the
 seed, the epoch, the rank, the world size and the batch size) and every engine (CPU workers, torch,
@@ -28,6 +28,8 @@ from fastload.augment.hyp import load_hyp
 __all__ = [
     "Partners",
     "PARTNERS",
+    "Recipe",
+    "RECIPES",
     "Rect",
     "TileParams",
     "ImageParams",
@@ -57,6 +59,16 @@ _REPLACEMENT_STREAM = (0x7265706C61,)  # "repla"
 #: own ``B`` source images (one decode each) instead of about ``4.6 B``.
 Partners = Literal["dataset", "batch"]
 PARTNERS: tuple[str, ...] = get_args(Partners)
+
+#: Whose augmentation distributions :class:`ParamSampler` draws (both with the hyp dict's values):
+#: ``"yolov9"``: YOLOv9's ``LoadImagesAndLabels`` (the sample's own image shuffled among its mosaic
+#: partners, mixup only of two mosaics, a non-mosaic sample letterboxed before its random perspective,
+#: multiplicative hue); ``"ultralytics"``: Ultralytics 8.4's ``v8_transforms`` (its own image always the
+#: top-left tile, mixup of any sample with a partner that is a mosaic with the mosaic probability, a
+#: non-mosaic sample's loaded image warped about its centre straight into the output, additive hue with
+#: saturation 0 kept at 0: :attr:`SampleParams.hsv_rule`).
+Recipe = Literal["yolov9", "ultralytics"]
+RECIPES: tuple[str, ...] = get_args(Recipe)
 
 
 class Rect(NamedTuple):
@@ -175,13 +187,18 @@ class SampleParams:
         index: dataset index of the sample (its labels' owner in validation/letterbox mode).
         epoch: epoch the record was drawn for.
         image: the main composed image.
-        mixup: the mixup partner (a second mosaic) or None.
+        mixup: the mixup partner (YOLOv9: a second mosaic; Ultralytics: a mosaic or a centred warp) or None.
         mixup_ratio: weight of ``image`` in ``image * r + mixup * (1 - r)`` (YOLOv9: Beta(32, 32)).
-        hsv_gain: ``(gh, gs, gv)`` multiplicative gains of OpenCV's 8-bit H, S, V (1 = unchanged).
+        hsv_gain: ``(gh, gs, gv)`` gains of OpenCV's 8-bit H, S, V (1 = unchanged); ``hsv_rule`` says
+            how the hue gain applies.
+        hsv_rule: the recipe whose HSV tables the gains go through: ``"yolov9"`` (``H * gh``) or
+            ``"ultralytics"`` (``H + 180 (gh - 1)``, saturation 0 stays 0): see
+            :func:`fastload.augment.functional.color.hsv_luts`.
         flip_ud / flip_lr: flips, applied last.
         mosaic: whether ``image`` is a mosaic.
         shapes: YOLOv9's shapes entry: None for mosaic samples, else
-            ``((h0, w0), ((h / h0, w / w0), (padw, padh)))``.
+            ``((h0, w0), ((h / h0, w / w0), (padw, padh)))`` (pad 0 for the ``"ultralytics"`` recipe's
+            non-mosaic training samples, which no letterbox places).
         attempt: 0 for the sample's own draw; ``k`` for its ``k``-th replacement draw
             (:meth:`ParamSampler.replacement`: an image an earlier draw read was damaged).
     """
@@ -192,6 +209,7 @@ class SampleParams:
     mixup: ImageParams | None = None
     mixup_ratio: float = 1.0
     hsv_gain: tuple[float, float, float] = (1.0, 1.0, 1.0)
+    hsv_rule: Recipe = "yolov9"
     flip_ud: bool = False
     flip_lr: bool = False
     mosaic: bool = False
@@ -316,6 +334,7 @@ class ParamSampler:
             epoch is the same either way (a batch is a uniform sample of the dataset); what changes
             is which images share a batch: its tiles come from its ``B`` images only. Letterbox
             samples (validation, rect, closed mosaic) draw no partners and are the same either way.
+        recipe: whose distributions to draw (:data:`Recipe`): ``"yolov9"`` or ``"ultralytics"``.
     """
 
     def __init__(
@@ -330,9 +349,15 @@ class ParamSampler:
         mosaic9: bool = False,
         orig_shapes: np.ndarray | None = None,
         partners: Partners = "dataset",
+        recipe: Recipe = "yolov9",
     ) -> None:
         if partners not in PARTNERS:
             raise ValueError(f"partners must be one of {', '.join(PARTNERS)}, got {partners!r}")
+        if recipe not in RECIPES:
+            raise ValueError(f"recipe must be one of {', '.join(RECIPES)}, got {recipe!r}")
+        if recipe == "ultralytics" and mosaic9:
+            raise ValueError("recipe='ultralytics' has no 9-tile mosaic (Ultralytics' detection mosaic has 4 tiles)")
+        self.recipe: Recipe = recipe
         self.partners: Partners = partners
         self.loaded_shapes = np.asarray(loaded_shapes, dtype=np.int64).reshape(-1, 2)
         if len(self.loaded_shapes) == 0:
@@ -355,8 +380,9 @@ class ParamSampler:
         if len(self.orig_shapes) != n:
             raise ValueError(f"orig_shapes has {len(self.orig_shapes)} rows for {n} images")
         # YOLOv9: ``self.mosaic = self.augment and not self.rect``; mixup only happens inside mosaic.
+        # Ultralytics: mosaic and mixup are both off without augmentation or with rect batches.
         self.mosaic_prob = self.hyp["mosaic"] if (self.augment and self.rect_shapes is None) else 0.0
-        self.mixup_prob = self.hyp["mixup"]
+        self.mixup_prob = self.hyp["mixup"] if (recipe == "yolov9" or (self.augment and self.rect_shapes is None)) else 0.0
 
     def __len__(self) -> int:
         return len(self.loaded_shapes)
@@ -471,15 +497,24 @@ class ParamSampler:
         """The record of image ``index`` drawn from ``rng``; ``shape_of``: the index whose rect shape it fills."""
         n = len(self.loaded_shapes)
         hyp = self.hyp
-        mosaic = bool(self.augment and self.mosaic_prob > 0 and rng.random() < self.mosaic_prob)
+        ultralytics = self.recipe == "ultralytics"
+        mosaic = self._draws_mosaic(rng)
         mixup, ratio, shapes = None, 1.0, None
         if mosaic:
             image = self._mosaic(rng, index, pool)
-            if self.mixup_prob > 0 and rng.random() < self.mixup_prob:
+            if not ultralytics and self.mixup_prob > 0 and rng.random() < self.mixup_prob:
                 mixup = self._mosaic(rng, self._draw(rng, n, pool, 1)[0], pool)
                 ratio = float(rng.beta(32.0, 32.0))
+        elif ultralytics and self.augment:
+            image, shapes = self._centred(rng, index, shape_of)
         else:
             image, shapes = self._letterbox(rng, index, shape_of)
+        if ultralytics and self.mixup_prob > 0 and rng.random() < self.mixup_prob:
+            # Ultralytics' MixUp follows every sample; its partner (uniform over the dataset) goes through
+            # the same mosaic-or-not and random perspective as a sample of its own
+            partner = self._draw(rng, n, pool, 1)[0]
+            mixup = self._mosaic(rng, partner, pool) if self._draws_mosaic(rng) else self._centred(rng, partner, partner)[0]
+            ratio = float(rng.beta(32.0, 32.0))
         gain = (1.0, 1.0, 1.0)
         flip_ud = flip_lr = False
         if self.augment:
@@ -491,8 +526,12 @@ class ParamSampler:
             flip_lr = bool(rng.random() < hyp["fliplr"])
         return SampleParams(
             index=index, epoch=int(epoch), image=image, mixup=mixup, mixup_ratio=ratio,
-            hsv_gain=gain, flip_ud=flip_ud, flip_lr=flip_lr, mosaic=mosaic, shapes=shapes,
+            hsv_gain=gain, hsv_rule=self.recipe, flip_ud=flip_ud, flip_lr=flip_lr, mosaic=mosaic, shapes=shapes,
         )
+
+    def _draws_mosaic(self, rng: np.random.Generator) -> bool:
+        """Whether a (main or mixup) image is a mosaic: one draw against the mosaic probability."""
+        return bool(self.augment and self.mosaic_prob > 0 and rng.random() < self.mosaic_prob)
 
     # -- pieces ------------------------------------------------------------------------------------
     def _perspective(self, rng: np.random.Generator, canvas_hw: tuple[int, int], out_hw: tuple[int, int]) -> tuple[np.ndarray, float]:
@@ -539,11 +578,13 @@ class ParamSampler:
         s = self.imgsz
         k = 9 if self.mosaic9 else 4
         srcs = np.array([index] + self._draw(rng, n, pool, k - 1), np.int64)
-        rng.shuffle(srcs)  # YOLOv9 shuffles the sample's own image among its partners
+        if self.recipe == "yolov9":
+            rng.shuffle(srcs)  # YOLOv9 shuffles the sample's own image among its partners (Ultralytics: top left)
         hw = [self._loaded_hw[i] for i in srcs.tolist()]
         placements = _mosaic9_placements(rng, s, hw) if self.mosaic9 else _mosaic4_placements(rng, s, hw)
         canvas = 2 * s
-        out = canvas - 2 * (s // 2)  # random_perspective border = -s // 2 on each side
+        # YOLOv9: random_perspective border = -s // 2 on each side; Ultralytics: its output size is imgsz
+        out = canvas - 2 * (s // 2) if self.recipe == "yolov9" else s
         m, scale = self._perspective(rng, (canvas, canvas), (out, out))
         tiles = tuple(
             TileParams(int(src), crop, m @ translation(ox, oy), shape)
@@ -552,12 +593,25 @@ class ParamSampler:
         )
         return ImageParams(tiles, (out, out), 114, scale)
 
+    def _out_hw(self, shape_of: int) -> tuple[int, int]:
+        """A non-mosaic sample's output ``(h, w)``: its rect batch shape, else ``imgsz`` square."""
+        if self.rect_shapes is not None:
+            return int(self.rect_shapes[shape_of][0]), int(self.rect_shapes[shape_of][1])
+        return self.imgsz, self.imgsz
+
+    def _centred(self, rng: np.random.Generator, index: int, shape_of: int) -> tuple[ImageParams, Any]:
+        """Ultralytics' non-mosaic training sample: no letterbox, its random perspective warps the loaded
+        image about its centre straight into the output (boxes filtered against the scale draw alone)."""
+        hw = self._loaded_hw[index]
+        out_hw = self._out_hw(shape_of)
+        m, scale = self._perspective(rng, hw, out_hw)
+        h0, w0 = (int(v) for v in self.orig_shapes[index])
+        shapes = ((h0, w0), ((hw[0] / h0, hw[1] / w0), (0.0, 0.0)))
+        return ImageParams((TileParams(index, (0, 0, hw[1], hw[0]), m, hw),), out_hw, 114, scale), shapes
+
     def _letterbox(self, rng: np.random.Generator, index: int, shape_of: int) -> tuple[ImageParams, Any]:
         h, w = (int(v) for v in self.loaded_shapes[index])
-        if self.rect_shapes is not None:
-            oh, ow = (int(v) for v in self.rect_shapes[shape_of])
-        else:
-            oh = ow = self.imgsz
+        oh, ow = self._out_hw(shape_of)
         r = min(oh / h, ow / w)
         if not self.augment:  # YOLOv9: letterbox(..., scaleup=self.augment)
             r = min(r, 1.0)
@@ -572,7 +626,9 @@ class ParamSampler:
             m, scale = self._perspective(rng, (oh, ow), (oh, ow))
             lb = m @ lb
             cand = scale * r
-        else:  # YOLOv9 validation boxes: x * r + dw in edge coordinates (see TileParams.box_matrix)
+        else:  # validation boxes: x * r + pad in edge coordinates (see TileParams.box_matrix)
+            if self.recipe == "ultralytics":  # Ultralytics moves them by the pixels' integer pad
+                dw, dh = float(left), float(top)
             box = np.array([[r, 0.0, 0.5 * (r - 1) + dw], [0.0, r, 0.5 * (r - 1) + dh], [0.0, 0.0, 1.0]])
         h0, w0 = (int(v) for v in self.orig_shapes[index])
         shapes = ((h0, w0), ((h / h0, w / w0), (dw, dh)))

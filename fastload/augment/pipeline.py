@@ -59,7 +59,7 @@ def render_sample(
         box = union_rect(box, box2)  # outside both, the blend of two grey fills is one colour again
         mixup_blend(out, other, params.mixup_ratio)
     if hsv:  # only the drawn box is converted: the uniform grey border is mapped once
-        apply_hsv_in_box(out, params.hsv_gain, box)
+        apply_hsv_in_box(out, params.hsv_gain, box, params.hsv_rule)
     flip_inplace(out, params.flip_ud, params.flip_lr)
     return out
 

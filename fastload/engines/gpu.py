@@ -220,7 +220,7 @@ class GPUEngine(Engine):
         gains: torch.Tensor | None = torch.tensor([r.hsv_gain for r in records], dtype=torch.float32)
         if self.settings.hsv_on == "worker":
             if bool((gains != 1).any()):
-                imgs = apply_hsv_batch(imgs, gains)
+                imgs = apply_hsv_batch(imgs, gains, rule=self.sampler.recipe)
             gains = None
         if self.settings.layout == "nchw":
             imgs = imgs.contiguous()

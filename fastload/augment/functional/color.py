@@ -16,6 +16,11 @@ installed OpenCV (:data:`TRANSFORM_MIDDLE`):
   180 + k, which OpenCV's HSV->RGB conversion wraps to k itself (that equivalence is asserted
   exhaustively by the tests), so ``mod 180`` is free.
 * OpenCV 4: one 3-channel ``cv2.LUT`` with the three tables (exactly the stock mapping).
+
+Every function takes the record's ``rule`` (:attr:`fastload.augment.params.SampleParams.hsv_rule`):
+``"yolov9"`` as above, or ``"ultralytics"``: Ultralytics 8.4's tables, an additive hue
+``H' = floor(H + 180 (gh - 1)) mod 180`` and saturation level 0 kept at 0 (S and V as YOLOv9's),
+always applied with the 3-channel ``cv2.LUT`` (a negative hue shift needs the real wrap).
 """
 from __future__ import annotations
 
@@ -25,7 +30,7 @@ import cv2
 import numpy as np
 
 from fastload.augment.functional.scratch import scratch
-from fastload.augment.params import Rect
+from fastload.augment.params import Rect, Recipe
 
 __all__ = ["apply_hsv", "apply_hsv_in_box", "apply_hsv_reference", "hsv_luts"]
 
@@ -45,21 +50,29 @@ def _is_identity(gains: Sequence[float]) -> bool:
     return all(float(g) == 1.0 for g in gains)
 
 
-def hsv_luts(gains: Sequence[float]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """YOLOv9's three uint8 tables for ``(gh, gs, gv)`` (hue wrapped mod 180)."""
+def hsv_luts(gains: Sequence[float], rule: Recipe = "yolov9") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The three uint8 tables of ``rule`` for ``(gh, gs, gv)`` (hue wrapped mod 180)."""
     r = np.asarray(gains, dtype=np.float64)
     x = np.arange(0, 256, dtype=np.float64)
-    lut_h = ((x * r[0]) % 180).astype(np.uint8)
+    if rule == "ultralytics":
+        lut_h = ((x + (r[0] - 1.0) * 180) % 180).astype(np.uint8)
+    elif rule == "yolov9":
+        lut_h = ((x * r[0]) % 180).astype(np.uint8)
+    else:
+        raise ValueError(f"HSV rule must be 'yolov9' or 'ultralytics', got {rule!r}")
     lut_s = np.clip(x * r[1], 0, 255).astype(np.uint8)
     lut_v = np.clip(x * r[2], 0, 255).astype(np.uint8)
+    if rule == "ultralytics":
+        lut_s[0] = 0  # a grey pixel stays grey whatever the saturation gain
     return lut_h, lut_s, lut_v
 
 
-def apply_hsv_reference(img: np.ndarray, gains: Sequence[float]) -> np.ndarray:
-    """YOLOv9 ``augment_hsv`` with given gains, on an RGB uint8 HWC image, in place (stock path)."""
+def apply_hsv_reference(img: np.ndarray, gains: Sequence[float], rule: Recipe = "yolov9") -> np.ndarray:
+    """YOLOv9 ``augment_hsv`` (or ``rule``'s tables) with given gains, on an RGB uint8 HWC image, in place
+    (stock path)."""
     if _is_identity(gains):
         return img
-    lut_h, lut_s, lut_v = hsv_luts(gains)
+    lut_h, lut_s, lut_v = hsv_luts(gains, rule)
     h, s, v = cv2.split(cv2.cvtColor(img, cv2.COLOR_RGB2HSV))
     hsv = cv2.merge((cv2.LUT(h, lut_h), cv2.LUT(s, lut_s), cv2.LUT(v, lut_v)))
     cv2.cvtColor(hsv, cv2.COLOR_HSV2RGB, dst=img)
@@ -81,22 +94,22 @@ def _exact_transform(gains: Sequence[float]) -> np.ndarray | None:
     return None
 
 
-def apply_hsv(img: np.ndarray, gains: Sequence[float]) -> np.ndarray:
-    """YOLOv9 HSV gains on an RGB uint8 HWC image, in place; bit-identical to
+def apply_hsv(img: np.ndarray, gains: Sequence[float], rule: Recipe = "yolov9") -> np.ndarray:
+    """HSV gains (``rule``'s tables) on an RGB uint8 HWC image, in place; bit-identical to
     :func:`apply_hsv_reference` and faster (see the module docstring).
 
     The HSV image lives in a reused scratch buffer (a fresh 1.2 MB array per call costs page faults).
     """
     if _is_identity(gains):
         return img
-    return _apply_hsv_middle(img, _hsv_middle(gains))
+    return _apply_hsv_middle(img, _hsv_middle(gains, rule))
 
 
-def _hsv_middle(gains: Sequence[float]) -> np.ndarray:
-    """The middle step for ``gains``: a float64 3x4 ``cv2.transform`` matrix (exact, OpenCV >= 5)
-    or the three tables as one uint8 ``[1, 256, 3]`` ``cv2.LUT`` table."""
-    m = _exact_transform(gains) if TRANSFORM_MIDDLE else None
-    return m if m is not None else np.stack(hsv_luts(gains), -1).reshape(1, 256, 3)
+def _hsv_middle(gains: Sequence[float], rule: Recipe = "yolov9") -> np.ndarray:
+    """The middle step for ``gains``: a float64 3x4 ``cv2.transform`` matrix (exact, OpenCV >= 5, YOLOv9's
+    rule) or the three tables as one uint8 ``[1, 256, 3]`` ``cv2.LUT`` table."""
+    m = _exact_transform(gains) if TRANSFORM_MIDDLE and rule == "yolov9" else None
+    return m if m is not None else np.stack(hsv_luts(gains, rule), -1).reshape(1, 256, 3)
 
 
 def _apply_hsv_middle(img: np.ndarray, middle: np.ndarray) -> np.ndarray:
@@ -110,7 +123,7 @@ def _apply_hsv_middle(img: np.ndarray, middle: np.ndarray) -> np.ndarray:
     return img
 
 
-def apply_hsv_in_box(img: np.ndarray, gains: Sequence[float], box: Rect | None) -> np.ndarray:
+def apply_hsv_in_box(img: np.ndarray, gains: Sequence[float], box: Rect | None, rule: Recipe = "yolov9") -> np.ndarray:
     """:func:`apply_hsv` on an image whose pixels outside ``box`` all hold one colour (a mosaic's grey border; None: the whole image is that colour), in place.
 
     Only the rows ``y0:y1`` are converted and the other rows get that colour's own HSV result
@@ -123,10 +136,10 @@ def apply_hsv_in_box(img: np.ndarray, gains: Sequence[float], box: Rect | None) 
     y0, y1 = (0, 0) if box is None else (max(box.y0, 0), min(box.y1, h))
     aligned = (y0 * w) % 64 == 0 and ((y1 * w) % 64 == 0 or y1 == h)  # same vector blocks as the whole image
     if (y0 <= 0 and y1 >= h) or not aligned or not img.flags.c_contiguous:
-        return apply_hsv(img, gains)
+        return apply_hsv(img, gains, rule)
     if _is_identity(gains):
         return img
-    middle = _hsv_middle(gains)  # once for the border patch and the rows
+    middle = _hsv_middle(gains, rule)  # once for the border patch and the rows
     corner = img[0, 0] if y0 > 0 else img[h - 1, 0]  # a border pixel
     patch = np.empty((1, 64, 3), np.uint8)
     patch[...] = corner

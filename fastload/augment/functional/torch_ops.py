@@ -5,7 +5,8 @@ HSV->RGB) for a batch of CHW uint8 images with per-image gains:
 
 * RGB -> HSV uses OpenCV's own fixed-point formulation of the 8-bit conversion (12-bit division
   tables), in int32, so H, S and V equal ``cv2.cvtColor(..., COLOR_RGB2HSV)`` exactly;
-* the tables are computed in float64 exactly as YOLOv9 does and applied with ``gather``;
+* the tables are computed in float64 exactly as YOLOv9 does (or, with ``rule="ultralytics"``, as
+  Ultralytics' additive hue: :func:`fastload.augment.functional.color.hsv_luts`) and applied with ``gather``;
 * HSV -> RGB follows OpenCV's float32 formula (sector table, S and V scaled by 1/255, result
   times 255 *truncated*, as OpenCV's 8-bit path does); over all 180*256*256 HSV triples it
   differs from ``cv2.cvtColor(..., COLOR_HSV2RGB)`` by one grey level on 5e-5 of them (float
@@ -18,6 +19,8 @@ Images are processed in chunks of ``chunk`` images to bound the int32 / float32 
 from __future__ import annotations
 
 import torch
+
+from fastload.augment.params import Recipe
 
 __all__ = ["apply_hsv_batch", "rgb_to_hsv8", "hsv8_to_rgb"]
 
@@ -69,22 +72,31 @@ def hsv8_to_rgb(h: torch.Tensor, s: torch.Tensor, v: torch.Tensor) -> torch.Tens
     return torch.trunc(out * 255).clamp_(0, 255).to(torch.uint8)
 
 
-def _tables(gains: torch.Tensor) -> torch.Tensor:
-    """int64 [B, 3, 256] YOLOv9 tables (hue mod 180, S/V clipped), computed in float64."""
+def _tables(gains: torch.Tensor, rule: Recipe = "yolov9") -> torch.Tensor:
+    """int64 [B, 3, 256] tables of ``rule`` (hue mod 180, S/V clipped), computed in float64."""
     x = torch.arange(256, dtype=torch.float64, device=gains.device)
-    t = x * gains.to(torch.float64)[:, :, None]
-    hue = torch.remainder(torch.floor(t[:, 0]), 180)
+    g = gains.to(torch.float64)[:, :, None]
+    t = x * g
+    if rule == "ultralytics":  # floor, then mod: the same level as numpy's mod, then truncation
+        hue = torch.remainder(torch.floor(x + (g[:, 0] - 1.0) * 180), 180)
+    elif rule == "yolov9":
+        hue = torch.remainder(torch.floor(t[:, 0]), 180)
+    else:
+        raise ValueError(f"HSV rule must be 'yolov9' or 'ultralytics', got {rule!r}")
     sv = torch.floor(t[:, 1:].clamp(0, 255))
+    if rule == "ultralytics":
+        sv[:, 0, 0] = 0  # saturation 0 stays 0 (a grey pixel stays grey)
     return torch.cat((hue[:, None], sv), dim=1).to(torch.int64)
 
 
-def apply_hsv_batch(imgs: torch.Tensor, gains: torch.Tensor, *, chunk: int = 16) -> torch.Tensor:
-    """YOLOv9 HSV gains on uint8 [B, 3, H, W] RGB images (any device); returns a new tensor.
+def apply_hsv_batch(imgs: torch.Tensor, gains: torch.Tensor, *, rule: Recipe = "yolov9", chunk: int = 16) -> torch.Tensor:
+    """YOLOv9 HSV gains (or ``rule``'s tables) on uint8 [B, 3, H, W] RGB images (any device); returns a new tensor.
 
     Args:
         imgs: uint8 [B, 3, H, W] RGB.
         gains: float [B, 3] ``(gh, gs, gv)`` per image (rows of exactly 1 are left untouched). Pass them on the
             host, as the parameter records hold them: choosing the images to touch then needs no device sync.
+        rule: the records' ``hsv_rule`` (``"yolov9"``: multiplied hue; ``"ultralytics"``: added hue).
         chunk: images per step (bounds the temporaries: about 60 bytes per pixel).
     """
     if imgs.dtype != torch.uint8 or imgs.dim() != 4 or imgs.shape[1] != 3:
@@ -97,7 +109,7 @@ def apply_hsv_batch(imgs: torch.Tensor, gains: torch.Tensor, *, chunk: int = 16)
     if active_host.numel() == 0:
         return out
     active = active_host.to(imgs.device, non_blocking=True)
-    tables = _tables(host_gains[active_host]).to(imgs.device, non_blocking=True)
+    tables = _tables(host_gains[active_host], rule).to(imgs.device, non_blocking=True)
     for k in range(0, active.numel(), chunk):
         sel = active[k : k + chunk]
         tab = tables[k : k + chunk]

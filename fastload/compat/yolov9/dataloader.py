@@ -10,56 +10,16 @@ from typing import Any, Iterator
 
 import torch
 
+from fastload.compat.ranks import shard_of
+from fastload.compat.stores import open_split_store, split_config
 from fastload.compat.yolov9.options import CompatOptions
-from fastload.data.config import DataConfig, load_data_config
 from fastload.data.device import resolve_device
 from fastload.engines.factory import SAMPLE_ID_ENGINES, engine_class
 from fastload.fastloader import loader as make_loader
-from fastload.store.base import Store
-from fastload.store.factory import open_store
-from fastload.store.kinds import KINDS
 
 LOG = logging.getLogger(__name__)
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
-
-
-def _data_config(path: Any) -> DataConfig:
-    """A DataConfig whose ``train`` split is the image folder / list file(s) YOLOv9 passes."""
-    sources = [Path(p) for p in (path if isinstance(path, (list, tuple)) else [path])]
-    for p in sources:
-        if not p.exists():
-            raise FileNotFoundError(f"create_dataloader: {p} does not exist (expected an image folder or a .txt list)")
-    root = sources[0].parent if sources else Path.cwd()
-    # the class count is unknown here (YOLOv9 checks labels against nc in the trainer): accept any class id
-    return DataConfig(yaml_path=None, root=root, splits={"train": sources}, names=[], nc=2**31 - 1)
-
-
-def _converted_split(converted: DataConfig, sources: list[Path]) -> str:
-    """The split of a ``fastload convert`` config whose image sources are the ones the trainer passes."""
-    want = sorted(str(p.resolve()) for p in sources)
-    for split, paths in converted.splits.items():
-        if sorted(str(Path(p).resolve()) for p in paths) == want:
-            return split
-    have = ", ".join(f"{s}: {[str(p) for p in ps]}" for s, ps in converted.splits.items())
-    raise ValueError(f"fastload.compat.yolov9: store={converted.origin} has no split with the images "
-                     f"{[str(p) for p in sources]} (it has {have})")
-
-
-def _open_store(path: Any, cache: Any, imgsz: int, store: str) -> Store:
-    cfg = _data_config(path)
-    ram = cache is True or str(cache).lower() == "ram"
-    if store == "auto" or store in KINDS:
-        kind = ("ram" if ram else "auto") if store == "auto" else store
-        return open_store(cfg, "train", kind=kind, imgsz=imgsz)
-    target = Path(store)
-    if target.is_dir():
-        target = target / "data.yaml"
-    if not target.is_file():
-        raise ValueError(f"fastload.compat.yolov9: store={store!r} is neither a store kind (auto, {', '.join(KINDS)}) "
-                         f"nor a data.yaml written by `fastload convert`")
-    converted = load_data_config(target)
-    split = _converted_split(converted, cfg.splits["train"])
-    return open_store(converted, split, kind="ram" if ram else "auto", imgsz=imgsz)
+OWNER = "fastload.compat.yolov9"
 
 
 def _device(opts: CompatOptions) -> torch.device | None:
@@ -126,11 +86,10 @@ def create_dataloader(
         LOG.warning("%s--rect is incompatible with shuffle, setting shuffle=False", prefix)
         shuffle = False
     device = _device(opts)
-    # auto: on the device with the batch when there is one, else the engine's default (None)
-    hsv = opts.hsv if opts.hsv != "auto" else ("consumer" if device is not None else None)
-    if not augment:  # validation draws no HSV gains: nothing to apply anywhere, the engine's default does
-        hsv = None
-    store = _open_store(path, cache, imgsz, opts.store)
+    chosen = opts.loader_keywords(augment=augment, rect=rect, device=device)
+    ram = cache is True or str(cache).lower() == "ram"
+    store = open_split_store(split_config(path, owner=OWNER), kind="ram" if ram else "auto", imgsz=imgsz,
+                             store=opts.store, owner=OWNER)
     try:
         n = len(store)
         batch_size = max(1, min(batch_size, n))
@@ -138,15 +97,13 @@ def create_dataloader(
         nw = opts.num_workers
         if nw is None and engine.renderers == "workers":  # the official rule, for engines that have worker processes
             nw = min((os.cpu_count() or 1) // max(nd, 1), batch_size if batch_size > 1 else 0, workers)
-        world = int(os.environ.get("WORLD_SIZE", "1"))
-        global_rank = int(os.environ.get("RANK", rank)) if rank != -1 else -1
+        global_rank, world = shard_of(rank)
         fl = make_loader(
             store,
             imgsz=imgsz,
             batch_size=batch_size,
             hyp=hyp,
             augment=augment,
-            engine=opts.engine,
             workers=nw,
             shuffle=shuffle,
             rect=rect,
@@ -154,16 +111,10 @@ def create_dataloader(
             pad=pad if rect else None,  # the official loader pads rect batch shapes only
             seed=opts.seed,
             rank=global_rank,
-            world_size=world if global_rank != -1 else 1,
+            world_size=world,
             min_items=min_items,
             single_cls=single_cls,
-            device=device,
-            hsv_on=hsv,
-            # a CPU-engine option: another engine refuses it (EngineOptionError) rather than dropping it
-            engine_options={"decode_scale": "reduced"} if opts.reduced_decode else None,
-            # validation loaders draw no partners (the loader refuses "batch" where no mosaic is drawn)
-            partners=opts.partners if opts.partners != "auto" and augment and not rect else None,
-            strict=opts.strict,
+            **chosen,
         )
     except BaseException:
         store.close()
@@ -173,7 +124,8 @@ def create_dataloader(
         top = max((int(lb[:, 0].max()) for lb in ds.labels if len(lb)), default=0)
         ds.names = ["item"] if single_cls else [str(i) for i in range(top + 1)]
     LOG.info("%sfastload: %d images, %d batches of %d, %d workers, %s store, %s engine, HSV %s, batches on %s",
-             prefix, ds.n, len(fl), batch_size, fl.num_workers, store.kind, opts.engine, hsv if augment else "off",
+             prefix, ds.n, len(fl), batch_size, fl.num_workers, store.kind, opts.engine,
+             (chosen["hsv_on"] or engine.hsv_modes[0]) if augment else "off",
              device if device is not None else "cpu")
     if opts.batch_log:
         return BatchLog(fl, opts.batch_log, prefix=_ANSI.sub("", prefix).strip().rstrip(":")), ds

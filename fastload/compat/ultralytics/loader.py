@@ -1,0 +1,319 @@
+"""Ultralytics' train and validation loaders, built by :func:`fastload.loader` from the trainer's arguments.
+
+Nothing here imports ``ultralytics``: :func:`build_loader` reads the trainer's argument namespace and
+returns an :class:`UltralyticsLoader`, which yields Ultralytics' batch dict and answers what its trainer
+and validator ask a loader and its dataset. :mod:`fastload.compat.ultralytics.trainer` plugs it in.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import os
+from dataclasses import dataclass
+from typing import Any, Iterator, Mapping
+
+import numpy as np
+import torch
+
+from fastload.augment.hyp import AUGMENT_KEYS
+from fastload.compat.ranks import shard_of
+from fastload.compat.stores import open_split_store, split_config
+from fastload.compat.ultralytics.options import OWNER, RECIPES, UltralyticsOptions
+from fastload.compat.yolov9.dataloader import BatchLog
+from fastload.data.device import resolve_device
+from fastload.engines.base import Batch
+from fastload.engines.factory import engine_class
+from fastload.fastloader import FastLoader
+from fastload.fastloader import loader as make_loader
+from fastload.store.base import Store
+from fastload.store.view import StoreView
+
+LOG = logging.getLogger(__name__)
+
+
+class UnsupportedArgument(ValueError):
+    """A trainer argument fastload cannot honour: one line naming it, its value and what to do instead."""
+
+
+@dataclass(frozen=True)
+class LoaderRequest:
+    """One loader the trainer or validator asks for (``get_dataloader``'s arguments and the model's stride)."""
+
+    img_path: Any
+    batch_size: int
+    mode: str  # "train" (augmented, shuffled) or "val"
+    rect: bool
+    stride: int
+    rank: int = -1
+    device: torch.device | None = None  # the trainer's device
+
+
+def _arg(args: Any, name: str, default: Any = None) -> Any:
+    return getattr(args, name, default)
+
+
+def _fraction(args: Any, mode: str) -> float | int:
+    """The share of a split's images Ultralytics uses: ``fraction`` for training (a list: one per split)."""
+    value = _arg(args, "fraction", 1.0)
+    if isinstance(value, (list, tuple)):
+        k = 0 if mode == "train" else 1
+        value = value[k] if k < len(value) else 1.0
+    elif mode != "train":
+        value = 1.0
+    if not isinstance(value, bool) and value == 1:  # 1 means every image, as 1.0 (not one image)
+        value = 1.0
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0 or (
+            isinstance(value, float) and value > 1):
+        raise UnsupportedArgument(f"{OWNER}: fraction={value!r} must be a share in (0, 1] or an image count >= 1")
+    return value
+
+
+def check_arguments(args: Any, data: Mapping[str, Any], mode: str, opts: UltralyticsOptions) -> None:
+    """Refuse, in one line, a trainer argument that a fastload loader would not honour."""
+    def refuse(what: str, why: str) -> None:
+        raise UnsupportedArgument(f"{OWNER}: {what}: {why}")
+
+    if _arg(args, "task", "detect") != "detect":
+        refuse(f"task={args.task!r}", "only detection is served (segment, pose, obb, classify: use Ultralytics' loader)")
+    if int(data.get("channels", 3)) != 3:
+        refuse(f"channels={data.get('channels')}", "fastload delivers 3-channel RGB images")
+    imgsz = _arg(args, "imgsz", 640)
+    if isinstance(imgsz, bool) or not isinstance(imgsz, int):
+        refuse(f"imgsz={imgsz!r}", "one integer size is supported (the long side; training batches are square)")
+    if mode != "train":
+        return
+    for name in ("copy_paste", "cutmix", "bgr"):
+        if float(_arg(args, name, 0.0) or 0.0) > 0:
+            refuse(f"{name}={_arg(args, name)}", "not implemented in fastload's augmentation; set it to 0")
+    if _arg(args, "augmentations"):
+        refuse("augmentations=[...]", "custom Albumentations transforms are not applied by fastload; drop them")
+    if opts.recipe is None:
+        refuse("augmented training", "Ultralytics' own augmentation recipe is implemented only in part (its loaded-"
+               "image size and mosaic buffer are not); pass fastload_recipe='ultralytics' (or FASTLOAD_RECIPE) to "
+               f"draw that part, or 'yolov9' for YOLOv9's recipe, with these hyperparameters (recipes: {', '.join(RECIPES)})")
+    if opts.recipe is not None and opts.recipe not in engine_class(opts.engine).recipes:
+        refuse(f"fastload_recipe={opts.recipe!r} with fastload_engine={opts.engine!r}", "that engine applies only "
+               f"{', '.join(map(repr, engine_class(opts.engine).recipes))}; use another fastload_engine")
+
+
+def _labels_view(base: Store, args: Any, mode: str) -> StoreView:
+    """The images and labels Ultralytics' dataset would hold: the first ``fraction`` of the sorted images,
+    labels of ``classes`` only, every class 0 with ``single_cls``."""
+    fraction = _fraction(args, mode)
+    n = len(base)
+    count = fraction if isinstance(fraction, int) else max(1, round(n * fraction))
+    keep = np.arange(min(count, n), dtype=np.int64)
+    classes = _arg(args, "classes")
+    single = bool(_arg(args, "single_cls", False))
+    labels = []
+    for i in keep.tolist():
+        lb = np.asarray(base.labels[i], np.float32).reshape(-1, 5)
+        if classes is not None:
+            lb = lb[np.isin(lb[:, 0], np.asarray(classes, np.float32).reshape(-1))]
+        if single:
+            lb = lb.copy()
+            lb[:, 0] = 0
+        labels.append(lb)
+    return StoreView(base, keep, labels)
+
+
+def _workers(args: Any, opts: UltralyticsOptions, req: LoaderRequest, n: int, batch_size: int) -> int:
+    """Ultralytics' worker count (trainer: ``workers``, validation: twice that, never more than the batches);
+    the gpu engine has no worker processes."""
+    if opts.num_workers is not None:
+        return opts.num_workers
+    if engine_class(opts.engine).renderers != "workers":  # no worker processes (gpu: one host thread)
+        return 0
+    device = req.device
+    nd = torch.cuda.device_count() if device is not None and device.type == "cuda" else 0
+    workers = int(_arg(args, "workers", 8)) * (1 if req.mode == "train" else 2)
+    batches = math.ceil(n / batch_size)
+    return min((os.cpu_count() or 1) // max(nd, 1), workers, 0 if batches <= 1 else batches)
+
+
+def _device(opts: UltralyticsOptions, req: LoaderRequest) -> torch.device | None:
+    """Where batches go: the trainer's CUDA device (``auto``; None, the CPU without a copy, elsewhere) or as asked."""
+    if opts.device is None:
+        return None
+    if opts.device == "auto":
+        return req.device if req.device is not None and req.device.type == "cuda" else None
+    return resolve_device(opts.device, OWNER, instead="fastload_device=None")
+
+
+def build_loader(args: Any, data: Mapping[str, Any], req: LoaderRequest, opts: UltralyticsOptions) -> "UltralyticsLoader":
+    """The fastload loader Ultralytics' ``get_dataloader`` returns for ``req``, from the trainer's ``args``
+    (its argument namespace) and ``data`` (its checked data dict: ``names``, ``nc``, ``channels``)."""
+    augment = req.mode == "train"
+    check_arguments(args, data, req.mode, opts)
+    imgsz = int(args.imgsz)
+    cache = _arg(args, "cache", False)
+    cache = "ram" if cache is True else (str(cache).lower() if cache else "")
+    if cache not in ("", "ram", "disk"):
+        raise UnsupportedArgument(f"{OWNER}: cache={args.cache!r}: choose ram, disk or False")
+    if cache == "disk" and opts.store == "auto":
+        raise UnsupportedArgument(
+            f"{OWNER}: cache='disk' reads fastload's packed disk store: make it once with `fastload convert "
+            f"{data.get('yaml_file') or 'data.yaml'} --to disk --imgsz {imgsz} --out DIR` and pass "
+            "fastload_store='DIR/data.yaml' (or FASTLOAD_STORE)")
+    names = data.get("names") or {}
+    names = [names[k] for k in sorted(names)] if isinstance(names, Mapping) else list(names)
+    cfg = split_config(req.img_path, owner=OWNER, names=names, nc=int(data.get("nc") or len(names) or 1))
+    base = open_split_store(cfg, kind=cache or "auto", imgsz=imgsz, store=opts.store, owner=OWNER)
+    try:
+        view = _labels_view(base, args, req.mode)
+        batch_size = max(1, min(int(req.batch_size), len(view)))
+        device = _device(opts, req)
+        chosen = opts.loader_keywords(augment=augment, rect=req.rect, device=device)
+        # validation is always Ultralytics' letterbox (boxes moved by the integer pad), whatever trains
+        recipe = opts.recipe if augment else "ultralytics"
+        rank, world = shard_of(req.rank)
+        hyp = {k: float(getattr(args, k)) for k in AUGMENT_KEYS}
+        fl = make_loader(
+            view,
+            imgsz=imgsz,
+            batch_size=batch_size,
+            hyp=hyp,
+            augment=augment,
+            workers=_workers(args, opts, req, len(view), batch_size),
+            shuffle=augment and not req.rect,
+            rect=req.rect,
+            stride=int(req.stride),
+            pad=(0.0 if augment else 0.5) if req.rect else None,  # Ultralytics pads rect batch shapes only
+            seed=int(args.seed) if opts.seed is None else opts.seed,
+            rank=rank,
+            world_size=world,
+            drop_last=augment and bool(_arg(args, "compile", False)),
+            # Ultralytics moves the model to channels-last on CUDA only
+            layout="nhwc" if device is not None and device.type == "cuda" else "nchw",
+            recipe=recipe,
+            **chosen,
+        )
+    except BaseException:
+        base.close()
+        raise
+    summary = (f"fastload: {fl.n} images, {len(fl)} batches of {batch_size}, {fl.num_workers} workers, {base.kind} "
+               f"store, {opts.engine} engine, HSV {chosen['hsv_on'] if augment else 'off'}, batches on "
+               f"{device if device is not None else 'cpu'}")
+    LOG.info("%s %s loader: %s", OWNER, req.mode, summary)
+    source: Any = BatchLog(fl, opts.batch_log, prefix=req.mode) if opts.batch_log else fl
+    return UltralyticsLoader(fl, source, view, summary=summary)
+
+
+class UltralyticsDataset:
+    """``loader.dataset`` as Ultralytics' trainer and validator read it.
+
+    ``labels``: one dict per image (``im_file``, ``shape`` (h, w), ``cls`` float32 [n, 1], ``bboxes`` float32
+    [n, 4] normalised xywh, ``segments``, ``normalized``, ``bbox_format``): its label plots, class counts
+    and ``max_det`` check. ``im_files``, ``len()``, ``mosaic`` and ``close_mosaic(hyp)`` (what its
+    ``close_mosaic`` epochs call) switch fastload's mosaic and mixup off. No ``__getitem__``: fastload
+    renders whole batches.
+    """
+
+    def __init__(self, fl: FastLoader, view: StoreView) -> None:
+        self._fl = fl
+        ds = fl.dataset
+        self.im_files = list(ds.im_files)
+        self.labels = [
+            {"im_file": f, "shape": (int(h), int(w)), "cls": lb[:, 0:1].copy(), "bboxes": lb[:, 1:5].copy(),
+             "segments": [], "keypoints": None, "normalized": True, "bbox_format": "xywh"}
+            for f, (h, w), lb in zip(ds.im_files, ds.hw.tolist(), ds.labels)
+        ]
+        self.ni = len(self.im_files)
+        self.imgsz = ds.img_size
+        self.augment = ds.augment
+        self.rect = ds.rect
+        self.batch_shapes = ds.batch_shapes
+        self.names = list(view.names)
+
+    def __len__(self) -> int:
+        return self.ni
+
+    @property
+    def mosaic(self) -> bool:
+        return self._fl.dataset.mosaic
+
+    @mosaic.setter
+    def mosaic(self, value: bool) -> None:
+        self._fl.dataset.mosaic = value
+
+    def close_mosaic(self, hyp: Any = None) -> None:
+        """Mosaic and mixup off from the next batch on (Ultralytics' ``close_mosaic`` epochs); ``hyp`` is the
+        trainer's argument copy, which Ultralytics' own dataset rebuilds its transforms from."""
+        self._fl.close_mosaic()
+
+
+class UltralyticsLoader:
+    """What Ultralytics' trainer and validator use of a loader, fed by a :class:`~fastload.fastloader.FastLoader`.
+
+    Iterating yields Ultralytics' batch dict (:func:`to_batch_dict`); ``len()`` (batches per epoch),
+    ``batch_size``, ``drop_last``, ``num_workers``, ``sampler`` (``len()``: this rank's images of the
+    epoch; ``set_epoch(epoch)`` under DDP), ``dataset`` (:class:`UltralyticsDataset`), ``reset()`` and
+    ``close()``.
+    """
+
+    def __init__(self, fl: FastLoader, source: Any, view: StoreView, *, summary: str = "") -> None:
+        self.loader = fl
+        self.summary = summary  # one line for the trainer's log
+        self._source = source  # fl, or fl seen through the batch log
+        self._view = view
+        self.dataset = UltralyticsDataset(fl, view)
+        self.sampler = fl.sampler
+        self.batch_size = fl.batch_size
+        self.drop_last = fl.drop_last
+        self._hw0 = {f: (int(h), int(w)) for f, (h, w) in zip(fl.dataset.im_files, fl.dataset.hw.tolist())}
+
+    @property
+    def num_workers(self) -> int:
+        return self.loader.num_workers
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        for batch in self._source:
+            yield to_batch_dict(batch, self._hw0)
+
+    def reset(self) -> None:
+        """Nothing to rebuild: a closed mosaic reaches fastload's workers with their next batch, and batches of
+        the next epoch rendered ahead with mosaic are dropped, not delivered (Ultralytics restarts its workers)."""
+
+    def close(self) -> None:
+        """Stop the workers and release the store (a ram store's shared memory goes with its last user)."""
+        self.loader.close()
+        self._view.close()
+
+    def stats(self) -> dict[str, Any]:
+        """fastload's counters (:meth:`fastload.fastloader.FastLoader.stats`)."""
+        return self.loader.stats()
+
+
+def to_batch_dict(batch: Batch, hw0: Mapping[str, tuple[int, int]]) -> dict[str, Any]:
+    """Ultralytics' batch dict from a fastload (YOLOv9) batch ``(imgs, targets, paths, shapes)``.
+
+    ``img`` uint8 [B, 3, H, W] RGB; ``cls`` float32 [N, 1]; ``bboxes`` float32 [N, 4] normalised xywh;
+    ``batch_idx`` float32 [N]; per image ``im_file``, ``ori_shape`` (h0, w0), ``resized_shape`` (H, W, what
+    Ultralytics' last geometric step leaves: the batch's size) and ``ratio_pad`` (``((h / h0, w / w0),
+    (left, top))``, the letterbox's integer pad; None for a mosaic sample, which Ultralytics gives none).
+    ``hw0``: the original (h0, w0) of every image file.
+    """
+    imgs, targets, paths, shapes = batch
+    out_hw = (int(imgs.shape[2]), int(imgs.shape[3]))
+    ratio_pad: list[Any] = []
+    for entry in shapes:
+        if entry is None:
+            ratio_pad.append(None)
+            continue
+        (h0, w0), ((rh, rw), (dw, dh)) = entry
+        # YOLOv9's entry holds the float pad; the pixels (and Ultralytics' ratio_pad) moved by round(pad - 0.1)
+        ratio_pad.append(((float(rh), float(rw)), (int(round(dw - 0.1)), int(round(dh - 0.1)))))
+    return {
+        "img": imgs,
+        "cls": targets[:, 1:2].contiguous(),
+        "bboxes": targets[:, 2:6].contiguous(),
+        "batch_idx": targets[:, 0].contiguous(),
+        "im_file": tuple(paths),
+        "ori_shape": tuple(hw0[p] for p in paths),
+        "resized_shape": tuple(out_hw for _ in paths),
+        "ratio_pad": tuple(ratio_pad),
+    }
+

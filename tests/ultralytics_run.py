@@ -1,0 +1,53 @@
+"""One Ultralytics run for tests/test_compat_ultralytics.py, in its own process (Ultralytics keeps global
+settings and callbacks): ``python ultralytics_run.py DATA_YAML OUT_DIR``.
+
+Trains yolov9t (built from its yaml, no weights) for 2 epochs with ``close_mosaic=1``, ``cache="ram"`` and
+rect validation through :class:`FastloadTrainer`, draws its label plot (from ``dataset.labels``), then
+validates the run's best.pt twice, with Ultralytics' own validation loader and with
+:class:`FastloadValidator`, and writes ``OUT_DIR/summary.json``.
+The environment (set by the test) keeps it offline: YOLO_OFFLINE, YOLO_CONFIG_DIR in the test's folder.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+
+def main(data: str, out: Path) -> None:
+    torch.set_num_threads(1)
+    from ultralytics import YOLO
+
+    from fastload.compat.ultralytics import FastloadTrainer, FastloadValidator
+
+    common = {"data": data, "imgsz": 64, "device": "cpu", "workers": 0, "verbose": False}
+    model = YOLO("yolov9t.yaml")
+    stores: dict[str, str] = {}
+
+    def note_stores(trainer) -> None:  # on_train_end: before the trainer closes its loaders
+        stores.update(train=trainer.train_loader.stats()["store"], val=trainer.test_loader.stats()["store"])
+
+    model.add_callback("on_train_end", note_stores)
+    # plots=False: Ultralytics' metric plots cost seconds; its label plot (from dataset.labels) is drawn below
+    model.train(**common, epochs=2, batch=8, close_mosaic=1, cache="ram", project=str(out / "runs"), name="train",
+                exist_ok=True, plots=False, amp=False, pretrained=False, trainer=FastloadTrainer,
+                fastload_recipe="ultralytics", fastload_batch_log=str(out / "batches.jsonl"))
+    trainer = model.trainer
+    trainer.plot_training_labels()
+    best = Path(trainer.best)
+    summary = {"save_dir": str(trainer.save_dir), "best": str(best),
+               "train_loader": type(trainer.train_loader).__name__, "val_loader": type(trainer.test_loader).__name__, "stores": stores}
+    for name, validator in (("ultralytics", None), ("fastload", FastloadValidator)):
+        extra = {"validator": validator, "fastload_workers": 0} if validator else {}
+        metrics = YOLO(str(best)).val(**common, batch=8, plots=False, project=str(out / "runs"), name=f"val_{name}",
+                                      exist_ok=True, **extra)
+        summary[name] = {"results": {k: float(v) for k, v in metrics.results_dict.items()},
+                         "seen": int(metrics.seen) if hasattr(metrics, "seen") else None,
+                         "nt": [int(x) for x in getattr(metrics, "nt_per_class", [])]}
+    (out / "summary.json").write_text(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], Path(sys.argv[2]))
