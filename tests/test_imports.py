@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import os
 import random
 import subprocess
 import sys
@@ -162,11 +163,14 @@ def _import_runs(body: list[ast.stmt]):
 
 
 @pytest.mark.parametrize("seed", [0, 1])
-def test_every_module_imports_in_a_fresh_interpreter_in_random_order(seed):
+def test_every_module_imports_in_a_fresh_interpreter_in_random_order(seed, tmp_path):
     order = list(IMPORTABLE)
     random.Random(seed).shuffle(order)
     code = "import importlib, sys\nfor m in sys.argv[1:]:\n    importlib.import_module(m)\n"
-    res = subprocess.run([sys.executable, "-c", code, *order], cwd=REPO, capture_output=True, text=True, timeout=300)
+    # importing ultralytics writes its settings file and may look for updates: a temporary folder, offline
+    env = dict(os.environ, YOLO_CONFIG_DIR=str(tmp_path), YOLO_OFFLINE="1")
+    res = subprocess.run([sys.executable, "-c", code, *order], cwd=REPO, env=env, capture_output=True, text=True,
+                         timeout=300)
     assert res.returncode == 0, f"import order (seed {seed}): {order}\n{res.stderr[-3000:]}"
 
 

@@ -79,6 +79,7 @@ class FakeSampler:
     max_out_hw = (IMGSZ, IMGSZ)
     partners = "dataset"
     augment = True  # engines pick the loaded-image shrink filter from it
+    recipe = "yolov9"  # the colour rule the engines apply HSV with
 
     def __init__(self, n: int, seed: int = 0, die_on: int | None = None, fail_on: int | None = None) -> None:
         self.n, self.seed, self.closed = n, seed, False
@@ -393,8 +394,9 @@ def test_decode_cache_bound_and_off():
 def test_consumer_hsv_returns_gains(monkeypatch):
     calls = []
 
-    def apply_hsv_batch(imgs, gains):
+    def apply_hsv_batch(imgs, gains, rule):
         calls.append(gains.clone())
+        assert rule == "yolov9"  # the sampler's recipe decides the colour rule
         return imgs
 
     monkeypatch.setattr(engine_base, "apply_hsv_batch", apply_hsv_batch)

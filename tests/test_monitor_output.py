@@ -21,14 +21,16 @@ from store_helpers import run_cli
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
 
-# A child drawing a tqdm-style bar on stderr: "\r" then the bar, never a newline until it ends.
+# A child drawing a tqdm-style bar on stderr: "\r" then the bar, never a newline until it ends. Its last state
+# goes out with the closing newline in one write: a row the monitor writes between a bar's last redraw and its
+# newline erases that state on a terminal, and nothing draws it again (the monitor does not know the child's
+# bar); with 10 ms between them a loaded run lost it now and then.
 BAR = textwrap.dedent("""
     import sys, time
     for i in range(150):
-        sys.stderr.write(f"\\rBAR {i:04d} |#####     |")
+        sys.stderr.write(f"\\rBAR {i:04d} |#####     |" + ("\\n" if i == 149 else ""))
         sys.stderr.flush()
         time.sleep(0.01)
-    sys.stderr.write("\\n")
 """)
 ROW = re.compile(r"^ +\d+\.\d +\d+\.\d +\d+\.\d +\d+ +\d+\.\d\d$")  # elapsed cpu% iow% tree% memGiB (no GPU here)
 
