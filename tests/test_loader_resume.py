@@ -84,8 +84,13 @@ def check_resume(data, engine, run):
     for e, k in [(0, 1), (2, 2)]:  # mid-epoch (the run then crosses close_mosaic), in the closed epoch
         with make(data, engine, run) as fl:
             fl.load_state_dict(states[e, k])
-            rest = [clone(b) for b in fl]
+            rest, rest_states = [], []
+            for batch in fl:
+                rest.append(clone(batch))
+                rest_states.append(fl.state_dict())
             assert_identical(rest, epochs[e][k:])
+            # a resumed loader's states are the uninterrupted one's: it can be interrupted and resumed again
+            assert rest_states == [states[e, j] for j in range(k + 1, per_epoch + 1)]
             # none of the k batches before the position was rendered: only the remaining ones were decoded
             stats = fl.stats()
             assert stats["batches"] == per_epoch - k
