@@ -54,13 +54,19 @@ def _digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()[:16]
 
 
-class _Progress:
-    """One iteration's place in its epoch: ``position`` batches of ``order`` delivered so far."""
+def _table_digest(table: np.ndarray | None) -> str | None:
+    """What a state records of an image table (``dataset.indices``); None: no table, the plain order."""
+    return None if table is None else _digest(np.ascontiguousarray(table, "<i8").tobytes())
 
-    def __init__(self, epoch: int, position: int, order: np.ndarray) -> None:
+
+class _Progress:
+    """One iteration's place in its epoch: ``position`` batches delivered so far, of the order drawn with
+    ``table`` (the image table when the iteration began)."""
+
+    def __init__(self, epoch: int, position: int, table: np.ndarray | None) -> None:
         self.epoch = epoch
         self.position = position
-        self.order = order
+        self.table = table
 
     def delivered(self, batch: Batch) -> Batch:
         """Count ``batch`` as delivered (mapped over the engine's batches: it keeps no reference to one)."""
@@ -68,8 +74,8 @@ class _Progress:
         return batch
 
     @functools.cached_property
-    def order_digest(self) -> str:
-        return _digest(self.order.tobytes())
+    def table_digest(self) -> str | None:
+        return _table_digest(self.table)
 
 
 class LoaderDataset:
@@ -159,7 +165,8 @@ class FastLoader:
     ``len(loader)`` is the number of batches per epoch for this rank. Iterating runs the current
     epoch; when an iteration ends the epoch advances by one unless :meth:`set_epoch` is called
     (as the YOLOv9 trainer does under DDP). Use as a context manager or call :meth:`close` to stop
-    the workers (they also stop with the process).
+    the workers (they also stop with the process). :meth:`state_dict` / :meth:`load_state_dict` resume a run
+    in the middle of an epoch (docs/loader.md, "Resuming mid-epoch").
     """
 
     def __init__(self, *, engine: Engine, dataset: Callable[[FastLoader], LoaderDataset], store: Store, n: int,
@@ -188,7 +195,7 @@ class FastLoader:
         self._closed = False
         self.dataset = dataset(self)  # built with its owner, whose image table and mosaic state it shows
         self._running: _Progress | None = None  # the latest iteration, until it ends or the epoch is set
-        self._resume: tuple[int, int, str | None] | None = None  # load_state_dict(): (epoch, position, order)
+        self._resume: tuple[int, int, str | None] | None = None  # load_state_dict(): (epoch, position, table)
 
     # -- order --------------------------------------------------------------------------------------------
     def epoch_order(self, epoch: int) -> np.ndarray:
@@ -283,7 +290,7 @@ class FastLoader:
             self.close_mosaic()
         self._epoch_set = False
         order = self.epoch_order(epoch)
-        progress = self._running = _Progress(epoch, self._resume_position(order), order)
+        progress = self._running = _Progress(epoch, self._resume_position(), self.image_table)
         # workers that finish this epoch's last batches may start the next one (small datasets:
         # otherwise they idle while the consumer finishes the epoch and asks for the next)
         self.engine.expect_next(epoch + 1, self.epoch_order(epoch + 1))
@@ -295,15 +302,16 @@ class FastLoader:
         if not self._epoch_set:  # plain `for epoch: for batch in loader` loops get a new shuffle each time
             self.epoch = epoch + 1
 
-    def _resume_position(self, order: np.ndarray) -> int:
+    def _resume_position(self) -> int:
         """The batches of this epoch to skip: those a loaded state says were delivered, else none."""
         resume, self._resume = self._resume, None
         if resume is None:
             return 0
-        epoch, position, order_digest = resume
-        if order_digest is not None and _digest(order.tobytes()) != order_digest:
-            raise ValueError(f"the order of epoch {epoch} differs from the one the loader state was saved in (another "
-                             "image table, dataset.indices / --image-weights, than the saved run's); cannot resume at "
+        epoch, position, table_digest = resume
+        # checked here, not on load: a trainer sets the epoch's image table (--image-weights) after loading
+        if position and _table_digest(self.image_table) != table_digest:
+            raise ValueError(f"the order of epoch {epoch} differs from the one the loader state was saved in: another "
+                             "image table (dataset.indices, --image-weights) than the saved run's; cannot resume at "
                              f"batch {position}")
         return position
 
@@ -328,20 +336,21 @@ class FastLoader:
         the latest one left unfinished; 0 between epochs), the loader's identity (image count and a digest
         of the image file names and sizes, seed, world size, batch size, shuffle, drop_last, rect, a digest of the
         augmentation settings, partners), the mosaic state, ``rank`` and ``batches`` (for information) and
-        ``order``, a digest of the epoch's order when a position is to be resumed. Save it with the model
+        ``image_table``, a digest of the epoch's image table (``dataset.indices``; None: none). Save it with the model
         (every rank's is the same but for ``rank``) and hand it to :meth:`load_state_dict` of a loader
         built with the same arguments.
         """
         if self._running is not None:
             progress = self._running
             epoch, position = progress.epoch, progress.position
-            order_digest = progress.order_digest if position else None
+            table_digest = progress.table_digest
         elif self._resume is not None:
-            epoch, position, order_digest = self._resume
+            epoch, position, table_digest = self._resume
         else:
-            epoch, position, order_digest = self.epoch, 0, None
+            epoch, position, table_digest = self.epoch, 0, _table_digest(self.image_table)
         return {"format": STATE_FORMAT, "epoch": epoch, "position": position, "batches": len(self),
-                "rank": self.rank, **self._identity, "mosaic_closed": self.mosaic_closed, "order": order_digest}
+                "rank": self.rank, **self._identity, "mosaic_closed": self.mosaic_closed,
+                "image_table": table_digest}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue where :meth:`state_dict` was taken: the next iteration runs the rest of its epoch.
@@ -349,14 +358,14 @@ class FastLoader:
         It yields exactly the batches an uninterrupted loader would have delivered after ``position``, and
         renders none before them (each batch is a function of the seed, the epoch and its indices); the
         epochs after it are as usual. A trainer that calls :meth:`set_epoch` must call it with the saved
-        epoch first. A state of another dataset, seed, world size, batch size, order or augmentation is
+        epoch first. A state of another dataset, seed, world size, batch size, image table or augmentation is
         refused with a ``ValueError`` saying which differs; a state of another rank is taken (every rank
         is at the same place).
         """
         if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
             got = state.get("format") if isinstance(state, dict) else type(state).__name__
             raise ValueError(f"not a fastload loader state: format {got!r}, expected {STATE_FORMAT!r}")
-        missing = [k for k in ("epoch", "position", "mosaic_closed", "order", *_STATE_IDENTITY) if k not in state]
+        missing = [k for k in ("epoch", "position", "mosaic_closed", "image_table", *_STATE_IDENTITY) if k not in state]
         if missing:
             raise ValueError(f"fastload loader state without {', '.join(missing)}")
         for key, what in _STATE_IDENTITY.items():
@@ -371,7 +380,7 @@ class FastLoader:
         if state["mosaic_closed"]:
             self.close_mosaic()
         self.epoch, self._epoch_set, self._running = epoch, False, None
-        self._resume = (epoch, position, state["order"] if position else None)
+        self._resume = (epoch, position, state["image_table"])
 
     @property
     def hsv_gains(self) -> torch.Tensor | None:

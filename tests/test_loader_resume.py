@@ -170,3 +170,35 @@ def test_another_runs_state_is_refused_saying_what_differs(data, tmp_path):
         fl.close_mosaic()
         with pytest.raises(ValueError, match="mosaic on"):
             fl.load_state_dict(state)
+
+
+def test_one_ranks_state_resumes_every_rank(data):
+    """Under DDP a checkpoint is usually written by rank 0 alone: every rank is at the same batch."""
+    run = dict(workers=0, world_size=2)
+    with make(data, "cpu", run, rank=0) as fl:  # 6 images per rank: 2 batches
+
+        it = iter(fl)
+        next(it)
+        state = fl.state_dict()
+    for rank in (0, 1):
+        with make(data, "cpu", run, rank=rank) as fl:
+            expected = [clone(b) for b in fl][1:]
+        with make(data, "cpu", run, rank=rank) as fl:
+            fl.load_state_dict(state)
+            assert_identical([clone(b) for b in fl], expected)
+
+
+def test_an_image_table_resumes_when_the_trainer_sets_it_again(data):
+    run = dict(workers=0)
+    table = [i // 2 for i in range(12)]  # --image-weights: each of the first six images twice
+    with make(data, "cpu", run) as fl:
+        fl.dataset.indices = table
+        expected = [clone(b) for b in fl]
+        fl.set_epoch(0)
+        it = iter(fl)
+        next(it)
+        state = fl.state_dict()
+    with make(data, "cpu", run) as fl:
+        fl.load_state_dict(state)
+        fl.dataset.indices = table  # what the trainer does before the epoch
+        assert_identical([clone(b) for b in fl], expected[1:])
