@@ -7,6 +7,8 @@ It ties the packages together: a store (``fastload.store.open_store``), the augm
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 import logging
 import os
 import warnings
@@ -30,6 +32,50 @@ from fastload.store.kinds import store_kind
 from fastload.store.view import StoreView
 
 LOG = logging.getLogger(__name__)
+
+STATE_FORMAT = "fastload.loader-state/1"
+# what a loader state records of the loader that saved it, with what a mismatch means; a state whose values
+# differ is refused: the remaining batches would not be the interrupted epoch's
+_STATE_IDENTITY = {
+    "images": "the number of images",
+    "dataset": "the dataset (digest of its image file names and sizes)",
+    "seed": "the seed",
+    "world_size": "the world size",
+    "batch_size": "the batch size",
+    "shuffle": "shuffle",
+    "drop_last": "drop_last",
+    "rect": "rect",
+    "augmentation": "the augmentation (digest of imgsz, augment and hyp)",
+    "partners": "partners",
+}
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()[:16]
+
+
+def _table_digest(table: np.ndarray | None) -> str | None:
+    """What a state records of an image table (``dataset.indices``); None: no table, the plain order."""
+    return None if table is None else _digest(np.ascontiguousarray(table, "<i8").tobytes())
+
+
+class _Progress:
+    """One iteration's place in its epoch: ``position`` batches delivered so far, of the order drawn with
+    ``table`` (the image table when the iteration began)."""
+
+    def __init__(self, epoch: int, position: int, table: np.ndarray | None) -> None:
+        self.epoch = epoch
+        self.position = position
+        self.table = table
+
+    def delivered(self, batch: Batch) -> Batch:
+        """Count ``batch`` as delivered (mapped over the engine's batches: it keeps no reference to one)."""
+        self.position += 1
+        return batch
+
+    @functools.cached_property
+    def table_digest(self) -> str | None:
+        return _table_digest(self.table)
 
 
 class LoaderDataset:
@@ -119,7 +165,8 @@ class FastLoader:
     ``len(loader)`` is the number of batches per epoch for this rank. Iterating runs the current
     epoch; when an iteration ends the epoch advances by one unless :meth:`set_epoch` is called
     (as the YOLOv9 trainer does under DDP). Use as a context manager or call :meth:`close` to stop
-    the workers (they also stop with the process).
+    the workers (they also stop with the process). :meth:`state_dict` / :meth:`load_state_dict` resume a run
+    in the middle of an epoch (docs/loader.md, "Resuming mid-epoch").
     """
 
     def __init__(self, *, engine: Engine, dataset: Callable[[FastLoader], LoaderDataset], store: Store, n: int,
@@ -147,6 +194,8 @@ class FastLoader:
         self._epoch_set = False
         self._closed = False
         self.dataset = dataset(self)  # built with its owner, whose image table and mosaic state it shows
+        self._running: _Progress | None = None  # the latest iteration, until it ends or the epoch is set
+        self._resume: tuple[int, int, str | None] | None = None  # load_state_dict(): (epoch, position, table)
 
     # -- order --------------------------------------------------------------------------------------------
     def epoch_order(self, epoch: int) -> np.ndarray:
@@ -208,8 +257,15 @@ class FastLoader:
         Every rank must call it with the same value. With ``close_mosaic=N`` and ``epochs=E`` given
         to :func:`loader`, mosaic closes automatically from epoch ``E - N`` on.
         """
-        self.epoch = int(epoch)
+        epoch = int(epoch)
+        if self._resume is not None and self._resume[0] != epoch:
+            if self._resume[1]:
+                raise ValueError(f"set_epoch({epoch}): the loader state loaded resumes epoch {self._resume[0]} at batch "
+                                 f"{self._resume[1]}; resume the run at that epoch (or build a new loader)")
+            self._resume = None  # a state saved at an epoch's start holds nothing but its epoch
+        self.epoch = epoch
         self._epoch_set = True
+        self._running = None
         if self.close_mosaic_epochs and self.epochs is not None and self.epoch >= self.epochs - self.close_mosaic_epochs:
             self.close_mosaic()
 
@@ -233,12 +289,98 @@ class FastLoader:
         if self.close_mosaic_epochs and self.epochs is not None and epoch >= self.epochs - self.close_mosaic_epochs:
             self.close_mosaic()
         self._epoch_set = False
+        order = self.epoch_order(epoch)
+        progress = self._running = _Progress(epoch, self._resume_position(), self.image_table)
         # workers that finish this epoch's last batches may start the next one (small datasets:
         # otherwise they idle while the consumer finishes the epoch and asks for the next)
         self.engine.expect_next(epoch + 1, self.epoch_order(epoch + 1))
-        yield from self.engine.iter_batches(epoch, self.epoch_order(epoch))
+        # a resumed epoch: the engine is given the remaining batches only, so none before them is rendered
+        # (every batch is a function of the seed, the epoch and its indices, not of its place in the call)
+        yield from map(progress.delivered, self.engine.iter_batches(epoch, order[progress.position * self.batch_size:]))
+        if self._running is progress:
+            self._running = None
         if not self._epoch_set:  # plain `for epoch: for batch in loader` loops get a new shuffle each time
             self.epoch = epoch + 1
+
+    def _resume_position(self) -> int:
+        """The batches of this epoch to skip: those a loaded state says were delivered, else none."""
+        resume, self._resume = self._resume, None
+        if resume is None:
+            return 0
+        epoch, position, table_digest = resume
+        # checked here, not on load: a trainer sets the epoch's image table (--image-weights) after loading
+        if position and _table_digest(self.image_table) != table_digest:
+            raise ValueError(f"the order of epoch {epoch} differs from the one the loader state was saved in: another "
+                             "image table (dataset.indices, --image-weights) than the saved run's; cannot resume at "
+                             f"batch {position}")
+        return position
+
+    # -- checkpointing --------------------------------------------------------------------------------------
+    @functools.cached_property
+    def _identity(self) -> dict[str, Any]:
+        """What a state must match to resume this loader (``_STATE_IDENTITY``); computed once."""
+        ds = self.dataset
+        # file names and original sizes, not the folders: a dataset may move (another mount on another node)
+        names = "\0".join(os.path.basename(f) for f in ds.im_files).encode()
+        augmentation = json.dumps({"imgsz": ds.img_size, "augment": ds.augment, "hyp": ds.hyp}, sort_keys=True,
+                                  default=str)
+        return {"images": self.n, "dataset": _digest(names + np.ascontiguousarray(ds.hw, "<i8").tobytes()), "seed": self.seed,
+                "world_size": self.world_size, "batch_size": self.batch_size, "shuffle": self.shuffle,
+                "drop_last": self.drop_last, "rect": self._rect_batches is not None,
+                "augmentation": _digest(augmentation.encode()), "partners": self.engine.sampler.partners}
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the run is, as a small JSON-able dict (torchdata's ``StatefulDataLoader`` convention).
+
+        ``epoch`` and ``position`` (batches of that epoch delivered so far, by the iteration in progress or
+        the latest one left unfinished; 0 between epochs), the loader's identity (image count and a digest
+        of the image file names and sizes, seed, world size, batch size, shuffle, drop_last, rect, a digest of the
+        augmentation settings, partners), the mosaic state, ``rank`` and ``batches`` (for information) and
+        ``image_table``, a digest of the epoch's image table (``dataset.indices``; None: none). Save it with the model
+        (every rank's is the same but for ``rank``) and hand it to :meth:`load_state_dict` of a loader
+        built with the same arguments.
+        """
+        if self._running is not None:
+            progress = self._running
+            epoch, position = progress.epoch, progress.position
+            table_digest = progress.table_digest
+        elif self._resume is not None:
+            epoch, position, table_digest = self._resume
+        else:
+            epoch, position, table_digest = self.epoch, 0, _table_digest(self.image_table)
+        return {"format": STATE_FORMAT, "epoch": epoch, "position": position, "batches": len(self),
+                "rank": self.rank, **self._identity, "mosaic_closed": self.mosaic_closed,
+                "image_table": table_digest}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue where :meth:`state_dict` was taken: the next iteration runs the rest of its epoch.
+
+        It yields exactly the batches an uninterrupted loader would have delivered after ``position``, and
+        renders none before them (each batch is a function of the seed, the epoch and its indices); the
+        epochs after it are as usual. A trainer that calls :meth:`set_epoch` must call it with the saved
+        epoch first. A state of another dataset, seed, world size, batch size, image table or augmentation is
+        refused with a ``ValueError`` saying which differs; a state of another rank is taken (every rank
+        is at the same place).
+        """
+        if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+            got = state.get("format") if isinstance(state, dict) else type(state).__name__
+            raise ValueError(f"not a fastload loader state: format {got!r}, expected {STATE_FORMAT!r}")
+        missing = [k for k in ("epoch", "position", "mosaic_closed", "image_table", *_STATE_IDENTITY) if k not in state]
+        if missing:
+            raise ValueError(f"fastload loader state without {', '.join(missing)}")
+        for key, what in _STATE_IDENTITY.items():
+            if state[key] != self._identity[key]:
+                raise ValueError(f"loader state from another run: {what} differs (saved {state[key]!r}, this loader "
+                                 f"{self._identity[key]!r}); build the loader as the saved run did")
+        epoch, position = int(state["epoch"]), int(state["position"])
+        if epoch < 0 or not 0 <= position <= len(self):
+            raise ValueError(f"loader state at epoch {epoch}, batch {position}: outside 0..{len(self)} batches per epoch")
+        if self.mosaic_closed and not state["mosaic_closed"]:
+            raise ValueError("loader state saved with mosaic on, and this loader has closed it; build a new loader")
+        if state["mosaic_closed"]:
+            self.close_mosaic()
+        self.epoch, self._epoch_set, self._running = epoch, False, None
+        self._resume = (epoch, position, state["image_table"])
 
     @property
     def hsv_gains(self) -> torch.Tensor | None:
