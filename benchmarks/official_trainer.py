@@ -37,7 +37,7 @@ LOADERS = ("stock", "fastload")
 def timed_loader(loader: Any, epochs: list[dict[str, float]]) -> Any:
     """The trainer's loader with its iteration timed (one record per epoch appended to ``epochs``);
     everything else is the loader's own."""
-    from fastload.compat.yolov9.dataloader import LoaderWrapper
+    from fastload.compat.batch_log import LoaderWrapper
 
     class TimedLoader(LoaderWrapper):
         def __iter__(self) -> Iterator[Any]:

@@ -16,10 +16,10 @@ import numpy as np
 import torch
 
 from fastload.augment.hyp import AUGMENT_KEYS
+from fastload.compat.batch_log import BatchLog
 from fastload.compat.ranks import shard_of
 from fastload.compat.stores import open_split_store, split_config
 from fastload.compat.ultralytics.options import OWNER, RECIPES, UltralyticsOptions
-from fastload.compat.yolov9.dataloader import BatchLog
 from fastload.data.device import resolve_device
 from fastload.engines.base import Batch
 from fastload.engines.factory import engine_class

@@ -1,15 +1,14 @@
 """``create_dataloader`` with the official signature, backed by :func:`fastload.loader`."""
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
-from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
+from fastload.compat.batch_log import BatchLog
 from fastload.compat.ranks import shard_of
 from fastload.compat.stores import open_split_store, split_config
 from fastload.compat.yolov9.options import CompatOptions
@@ -130,50 +129,3 @@ def create_dataloader(
     if opts.batch_log:
         return BatchLog(fl, opts.batch_log, prefix=_ANSI.sub("", prefix).strip().rstrip(":")), ds
     return fl, ds
-
-
-class LoaderWrapper:
-    """A loader seen through a wrapper: ``len()`` and every attribute (``dataset``, ``sampler``,
-    ``num_workers``...) are the wrapped loader's; subclasses redefine ``__iter__``."""
-
-    def __init__(self, loader: Any) -> None:
-        self._loader = loader
-
-    def __iter__(self) -> Iterator[Any]:
-        return iter(self._loader)
-
-    def __len__(self) -> int:
-        return len(self._loader)
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") or name == "_loader":
-            raise AttributeError(name)
-        return getattr(self._loader, name)
-
-
-class BatchLog(LoaderWrapper):
-    """The loader, appending one JSON line per batch it yields to ``path`` (``batch_log`` option).
-
-    Each line: ``split`` (the official prefix, e.g. ``train``), ``pid``, ``rank``, ``augment``, ``epoch``,
-    ``batch``, ``hw`` (the batch's height and width), ``n`` (images), ``mosaic`` (how many samples are
-    mosaics: their ``shapes`` entry is None), ``images`` (file names, in order) and ``device``. Written
-    in the process that iterates, so it shows what the trainer received. Everything else is the loader's.
-    """
-
-    def __init__(self, loader: Any, path: str, *, prefix: str = "") -> None:
-        super().__init__(loader)
-        self.path = str(path)
-        self.prefix = prefix
-
-    def __iter__(self) -> Iterator[Any]:
-        fl = self._loader
-        epoch = fl.epoch
-        fields = {"split": self.prefix, "pid": os.getpid(), "rank": int(os.environ.get("RANK", -1)),
-                  "augment": bool(fl.dataset.augment), "epoch": epoch}
-        with open(self.path, "a", buffering=1) as f:
-            for k, batch in enumerate(fl):
-                imgs, _, paths, shapes = batch
-                f.write(json.dumps(dict(fields, batch=k, hw=[int(imgs.shape[2]), int(imgs.shape[3])], n=len(paths),
-                                        mosaic=sum(s is None for s in shapes), images=[Path(p).name for p in paths],
-                                        device=str(imgs.device))) + "\n")
-                yield batch
