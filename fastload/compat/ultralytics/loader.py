@@ -91,9 +91,10 @@ def check_arguments(args: Any, data: Mapping[str, Any], mode: str, opts: Ultraly
         refuse("augmented training", "Ultralytics' own augmentation recipe is implemented only in part (its loaded-"
                "image size and mosaic buffer are not); pass fastload_recipe='ultralytics' (or FASTLOAD_RECIPE) to "
                f"draw that part, or 'yolov9' for YOLOv9's recipe, with these hyperparameters (recipes: {', '.join(RECIPES)})")
-    if opts.recipe is not None and opts.recipe not in engine_class(opts.engine).recipes:
+    recipes = engine_class(opts.engine).recipes
+    if opts.recipe is not None and opts.recipe not in recipes:
         refuse(f"fastload_recipe={opts.recipe!r} with fastload_engine={opts.engine!r}", "that engine applies only "
-               f"{', '.join(map(repr, engine_class(opts.engine).recipes))}; use another fastload_engine")
+               f"{', '.join(map(repr, recipes))}; use another fastload_engine")
 
 
 def _labels_view(base: Store, args: Any, mode: str) -> StoreView:
