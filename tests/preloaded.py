@@ -12,14 +12,23 @@ the matplotlib backend) must be the server's: ``spawn`` refuses a run whose valu
 
 Each run is its own process (a pid that can be signalled), exits with its own status, and can fork or
 start its own processes (DataLoader workers, torchrun) as under a plain interpreter.
+
+``PreloadedPython.python`` is an executable that stands in for ``python`` in processes a run starts itself:
+``PYTHON_EXEC`` (torchrun's documented choice of the interpreter its ranks run under) set to it makes each
+rank a fork of the server as well. It hands the server its arguments, environment, working directory and
+standard streams over a Unix socket, forwards the signals it gets to the forked rank and exits with its status.
 """
 from __future__ import annotations
 
 import json
 import os
 import select
+import shutil
+import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import threading
 from pathlib import Path
 
@@ -32,10 +41,10 @@ READ_AT_LOAD = ("PYTHONPATH", "PYTHONHASHSEED", "MPLBACKEND", "OMP_NUM_THREADS",
 
 
 def base_env(repo: Path) -> dict[str, str]:
-    """This environment with ``repo`` first on PYTHONPATH, one OpenMP thread and matplotlib's Agg backend: what
-    the runs of the suite's scripts share (two processes on two cores with two threads each spin-wait)."""
+    """This environment with ``repo`` first on PYTHONPATH, one OpenMP and MKL thread and matplotlib's Agg backend:
+    what the runs of the suite's scripts share (two processes on two cores with two threads each spin-wait)."""
     return dict(os.environ, PYTHONPATH=os.pathsep.join([str(repo), *filter(None, [os.environ.get("PYTHONPATH")])]),
-                OMP_NUM_THREADS="1", MPLBACKEND="Agg")
+                OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", MPLBACKEND="Agg")
 
 
 class PreloadedProcess:
@@ -70,7 +79,15 @@ class PreloadedPython:
 
     def __init__(self, env: dict[str, str]):
         self.env = dict(env)
-        self._proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--serve"], env=self.env,
+        self._dir = tempfile.mkdtemp(prefix="preloaded-")
+        sock = os.path.join(self._dir, "server.sock")
+        self.python = os.path.join(self._dir, "python")  # the stand-in for python (see the module's docstring)
+        with open(self.python, "w") as f:
+            # -IS: no site packages, no PYTHON* variables: a stand-in starts in milliseconds
+            f.write(f"#!{sys.executable} -IS\nimport sys\nsys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+                    f"from preloaded import stand_in_main\nsys.exit(stand_in_main({sock!r}))\n")
+        os.chmod(self.python, 0o755)
+        self._proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--serve", sock], env=self.env,
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
         self._lock = threading.Condition()
         self._replies: dict[int, dict] = {}
@@ -123,6 +140,7 @@ class PreloadedPython:
         except subprocess.TimeoutExpired:
             self._proc.kill()
             self._proc.wait()
+        shutil.rmtree(self._dir, ignore_errors=True)
 
 
 def run(server: PreloadedPython, argv: list[str], cwd: Path, env: dict[str, str], timeout: float = 600
@@ -143,11 +161,13 @@ def run(server: PreloadedPython, argv: list[str], cwd: Path, env: dict[str, str]
 
 
 # ----------------------------------------------------------------------------------------- the server
-def _run_child(request: dict) -> int:
-    """In the forked child: become ``python ARGV`` and return its exit status."""
-    import runpy
-    import traceback
-
+def _redirect(request: dict, streams: list[int] | None) -> None:
+    """Standard streams of a run: the stand-in's own (``streams``), else the request's log files and no input."""
+    if streams is not None:
+        for target, fd in enumerate(streams):
+            os.dup2(fd, target)
+            os.close(fd)
+        return
     fd = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     os.dup2(fd, 1)
     if request["err_log"] != request["log"]:  # else one descriptor for both, as 2>&1 gives
@@ -158,7 +178,18 @@ def _run_child(request: dict) -> int:
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)
+
+
+def _run_child(request: dict, streams: list[int] | None = None) -> int:
+    """In the forked child: become ``python ARGV`` and return its exit status."""
+    import runpy
+    import traceback
+
+    _redirect(request, streams)
     sys.stdin = open(0, closefd=False)
+    if request.get("unbuffered"):  # python -u
+        sys.stdout.reconfigure(write_through=True)
+        sys.stderr.reconfigure(write_through=True)
     os.environ.clear()
     os.environ.update(request["env"])
     os.chdir(request["cwd"])
@@ -200,8 +231,20 @@ def _exit(code: int) -> None:
     os._exit(code)
 
 
-def serve() -> None:
-    """Import ``PRELOAD``, then fork a child per request line on stdin; report pids and exit statuses on stdout."""
+def _read_stand_in_request(conn: socket.socket) -> tuple[dict, list[int]]:
+    """A stand-in's request line and the three descriptors that came with it."""
+    data, fds, _, _ = socket.recv_fds(conn, 1 << 16, 3)
+    while not data.endswith(b"\n"):
+        more = conn.recv(1 << 16)
+        if not more:
+            raise EOFError("a stand-in went away before its request was complete")
+        data += more
+    return json.loads(data), list(fds)
+
+
+def serve(socket_path: str) -> None:
+    """Import ``PRELOAD``, then fork a child per request: a line on stdin (the tests), or a stand-in's connection to
+    ``socket_path``; report pids and exit statuses on stdout, or to the stand-in."""
     import gc
     import importlib
 
@@ -213,36 +256,96 @@ def serve() -> None:
     gc.freeze()  # what the server imported stays out of the children's collections: fewer pages copied
     reply_fd = os.dup(1)
     os.dup2(2, 1)  # anything a package prints goes to stderr, not into the replies
-    children: dict[int, int] = {}  # pid -> run id
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(socket_path)
+    listener.listen(16)
+    children: dict[int, int | socket.socket] = {}  # pid -> the run id, or the stand-in's connection
     buffered, open_stdin = b"", True
 
     def reply(msg: dict) -> None:
         os.write(reply_fd, (json.dumps(msg) + "\n").encode())
 
+    def start(request: dict, streams: list[int] | None) -> int:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            os.close(reply_fd)
+            listener.close()
+            _exit(_run_child(request, streams))
+        return pid
+
     while open_stdin or children:
-        ready, _, _ = select.select([0] if open_stdin else [], [], [], 0.05)
-        if ready:
+        ready, _, _ = select.select([0, listener] if open_stdin else [listener], [], [], 0.05)
+        if 0 in ready:
             chunk = os.read(0, 1 << 16)
             open_stdin = bool(chunk)
             buffered += chunk
             while b"\n" in buffered:
                 line, buffered = buffered.split(b"\n", 1)
                 request = json.loads(line)
-                sys.stdout.flush()
-                sys.stderr.flush()
-                pid = os.fork()
-                if pid == 0:
-                    os.close(reply_fd)
-                    _exit(_run_child(request))
+                pid = start(request, None)
                 children[pid] = request["id"]
                 reply({"id": request["id"], "pid": pid})
+        if listener in ready:
+            conn, _ = listener.accept()
+            request, streams = _read_stand_in_request(conn)
+            differ = [k for k in READ_AT_LOAD if request["env"].get(k) != os.environ.get(k)]
+            if differ:
+                conn.sendall(json.dumps({"error": f"a preloaded run needs the server's {', '.join(differ)}"}).encode()
+                             + b"\n")
+                conn.close()
+            else:
+                pid = start(request, streams)
+                children[pid] = conn
+                conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+            for fd in streams:
+                os.close(fd)
         while children:
             pid, status = os.waitpid(-1, os.WNOHANG)
             if pid == 0:
                 break
             if pid in children:
-                reply({"id": children.pop(pid), "rc": os.waitstatus_to_exitcode(status)})
+                owner, rc = children.pop(pid), os.waitstatus_to_exitcode(status)
+                if isinstance(owner, socket.socket):
+                    try:
+                        owner.sendall(json.dumps({"rc": rc}).encode() + b"\n")
+                    except OSError:
+                        pass  # the stand-in is gone (killed): nobody waits for this status
+                    owner.close()
+                else:
+                    reply({"id": owner, "rc": rc})
 
 
-if __name__ == "__main__" and sys.argv[1:] == ["--serve"]:
-    serve()
+# ------------------------------------------------------------------------------------------ the stand-in
+def stand_in_main(socket_path: str) -> int:
+    """``python [-u] (-m MODULE | SCRIPT) ARGS`` run by the server (``PreloadedPython.python``): this process hands
+    the server its arguments, environment, working directory and standard streams, passes on the signals it
+    receives to the run (torchrun stops its ranks with SIGTERM) and exits with the run's status."""
+    args, unbuffered = sys.argv[1:], False
+    while args[:1] == ["-u"]:
+        args, unbuffered = args[1:], True
+    if not args or (args[0].startswith("-") and args[0] != "-m"):
+        print(f"preloaded python: only [-u] (-m MODULE | SCRIPT) ARGS, not {sys.argv[1:]}", file=sys.stderr)
+        return 2
+    request = {"argv": args, "cwd": os.getcwd(), "env": dict(os.environ), "unbuffered": unbuffered}
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        conn.connect(socket_path)
+        socket.send_fds(conn, [json.dumps(request).encode() + b"\n"], [0, 1, 2])
+        replies = conn.makefile("r")
+        started = json.loads(replies.readline())
+        if "error" in started:
+            print(f"preloaded python: {started['error']}", file=sys.stderr)
+            return 1
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
+            signal.signal(sig, lambda number, _frame: os.kill(started["pid"], number))
+        line = replies.readline()
+    rc = json.loads(line)["rc"] if line else 1  # no line: the server went away
+    if rc < 0:  # killed by a signal: so is this process, as a parent sees it
+        signal.signal(-rc, signal.SIG_DFL)
+        os.kill(os.getpid(), -rc)
+    return rc
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--serve"]:
+    serve(sys.argv[2])

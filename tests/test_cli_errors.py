@@ -71,7 +71,7 @@ CASES = [
     Case("info-missing-yaml", [*FASTLOAD, "info", "{missing}"], 1, ("{missing}", "not found")),
     Case("stage-missing-yaml", [*FASTLOAD, "stage", "{missing}", "--to", "{tmp}/staged"], 1, ("{missing}", "does not exist")),
     Case("bench-missing-train-folder", [*FASTLOAD, "bench", "{notrain}", "--seconds", "0.1"], 1,
-         ("cannot bench {notrain} [train]", "images/nope does not exist")),
+         ("cannot bench {notrain} [train]", "images/nope does not exist"), inproc=True),
     Case("bench-missing-yaml", [*FASTLOAD, "bench", "{missing}"], 1, ("{missing}", "not found"), inproc=True),
     Case("bench-unknown-stage", [*FASTLOAD, "bench", "{good}", "--stages", "telepathy"], 2, ("telepathy", "choose from"),
          inproc=True),
@@ -100,7 +100,7 @@ CASES = [
     Case("demo-too-few-images", [*FASTLOAD, "demo", "--images", "4", "--batch", "4", "--out", "{tmp}/demo"], 2,
          ("--images (4) must be at least two batches",)),
     # the trainer (its runs go to {tmp}/runs/train: a failed run must leave no expN there)
-    Case("train-without-cfg", [*TRAIN, "--data", "{good}"], 2, ("--cfg is required", "yolov9-s", "--weights")),
+    Case("train-without-cfg", [*TRAIN, "--data", "{good}"], 2, ("--cfg is required", "yolov9-s", "--weights"), inproc=True),
     Case("train-missing-yaml", [*TRAIN, "--data", "{missing}", "--cfg", "gelan-t"], 1, ("{missing}", "not found"),
          inproc=True),
     Case("train-unknown-cfg", [*TRAIN, "--data", "{good}", "--cfg", "gelan-x"], 2, ("--cfg", "gelan-x not found", "gelan-t"),

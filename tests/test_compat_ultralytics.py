@@ -9,10 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -22,7 +19,9 @@ import torch
 
 from fastload.compat.ultralytics import UltralyticsOptions, UnsupportedArgument
 from fastload.compat.ultralytics.loader import LoaderRequest, build_loader
+import preloaded
 from official_helpers import coco_subset
+from preloaded import base_env
 
 # Ultralytics is imported inside the fixtures, once the environment keeps it offline and its settings here
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("ultralytics") is None,
@@ -319,14 +318,15 @@ def test_training_batches_in_distribution_beside_ultralytics_dataset(coco16, ult
 
 
 @pytest.mark.slow
-def test_real_trainer_two_epochs(coco16, tmp_path):
+def test_real_trainer_two_epochs(coco16, tmp_path, preloaded_python):
     """The real trainer, offline on the CPU: results.csv of both epochs, mosaic in epoch 1 only, plots from
-    dataset.labels, and the best weights validated through fastload and through Ultralytics' own loader."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]),
-               **ultralytics_env(tmp_path))
+    dataset.labels, and the best weights validated through fastload and through Ultralytics' own loader.
+    Its process is forked from the pre-loaded interpreter (tests/preloaded.py: torch & co. imported once; Ultralytics
+    itself after the fork, with this run's settings folder and offline switch)."""
+    env = {**base_env(REPO), **ultralytics_env(tmp_path)}
     (tmp_path / "shm").mkdir()
-    run = subprocess.run([sys.executable, str(REPO / "tests" / "ultralytics_run.py"), str(coco16), str(tmp_path)],
-                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    run = preloaded.run(preloaded_python, [str(REPO / "tests" / "ultralytics_run.py"), str(coco16), str(tmp_path)],
+                        tmp_path, env, timeout=300)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["train_loader"] == summary["val_loader"] == "UltralyticsLoader"

@@ -7,7 +7,8 @@ batch 4, the smallest models. Every run writes fastload's batch log (one JSON li
 trainer received), from which the tests read what happened inside (mosaic or not, which images).
 
 All runs start once for the module, two at a time (two cores), forked from one interpreter that has
-imported torch & co. (tests/preloaded.py), validation runs after the training runs whose weights they load. Skipped only where ../shared is absent.
+imported torch & co. (tests/preloaded.py; torchrun's ranks too, through PYTHON_EXEC), validation runs after
+the training runs whose weights they load. Skipped only where ../shared is absent.
 """
 from __future__ import annotations
 
@@ -53,14 +54,13 @@ def runs(coco128_yaml, tmp_path_factory, preloaded_python):
                                 *train("launcher", *dual, "--epochs", "2", "--close-mosaic", "1", "--workers", "2",
                                        "--cache", "ram", "--image-weights", "--seed", "3"),
                                 "--fastload-workers", "1", "--fastload-batch-log", str(tmp / "launcher_flag.jsonl")]),
-        # --img 128: at 64 every coco128 aspect rounds to a 64x64 rect batch
-        run("rect", edited, [python(), "train_dual.py", *train("rect", *dual, "--epochs", "1", "--rect", "--workers", "1",
-                                                                "--noval", "--img", "128")]),
+        # --rect at --img 128: at 64 every coco128 aspect rounds to a 64x64 rect batch
         run("gelan", edited, [python(), "train.py", *train("gelan", "--cfg", "models/detect/gelan-t.yaml", "--epochs", "1",
-                                                            "--workers", "1", "--noval")]),
+                                                            "--workers", "1", "--noval", "--rect", "--img", "128")]),
         run("torchrun", stock, [python(), "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                                 "-m", "fastload.compat.yolov9", "train_dual.py",
-                                *train("ddp", *dual, "--epochs", "1", "--workers", "1"), "--fastload-workers", "0"]),
+                                *train("ddp", *dual, "--epochs", "1", "--workers", "1"), "--fastload-workers", "0"],
+                PYTHON_EXEC=preloaded_python.python),  # the ranks forked too (tests/preloaded.py)
     ]
     weights = {name: str(project / name / "weights" / "best.pt") for name in ("dual", "gelan")}
     validation = [
@@ -71,7 +71,7 @@ def runs(coco128_yaml, tmp_path_factory, preloaded_python):
                             "--batch", "8", "--device", "cpu", "--workers", "1", "--project", str(project),
                             "--name", "val", "--exist-ok"]),
     ]
-    run_all([training, validation], tmp / "logs", server=preloaded_python)  # torch & co. imported once, not 7 times
+    run_all([training, validation], tmp / "logs", server=preloaded_python)  # torch & co. imported once, not 6 times
     result = {r.name: r for r in training + validation}
     result["tmp"] = tmp  # type: ignore[assignment]
     yield result
@@ -127,19 +127,14 @@ def test_launcher_runs_an_unmodified_train_dual_with_cache_ram_and_image_weights
     assert any(max(c.values()) > 1 for c in draws), draws
 
 
-def test_train_dual_rect(runs):
-    out = runs["rect"].check()
-    lines = batch_log(runs, "rect")
-    train = [x for x in lines if x["split"] == "train"]
-    assert train and all(x["mosaic"] == 0 for x in train)  # rect: letterboxed, never mosaic
-    assert any(x["hw"][0] != x["hw"][1] for x in train)  # rectangular batch shapes
-    assert "Closing dataloader mosaic" not in out
-
-
-def test_train_py_gelan(runs):
-    runs["gelan"].check()
+def test_train_py_gelan_rect(runs):
+    """train.py (one head), import switched, with --rect: letterboxed rectangular batches, never a mosaic."""
+    out = runs["gelan"].check()
     epochs = train_epochs(batch_log(runs, "gelan"))
     assert list(epochs) == [0] and sum(x["n"] for x in epochs[0]) == N_IMAGES
+    assert all(x["mosaic"] == 0 for x in epochs[0])
+    assert any(x["hw"][0] != x["hw"][1] for x in epochs[0])  # rectangular batch shapes
+    assert "Closing dataloader mosaic" not in out
 
 
 @pytest.mark.parametrize("name", ["val_dual", "val"])

@@ -91,12 +91,12 @@ def test_schedule_lags_one_epoch_after_warmup():
 
 # ------------------------------------------------------------------------------------------ the official side
 @pytest.fixture(scope="module")
-def official_results(tmp_path_factory, synth_yaml):
+def official_results(tmp_path_factory, synth_yaml, preloaded_python):
     """One official process computes everything the tests below compare with; returns its outputs."""
     if not official.available():
         pytest.skip(f"official YOLOv9 repository not found at {official.UPSTREAM}")
     work = tmp_path_factory.mktemp("official")
-    off = official.Official.create(work)
+    off = official.Official.create(work, server=preloaded_python)  # the bridge forked: torch & co. imported once
     hyp_path = off.root / "data" / "hyps" / "hyp.scratch-high.yaml"
     with fastload.loader(synth_yaml, imgsz=160, batch_size=4, hyp=load_hyp(hyp_path), workers=0, seed=3) as ld:
         imgs, targets, _, _ = next(iter(ld))

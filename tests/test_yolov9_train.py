@@ -52,9 +52,11 @@ def small_synth(tmp_path_factory) -> Path:
 @pytest.fixture
 def run_python(preloaded_python):
     """``run_python(ARGS, cwd)``: ``python ARGS`` there, forked from the pre-loaded interpreter (tests/preloaded.py:
-    torch imported once, not in each run); asserts exit 0 and returns the completed process."""
+    torch imported once, not in each run; torchrun's ranks too, through ``PYTHON_EXEC``); asserts exit 0 and
+    returns the completed process."""
     def run(args: list[str], cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess:
-        res = preloaded.run(preloaded_python, args, cwd, base_env(REPO), timeout=timeout)
+        env = {**base_env(REPO), "PYTHON_EXEC": preloaded_python.python}
+        res = preloaded.run(preloaded_python, args, cwd, env, timeout=timeout)
         assert res.returncode == 0, f"{args}\nstdout:\n{res.stdout[-3000:]}\nstderr:\n{res.stderr[-5000:]}"
         return res
 

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import torch
-import torchvision
 
 from .boxes import xywh2xyxy
 
@@ -21,6 +20,10 @@ def non_max_suppression(pred: torch.Tensor, conf_thres: float = 0.001, iou_thres
         raise ValueError(f"conf_thres and iou_thres must be in [0, 1], got {conf_thres}, {iou_thres}")
     if isinstance(pred, (list, tuple)):  # eval output (y, raw)
         pred = pred[0]
+    # torchvision loads its model zoo and torch._dynamo on import (1-2 s of CPU): only a process that validates
+    # pays it, not every DDP rank the trainer starts
+    from torchvision.ops import batched_nms
+
     nc = pred.shape[1] - 4
     out = []
     for x in pred.transpose(1, 2):  # [A, 4 + nc]
@@ -39,7 +42,7 @@ def non_max_suppression(pred: torch.Tensor, conf_thres: float = 0.001, iou_thres
             det = det[det[:, 4].topk(max_candidates).indices]
         if det.shape[0]:
             groups = torch.zeros_like(det[:, 5]) if agnostic else det[:, 5]
-            keep = torchvision.ops.batched_nms(det[:, :4].float(), det[:, 4].float(), groups, iou_thres)[:max_det]
+            keep = batched_nms(det[:, :4].float(), det[:, 4].float(), groups, iou_thres)[:max_det]
             det = det[keep]
         out.append(det)
     return out

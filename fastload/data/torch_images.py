@@ -18,8 +18,6 @@ from typing import Sequence
 
 import numpy as np
 import torch
-from torchvision.io import ImageReadMode, decode_jpeg
-
 from fastload.data.images import SHRINK_FILTERS, CorruptImageError, ShrinkFilter, decode_image, jpeg_is_complete, probe_header
 
 __all__ = ["decode_on_device", "resize_loaded", "resize_weights"]
@@ -122,6 +120,10 @@ def _cpu_decode(buf: bytes, path: str | None) -> torch.Tensor:
 
 def _jpeg_batch(bufs: list[bytes], device: torch.device) -> list[torch.Tensor] | None:
     """One batched ``decode_jpeg`` call (nvJPEG on CUDA); None when it fails (caller decodes one by one)."""
+    # torchvision loads its model zoo and torch._dynamo when first imported (1-2 s of CPU): imported here, only a
+    # device decode pays that, not every process that imports fastload's loader (DDP ranks, workers, the CLI)
+    from torchvision.io import ImageReadMode, decode_jpeg
+
     data = [torch.frombuffer(bytearray(b), dtype=torch.uint8) for b in bufs]
     try:
         with warnings.catch_warnings():

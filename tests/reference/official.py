@@ -12,6 +12,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import preloaded
 from official_helpers import UPSTREAM, copy_upstream, official_env
 
 BRIDGE = Path(__file__).with_name("official_bridge.py")
@@ -31,14 +32,16 @@ def make_copy(dest: Path) -> Path:
 
 @dataclass
 class Official:
-    """A prepared copy (``root``) and the environment its processes need."""
+    """A prepared copy (``root``) and the environment its processes need; with ``server`` (one thread only), the
+    processes are forked from that pre-loaded interpreter (tests/preloaded.py) instead of started afresh."""
 
     root: Path
     threads: int = 1
+    server: preloaded.PreloadedPython | None = None
 
     @classmethod
-    def create(cls, dest: Path, threads: int = 1) -> "Official":
-        return cls(make_copy(dest), threads)
+    def create(cls, dest: Path, threads: int = 1, server: preloaded.PreloadedPython | None = None) -> "Official":
+        return cls(make_copy(dest), threads, server)
 
     @property
     def env(self) -> dict[str, str]:
@@ -58,7 +61,10 @@ class Official:
         return self._run([sys.executable, str(BRIDGE), "--root", str(self.root), *args], timeout, log)
 
     def _run(self, cmd: list[str], timeout: float | None, log: Path | None) -> subprocess.CompletedProcess:
-        if log is None:
+        if self.server is not None and log is None:
+            proc = preloaded.run(self.server, cmd[1:], self.root, self.env, timeout=timeout or 600)
+            out = proc.stdout + proc.stderr
+        elif log is None:
             proc = subprocess.run(cmd, cwd=self.root, env=self.env, capture_output=True, text=True, timeout=timeout)
             out = proc.stdout + proc.stderr
         else:
