@@ -489,10 +489,13 @@ def loader(
         batch_size: images per batch (per rank).
         hyp: augmentation hyper-parameters: yaml path, dict or None (YOLOv9 ``hyp.scratch-high``).
         augment: apply training augmentation (mosaic, mixup, perspective, HSV, flips). False:
-            letterbox only (validation). As in YOLOv9's ``load_image``, every engine shrinks images
+            letterbox only (validation). The loaded image is the ``recipe``'s (its loaded-image rule:
+            :data:`fastload.data.images.LoadRule`). As in YOLOv9's ``load_image``, every engine shrinks images
             from encoded stores (files, lmdb) with INTER_LINEAR in training and INTER_AREA in
-            validation; decoded stores (disk, ram, gpu) hold images shrunk once, with INTER_AREA
-            (disk/ram record it: ``store.meta["shrink"]``).
+            validation; decoded stores (disk, ram, gpu) of that rule hold images shrunk once, with INTER_AREA
+            (disk/ram record it: ``store.meta["shrink"]``). ``recipe="ultralytics"``: sizes rounded up and
+            INTER_LINEAR always, as Ultralytics' ``load_image``; a decoded store must have been made with that rule
+            (``fastload convert --load-rule ultralytics``; a ram store built on demand has a segment per rule).
         store: ``auto`` (the fastest store ``fastload convert`` recorded for this split and imgsz:
             ram > disk > lmdb > files), one of ``files | lmdb | disk | ram``, ``gpu`` (decoded images
             resident on ``device``; ``engine="gpu"`` only), or a ``Store``.
@@ -556,7 +559,7 @@ def loader(
             :class:`~fastload.store.base.DamagedRecordError` (a ``StoreError``) instead, from any worker.
         recipe: whose augmentation distributions the training batches are drawn with, with ``hyp``'s values
             (:data:`~fastload.augment.params.Recipe`): ``"yolov9"`` or ``"ultralytics"`` (Ultralytics 8.4's
-            ``v8_transforms``; docs/ultralytics.md says what of it is implemented). Its additive-hue HSV has
+            ``v8_transforms``, with its loaded image; docs/ultralytics.md says what of it is implemented). Its additive-hue HSV has
             numpy and torch kernels: ``engine="dali"`` and ``hsv_on="defer"`` (whose caller applies YOLOv9's
             rule) raise ``ValueError``.
         engine_options: what only the chosen engine has: a :class:`~fastload.CPUOptions`,
@@ -605,8 +608,10 @@ def loader(
     else:
         # a store in device memory is filled on the loader's device
         on_device = store != "auto" and not store_kind(store).on_host
-        base = open_store(data, split=split, kind=store, imgsz=imgsz, **({"device": device} if on_device else {}))
+        base = open_store(data, split=split, kind=store, imgsz=imgsz, load_rule=recipe,
+                          **({"device": device} if on_device else {}))
     try:
+        base.check_load_rule(recipe)  # a decoded store passed in must hold the recipe's loaded images
         keep_idx, labels = _filter(list(base.labels), int(min_items), bool(single_cls))
         if len(keep_idx) == 0:
             raise ValueError(f"no images left in {base!r} (min_items={min_items})")
@@ -614,7 +619,7 @@ def loader(
         if single_cls:
             view.names = ["item"]
         hyp_d = load_hyp(hyp)
-        loaded_hw = np.array([loaded_shape(int(h), int(w), imgsz) for h, w in view.shapes], np.int64).reshape(-1, 2)
+        loaded_hw = np.array([loaded_shape(int(h), int(w), imgsz, recipe) for h, w in view.shapes], np.int64).reshape(-1, 2)
 
         rect_batches = batch_shapes = rect_shapes = None
         if rect:

@@ -24,6 +24,7 @@ from typing import Any, Callable, Literal, Mapping, NamedTuple, Sequence, get_ar
 import numpy as np
 
 from fastload.augment.hyp import load_hyp
+from fastload.data.images import LoadRule
 
 __all__ = [
     "Partners",
@@ -386,6 +387,12 @@ class ParamSampler:
 
     def __len__(self) -> int:
         return len(self.loaded_shapes)
+
+    @property
+    def load_rule(self) -> LoadRule:
+        """The loaded-image rule of the recipe (:data:`fastload.data.images.LoadRule`, the recipe's name): the
+        sizes ``loaded_shapes`` must have been computed with and the filter engines resize with."""
+        return self.recipe
 
     def close_mosaic(self) -> None:
         """Turn mosaic (and with it mixup) off for the remaining epochs (YOLOv9 ``--close-mosaic``)."""

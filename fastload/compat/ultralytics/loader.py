@@ -151,22 +151,23 @@ def build_loader(args: Any, data: Mapping[str, Any], req: LoaderRequest, opts: U
     cache = "ram" if cache is True else (str(cache).lower() if cache else "")
     if cache not in ("", "ram", "disk"):
         raise UnsupportedArgument(f"{OWNER}: cache={args.cache!r}: choose ram, disk or False")
+    # validation is always Ultralytics' letterbox (boxes moved by the integer pad), whatever trains
+    recipe = opts.recipe if augment else "ultralytics"
     if cache == "disk" and opts.store == "auto":
+        rule = "" if recipe == "yolov9" else f" --load-rule {recipe}"
         raise UnsupportedArgument(
             f"{OWNER}: cache='disk' reads fastload's packed disk store: make it once with `fastload convert "
-            f"{data.get('yaml_file') or 'data.yaml'} --to disk --imgsz {imgsz} --out DIR` and pass "
+            f"{data.get('yaml_file') or 'data.yaml'} --to disk --imgsz {imgsz}{rule} --out DIR` and pass "
             "fastload_store='DIR/data.yaml' (or FASTLOAD_STORE)")
     names = data.get("names") or {}
     names = [names[k] for k in sorted(names)] if isinstance(names, Mapping) else list(names)
     cfg = split_config(req.img_path, owner=OWNER, names=names, nc=int(data.get("nc") or len(names) or 1))
-    base = open_split_store(cfg, kind=cache or "auto", imgsz=imgsz, store=opts.store, owner=OWNER)
+    base = open_split_store(cfg, kind=cache or "auto", imgsz=imgsz, store=opts.store, owner=OWNER, load_rule=recipe)
     try:
         view = _labels_view(base, args, req.mode)
         batch_size = max(1, min(int(req.batch_size), len(view)))
         device = _device(opts, req)
         chosen = opts.loader_keywords(augment=augment, rect=req.rect, device=device)
-        # validation is always Ultralytics' letterbox (boxes moved by the integer pad), whatever trains
-        recipe = opts.recipe if augment else "ultralytics"
         rank, world = shard_of(req.rank)
         hyp = {k: float(getattr(args, k)) for k in AUGMENT_KEYS}
         fl = make_loader(
