@@ -20,7 +20,8 @@ import torch
 from fastload import order as _order
 from fastload.augment.hyp import load_hyp
 from fastload.augment.params import (
-    PARTNERS, RECIPES, ParamSampler, Partners, Recipe, image_of, per_index_shapes, rect_batch_shapes, visit_ids,
+    PARTNERS, RECIPES, ParamSampler, Partners, Recipe, image_of, per_index_shapes, recent_window, rect_batch_shapes,
+    visit_ids,
 )
 from fastload.data.images import loaded_shape
 from fastload.data.labels import img2label_path
@@ -190,6 +191,8 @@ class FastLoader:
         self.epoch = 0
         self.mosaic_closed = False
         self.image_table: np.ndarray | None = None  # set_image_table()
+        self._order = _order.EpochOrder(n, batch_size, seed=seed, shuffle=shuffle, rank=rank, world_size=world_size,
+                                        drop_last=drop_last)
         self.sampler = _EpochSampler(self)
         self._epoch_set = False
         self._closed = False
@@ -203,10 +206,7 @@ class FastLoader:
         (:func:`~fastload.augment.params.visit_ids`) when an image table repeats images."""
         if self._rect_batches is not None:
             return np.concatenate(self._rect_batches) if self._rect_batches else np.zeros(0, np.int64)
-        idx = _order.epoch_indices(self.n, epoch, seed=self.seed, shuffle=self.shuffle, rank=self.rank,
-                                   world_size=self.world_size, drop_last=self.drop_last)
-        if self.drop_last:
-            idx = idx[: len(idx) // self.batch_size * self.batch_size]
+        idx = self._order(epoch)
         if self.image_table is not None:  # positions -> the images drawn there, each visit its own draws
             idx = visit_ids(self.image_table[idx], self.n)
         return idx
@@ -238,6 +238,9 @@ class FastLoader:
             return
         if self._rect_batches is not None:
             raise ValueError("dataset.indices (--image-weights) cannot reorder rect batches; drop --rect or the weights")
+        if self.engine.sampler.partners == "recent":  # its window is computed from the order without a table
+            raise ValueError("dataset.indices (--image-weights) changes the images of the epoch order that "
+                             "partners='recent' draws mosaic partners from; use partners='dataset' or 'batch'")
         if not self.engine.takes_sample_ids:
             able = " or ".join(map(repr, SAMPLE_ID_ENGINES))
             raise ValueError(f"dataset.indices (--image-weights) needs engine={able}, this loader uses {self.engine.name!r}")
@@ -545,8 +548,11 @@ def loader(
             about 1 decode per output image instead of 4.6; each image's expected uses per epoch
             are unchanged, but a batch's tiles come from its own ``B`` images only). ``None``: the
             engine's default (``"dataset"`` for ``cpu``, ``gpu`` and ``ray``, ``"batch"`` for ``dali``;
-            each engine's docstring says why). Only training batches with mosaic have partners: passing
-            ``"batch"`` to a loader that draws no mosaic (``augment=False``, ``rect=True``, hyp
+            each engine's docstring says why). ``"recent"``: Ultralytics' buffer (without ``cache="ram"``):
+            drawn uniformly from the images of the last ``min(n, 8 * batch_size, 1000) - 1`` positions of this
+            rank's epoch order up to the sample's own (a function of the seed and the order, whatever the
+            workers; not with an image table). Only training batches with mosaic have partners: passing
+            ``"batch"`` or ``"recent"`` to a loader that draws no mosaic (``augment=False``, ``rect=True``, hyp
             ``mosaic: 0``) raises ``ValueError``.
         strict: what a record that fails its check at load time does (an LMDB crc mismatch, a truncated or
             undecodable image, a disk/ram record whose pixels no longer match their checksum, checked on
@@ -628,11 +634,17 @@ def loader(
             order_idx, batch_shapes = rect_batch_shapes(view.shapes, batch_size, imgsz, stride=stride, pad=pad)
             rect_shapes = per_index_shapes(order_idx, batch_shapes, batch_size)
             rect_batches = _order.rect_order(order_idx, batch_size, rank=rank, world_size=world_size)
+        recent = {}
+        if partners == "recent":  # the window runs over the epoch order this rank renders (FastLoader.epoch_order)
+            recent = {"epoch_order": _order.EpochOrder(len(view), batch_size, seed=seed, shuffle=shuffle and not rect,
+                                                       rank=rank, world_size=world_size, drop_last=drop_last),
+                      "window": recent_window(len(view), batch_size)}
         sampler = ParamSampler(loaded_hw, hyp_d, imgsz, augment=augment, seed=seed, rect_shapes=rect_shapes,
-                               orig_shapes=view.shapes, partners=partners or cls.default_partners, recipe=recipe)
-        if partners == "batch" and not sampler.draws_mosaics:
-            raise ValueError("partners='batch' applies to mosaic training batches only, and this loader draws no mosaic "
-                             f"(augment={augment}, rect={rect}, hyp mosaic={hyp_d['mosaic']}); leave partners unset")
+                               orig_shapes=view.shapes, partners=partners or cls.default_partners, recipe=recipe,
+                               **recent)
+        if partners in ("batch", "recent") and not sampler.draws_mosaics:
+            raise ValueError(f"partners={partners!r} applies to mosaic training batches only, and this loader draws no "
+                             f"mosaic (augment={augment}, rect={rect}, hyp mosaic={hyp_d['mosaic']}); leave partners unset")
         eng = cls(view, sampler, settings, options)
     except BaseException:
         if owns_store:
