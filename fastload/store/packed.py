@@ -4,13 +4,14 @@ Layout of a packed store directory (used by ``disk`` stores and, under ``/dev/sh
 
     pixels.bin         all loaded images, RGB HWC uint8, back to back
     offsets.npy        int64 [N + 1]  byte offset of image i is offsets[i] .. offsets[i + 1]
-    hw.npy             int32 [N, 2]   loaded (h, w) at imgsz
+    hw.npy             int32 [N, 2]   loaded (h, w) at imgsz, by meta["load_rule"]
     shapes.npy         int32 [N, 2]   original (h0, w0)
     labels.npy         float32 [M, 5] all labels concatenated
     label_counts.npy   int32 [N]
     checksums.npy      uint32 [N]     crc32 of the image's pixels then its label bytes
     files.json         source image path per sample
-    meta.json          schema, kind, imgsz, names, counts, options  (written last: the commit marker)
+    meta.json          schema, kind, imgsz, names, counts, options, shrink, load_rule (written last: the
+                       commit marker; a store without load_rule holds YOLOv9's loaded images)
 
 Reads are zero-copy views into the page cache, shared by every process that maps the file.
 Writers build the directory in a temporary sibling and rename it into place at the end, so an
