@@ -7,7 +7,8 @@ image, the HSV gains and the flips.  :class:`ParamSampler` draws records with YO
 ``mixup``, ``augment_hsv``, ``letterbox``), or Ultralytics' (the second :data:`Recipe`), from a generator seeded by
 ``SeedSequence([seed, epoch, index])`` only, so a record is a pure function of those three numbers
 (with ``partners="batch"``: and of the batch the index belongs to, itself a pure function of the
-seed, the epoch, the rank, the world size and the batch size) and every engine (CPU workers, torch,
+seed, the epoch, the rank, the world size and the batch size; with ``partners="recent"``: and of the epoch
+order, a function of the same numbers) and every engine (CPU workers, torch,
 DALI) draws the same sample for the same index.
 
 Coordinates: "loaded" pixels are those of the image resized to ``imgsz`` on its long side
