@@ -2,6 +2,7 @@
 
     python benchmarks/ultralytics_loader.py                              # 256 images, imgsz 640, batch 32, 2 workers
     python benchmarks/ultralytics_loader.py --images 512 --seconds 12 --rounds 3 --json /tmp/ultralytics_loader.json
+    python benchmarks/ultralytics_loader.py --recipe yolov9              # fastload drawing YOLOv9's recipe instead
 
 Dataset: coco128 repeated to ``--images`` images (symlinks, see loader_throughput.py). Every loader is built
 from the same Ultralytics argument namespace (its defaults: mosaic 1.0, scale 0.5, translate 0.1, HSV
@@ -9,11 +10,13 @@ from the same Ultralytics argument namespace (its defaults: mosaic 1.0, scale 0.
 
 * Ultralytics: its ``YOLODataset`` in its ``InfiniteDataLoader`` (``build_yolo_dataset`` / ``build_dataloader``),
   without a cache and with ``cache="ram"``;
-* fastload: the loader ``FastloadTrainer`` builds (``build_loader``, YOLOv9's recipe with those
-  hyperparameters), from the image files, from an LMDB store, and from the shared ram store
-  (``cache="ram"``), HSV in the workers; the files as on a dataset larger than memory (no decoded-image
-  cache, mosaic partners from the batch: one decode per image); and the ram store with HSV left to the
-  consumer's device (``hsv_on="defer"``, not applied here: what a CUDA trainer's batches cost the CPU).
+* fastload: the loader ``FastloadTrainer`` builds (``build_loader``, ``--recipe`` with those hyperparameters:
+  ``ultralytics``, its default, with Ultralytics' mosaic partners, or ``yolov9``), from the image files, from
+  an LMDB store, and from the shared ram store (``cache="ram"``), HSV in the workers; the files as on a
+  dataset larger than memory (no decoded-image cache, mosaic partners from the batch: one decode per image);
+  and, with ``--recipe yolov9``, the ram store with HSV left to the consumer's device (``hsv_on="defer"``, not
+  applied here: what a CUDA trainer's batches cost the CPU; the ultralytics recipe's additive hue is applied
+  in the workers or on the consumer, never deferred).
 
 Each configuration is timed for ``--seconds`` after a warm-up batch, in ``--rounds`` interleaved rounds
 (median round shown; ratios are the medians of same-round ratios to the Ultralytics rows). ``--pss`` also
@@ -58,23 +61,24 @@ def ultralytics_loader(yaml_path: Path, imgsz: int, batch: int, workers: int, ca
     return build_dataloader(dataset, batch, workers, shuffle=True, rank=-1)
 
 
-def fastload_loader(yaml_path: Path, imgsz: int, batch: int, workers: int, cache: Any, store: str = "auto") -> Any:
+def fastload_loader(yaml_path: Path, imgsz: int, batch: int, workers: int, cache: Any, recipe: str,
+                    store: str = "auto") -> Any:
     from fastload.compat.ultralytics import UltralyticsOptions
     from fastload.compat.ultralytics.loader import LoaderRequest, build_loader
 
     args, data = ultralytics_args(yaml_path, imgsz, batch, workers, cache)
-    opts = UltralyticsOptions(recipe="yolov9", num_workers=workers, store=store)
+    opts = UltralyticsOptions(recipe=recipe, num_workers=workers, store=store)
     return build_loader(args, data, LoaderRequest(data["train"], batch, "train", rect=False, stride=32), opts)
 
 
-def decode_bound_loader(yaml_path: Path, imgsz: int, batch: int, workers: int) -> Any:
+def decode_bound_loader(yaml_path: Path, imgsz: int, batch: int, workers: int, recipe: str) -> Any:
     """The image files as on a dataset larger than memory: no decoded-image cache, mosaic partners from the
     batch (one decode per image), as docs/benchmarks.md's decode-bound rows."""
     from fastload.augment.hyp import AUGMENT_KEYS
     from fastload.fastloader import loader
 
     args, _ = ultralytics_args(yaml_path, imgsz, batch, workers, False)
-    return loader(yaml_path, imgsz=imgsz, batch_size=batch, workers=workers, partners="batch",
+    return loader(yaml_path, imgsz=imgsz, batch_size=batch, workers=workers, partners="batch", recipe=recipe,
                   engine_options={"decode_cache_mb": 0}, hyp={k: float(getattr(args, k)) for k in AUGMENT_KEYS})
 
 
@@ -109,22 +113,27 @@ def measure(make: Callable[[], Any], seconds: float, *, kind: str) -> dict[str, 
 
 def configurations(yaml_path: Path, lmdb_yaml: Path, a: argparse.Namespace) -> dict[str, tuple[Callable[[], Any], str]]:
     size = (a.imgsz, a.batch, a.workers)
-    return {
+    configs = {
         "ultralytics, no cache": (lambda: ultralytics_loader(yaml_path, *size, False), "ultralytics"),
         "ultralytics, cache ram": (lambda: ultralytics_loader(yaml_path, *size, "ram"), "ultralytics"),
-        "fastload files": (lambda: fastload_loader(yaml_path, *size, False), "fastload"),
-        "fastload lmdb": (lambda: fastload_loader(yaml_path, *size, False, store=str(lmdb_yaml)), "fastload"),
-        "fastload files, batch partners, no decode cache": (lambda: decode_bound_loader(yaml_path, *size), "plain"),
-        "fastload ram (cache ram)": (lambda: fastload_loader(yaml_path, *size, "ram"), "fastload"),
-        "fastload ram, HSV deferred to device": (lambda: deferred_hsv_loader(yaml_path, *size), "plain"),
+        "fastload files": (lambda: fastload_loader(yaml_path, *size, False, a.recipe), "fastload"),
+        "fastload lmdb": (lambda: fastload_loader(yaml_path, *size, False, a.recipe, store=str(lmdb_yaml)), "fastload"),
+        "fastload files, batch partners, no decode cache": (lambda: decode_bound_loader(yaml_path, *size, a.recipe),
+                                                            "plain"),
+        "fastload ram (cache ram)": (lambda: fastload_loader(yaml_path, *size, "ram", a.recipe), "fastload"),
     }
+    if a.recipe == "yolov9":  # the ultralytics recipe's additive hue is never deferred (loader() refuses it)
+        configs["fastload ram, HSV deferred to device"] = (lambda: deferred_hsv_loader(yaml_path, *size), "plain")
+    return configs
 
 
 # ----------------------------------------------------------------------------------------- PSS
-def _pss_rank(way: str, yaml_path: str, imgsz: int, batch: int, workers: int, out: str, done: Any) -> None:
+def _pss_rank(way: str, yaml_path: str, imgsz: int, batch: int, workers: int, recipe: str, out: str, done: Any) -> None:
     """One stand-in rank: a ``cache="ram"`` loader, three batches, its process ids written, then held until measured."""
-    make = ultralytics_loader if way == "ultralytics" else fastload_loader
-    ld = make(Path(yaml_path), imgsz, batch, workers, "ram")
+    if way == "ultralytics":
+        ld = ultralytics_loader(Path(yaml_path), imgsz, batch, workers, "ram")
+    else:
+        ld = fastload_loader(Path(yaml_path), imgsz, batch, workers, "ram", recipe)
     it = iter(ld)
     for _ in range(3):
         next(it)
@@ -144,7 +153,7 @@ def measure_pss(way: str, yaml_path: Path, a: argparse.Namespace, ranks: int = 2
     done = ctx.Event()
     with tempfile.TemporaryDirectory() as d:
         outs = [str(Path(d) / f"rank{k}.json") for k in range(ranks)]
-        procs = [ctx.Process(target=_pss_rank, args=(way, str(yaml_path), a.imgsz, a.batch, a.workers, o, done))
+        procs = [ctx.Process(target=_pss_rank, args=(way, str(yaml_path), a.imgsz, a.batch, a.workers, a.recipe, o, done))
                  for o in outs]
         for p in procs:
             p.start()
@@ -166,6 +175,8 @@ def measure_pss(way: str, yaml_path: Path, a: argparse.Namespace, ranks: int = 2
 
 # ----------------------------------------------------------------------------------------- main
 def main(argv: list[str] | None = None) -> int:
+    from fastload.augment.params import RECIPES
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--images", type=int, default=256, help="coco128 repeated to this many images")
     ap.add_argument("--imgsz", type=int, default=640, help="Ultralytics' imgsz")
@@ -173,6 +184,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=2, help="worker processes of every loader")
     ap.add_argument("--seconds", type=float, default=8.0, help="timed seconds per configuration and round")
     ap.add_argument("--rounds", type=int, default=2, help="interleaved rounds (the median round is shown)")
+    ap.add_argument("--recipe", choices=RECIPES, default="ultralytics",
+                    help="fastload's augmentation recipe (default: FastloadTrainer's, ultralytics)")
     ap.add_argument("--pss", action="store_true", help="also the PSS of 2 processes x workers with cache='ram'")
     ap.add_argument("--json", type=Path, default=None)
     a = ap.parse_args(argv)
@@ -201,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
                 row[f"x {base}"] = statistics.median(r[name]["images_per_s"] / r[base]["images_per_s"] for r in rounds)
             table[name] = row
         print(f"\ncoco128 repeated to {a.images} images, imgsz {a.imgsz}, batch {a.batch}, {a.workers} workers, "
-              f"{a.rounds} rounds of {a.seconds:g} s (median round; ratios: median same-round ratio)")
+              f"fastload recipe {a.recipe}, {a.rounds} rounds of {a.seconds:g} s (median round; ratios: median same-round ratio)")
         print(f"| configuration | img/s | CPU ms/img | x {ULTRALYTICS[0]} | x {ULTRALYTICS[1]} |")
         print("|---|---:|---:|---:|---:|")
         for name, row in table.items():

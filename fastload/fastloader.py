@@ -20,7 +20,8 @@ import torch
 from fastload import order as _order
 from fastload.augment.hyp import load_hyp
 from fastload.augment.params import (
-    PARTNERS, RECIPES, ParamSampler, Partners, Recipe, image_of, per_index_shapes, rect_batch_shapes, visit_ids,
+    PARTNERS, RECIPES, ParamSampler, Partners, Recipe, image_of, per_index_shapes, recent_window, rect_batch_shapes,
+    visit_ids,
 )
 from fastload.data.images import loaded_shape
 from fastload.data.labels import img2label_path
@@ -190,6 +191,8 @@ class FastLoader:
         self.epoch = 0
         self.mosaic_closed = False
         self.image_table: np.ndarray | None = None  # set_image_table()
+        self._order = _order.EpochOrder(n, batch_size, seed=seed, shuffle=shuffle, rank=rank, world_size=world_size,
+                                        drop_last=drop_last)
         self.sampler = _EpochSampler(self)
         self._epoch_set = False
         self._closed = False
@@ -203,10 +206,7 @@ class FastLoader:
         (:func:`~fastload.augment.params.visit_ids`) when an image table repeats images."""
         if self._rect_batches is not None:
             return np.concatenate(self._rect_batches) if self._rect_batches else np.zeros(0, np.int64)
-        idx = _order.epoch_indices(self.n, epoch, seed=self.seed, shuffle=self.shuffle, rank=self.rank,
-                                   world_size=self.world_size, drop_last=self.drop_last)
-        if self.drop_last:
-            idx = idx[: len(idx) // self.batch_size * self.batch_size]
+        idx = self._order(epoch)
         if self.image_table is not None:  # positions -> the images drawn there, each visit its own draws
             idx = visit_ids(self.image_table[idx], self.n)
         return idx
@@ -238,6 +238,9 @@ class FastLoader:
             return
         if self._rect_batches is not None:
             raise ValueError("dataset.indices (--image-weights) cannot reorder rect batches; drop --rect or the weights")
+        if self.engine.sampler.partners == "recent":  # its window is computed from the order without a table
+            raise ValueError("dataset.indices (--image-weights) changes the images of the epoch order that "
+                             "partners='recent' draws mosaic partners from; use partners='dataset' or 'batch'")
         if not self.engine.takes_sample_ids:
             able = " or ".join(map(repr, SAMPLE_ID_ENGINES))
             raise ValueError(f"dataset.indices (--image-weights) needs engine={able}, this loader uses {self.engine.name!r}")
@@ -489,10 +492,13 @@ def loader(
         batch_size: images per batch (per rank).
         hyp: augmentation hyper-parameters: yaml path, dict or None (YOLOv9 ``hyp.scratch-high``).
         augment: apply training augmentation (mosaic, mixup, perspective, HSV, flips). False:
-            letterbox only (validation). As in YOLOv9's ``load_image``, every engine shrinks images
+            letterbox only (validation). The loaded image is the ``recipe``'s (its loaded-image rule:
+            :data:`fastload.data.images.LoadRule`). As in YOLOv9's ``load_image``, every engine shrinks images
             from encoded stores (files, lmdb) with INTER_LINEAR in training and INTER_AREA in
-            validation; decoded stores (disk, ram, gpu) hold images shrunk once, with INTER_AREA
-            (disk/ram record it: ``store.meta["shrink"]``).
+            validation; decoded stores (disk, ram, gpu) of that rule hold images shrunk once, with INTER_AREA
+            (disk/ram record it: ``store.meta["shrink"]``). ``recipe="ultralytics"``: sizes rounded up and
+            INTER_LINEAR always, as Ultralytics' ``load_image``; a decoded store must have been made with that rule
+            (``fastload convert --load-rule ultralytics``; a ram store built on demand has a segment per rule).
         store: ``auto`` (the fastest store ``fastload convert`` recorded for this split and imgsz:
             ram > disk > lmdb > files), one of ``files | lmdb | disk | ram``, ``gpu`` (decoded images
             resident on ``device``; ``engine="gpu"`` only), or a ``Store``.
@@ -542,8 +548,11 @@ def loader(
             about 1 decode per output image instead of 4.6; each image's expected uses per epoch
             are unchanged, but a batch's tiles come from its own ``B`` images only). ``None``: the
             engine's default (``"dataset"`` for ``cpu``, ``gpu`` and ``ray``, ``"batch"`` for ``dali``;
-            each engine's docstring says why). Only training batches with mosaic have partners: passing
-            ``"batch"`` to a loader that draws no mosaic (``augment=False``, ``rect=True``, hyp
+            each engine's docstring says why). ``"recent"``: Ultralytics' buffer (without ``cache="ram"``):
+            drawn uniformly from the images of the last ``min(n, 8 * batch_size, 1000) - 1`` positions of this
+            rank's epoch order up to the sample's own (a function of the seed and the order, whatever the
+            workers; not with an image table). Only training batches with mosaic have partners: passing
+            ``"batch"`` or ``"recent"`` to a loader that draws no mosaic (``augment=False``, ``rect=True``, hyp
             ``mosaic: 0``) raises ``ValueError``.
         strict: what a record that fails its check at load time does (an LMDB crc mismatch, a truncated or
             undecodable image, a disk/ram record whose pixels no longer match their checksum, checked on
@@ -556,7 +565,7 @@ def loader(
             :class:`~fastload.store.base.DamagedRecordError` (a ``StoreError``) instead, from any worker.
         recipe: whose augmentation distributions the training batches are drawn with, with ``hyp``'s values
             (:data:`~fastload.augment.params.Recipe`): ``"yolov9"`` or ``"ultralytics"`` (Ultralytics 8.4's
-            ``v8_transforms``; docs/ultralytics.md says what of it is implemented). Its additive-hue HSV has
+            ``v8_transforms``, with its loaded image; docs/ultralytics.md says what of it is implemented). Its additive-hue HSV has
             numpy and torch kernels: ``engine="dali"`` and ``hsv_on="defer"`` (whose caller applies YOLOv9's
             rule) raise ``ValueError``.
         engine_options: what only the chosen engine has: a :class:`~fastload.CPUOptions`,
@@ -605,8 +614,10 @@ def loader(
     else:
         # a store in device memory is filled on the loader's device
         on_device = store != "auto" and not store_kind(store).on_host
-        base = open_store(data, split=split, kind=store, imgsz=imgsz, **({"device": device} if on_device else {}))
+        base = open_store(data, split=split, kind=store, imgsz=imgsz, load_rule=recipe,
+                          **({"device": device} if on_device else {}))
     try:
+        base.check_load_rule(recipe)  # a decoded store passed in must hold the recipe's loaded images
         keep_idx, labels = _filter(list(base.labels), int(min_items), bool(single_cls))
         if len(keep_idx) == 0:
             raise ValueError(f"no images left in {base!r} (min_items={min_items})")
@@ -614,7 +625,7 @@ def loader(
         if single_cls:
             view.names = ["item"]
         hyp_d = load_hyp(hyp)
-        loaded_hw = np.array([loaded_shape(int(h), int(w), imgsz) for h, w in view.shapes], np.int64).reshape(-1, 2)
+        loaded_hw = np.array([loaded_shape(int(h), int(w), imgsz, recipe) for h, w in view.shapes], np.int64).reshape(-1, 2)
 
         rect_batches = batch_shapes = rect_shapes = None
         if rect:
@@ -623,11 +634,17 @@ def loader(
             order_idx, batch_shapes = rect_batch_shapes(view.shapes, batch_size, imgsz, stride=stride, pad=pad)
             rect_shapes = per_index_shapes(order_idx, batch_shapes, batch_size)
             rect_batches = _order.rect_order(order_idx, batch_size, rank=rank, world_size=world_size)
+        recent = {}
+        if partners == "recent":  # the window runs over the epoch order this rank renders (FastLoader.epoch_order)
+            recent = {"epoch_order": _order.EpochOrder(len(view), batch_size, seed=seed, shuffle=shuffle and not rect,
+                                                       rank=rank, world_size=world_size, drop_last=drop_last),
+                      "window": recent_window(len(view), batch_size)}
         sampler = ParamSampler(loaded_hw, hyp_d, imgsz, augment=augment, seed=seed, rect_shapes=rect_shapes,
-                               orig_shapes=view.shapes, partners=partners or cls.default_partners, recipe=recipe)
-        if partners == "batch" and not sampler.draws_mosaics:
-            raise ValueError("partners='batch' applies to mosaic training batches only, and this loader draws no mosaic "
-                             f"(augment={augment}, rect={rect}, hyp mosaic={hyp_d['mosaic']}); leave partners unset")
+                               orig_shapes=view.shapes, partners=partners or cls.default_partners, recipe=recipe,
+                               **recent)
+        if partners in ("batch", "recent") and not sampler.draws_mosaics:
+            raise ValueError(f"partners={partners!r} applies to mosaic training batches only, and this loader draws no "
+                             f"mosaic (augment={augment}, rect={rect}, hyp mosaic={hyp_d['mosaic']}); leave partners unset")
         eng = cls(view, sampler, settings, options)
     except BaseException:
         if owns_store:

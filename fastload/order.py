@@ -12,6 +12,8 @@ fixed batches, whole batches dealt out to ranks.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 # A spawn key keeps the order stream apart from the augmentation streams, which are seeded with
@@ -105,3 +107,26 @@ def rect_order(
     sorted_indices = np.asarray(sorted_indices, np.int64)
     batches = [sorted_indices[i : i + batch_size] for i in range(0, len(sorted_indices), batch_size)]
     return batches[rank::world_size]
+
+
+@dataclass(frozen=True)
+class EpochOrder:
+    """The image indices one rank renders in each epoch, in order, as a small picklable value: the
+    :func:`epoch_indices` of these settings, less the incomplete last batch with ``drop_last``. What a
+    parameter sampler that draws mosaic partners from recently visited images (``partners="recent"``)
+    computes its window from, in any process, without being told the order."""
+
+    n: int
+    batch_size: int
+    seed: int = 0
+    shuffle: bool = True
+    rank: int = -1
+    world_size: int = 1
+    drop_last: bool = False
+
+    def __call__(self, epoch: int) -> np.ndarray:
+        idx = epoch_indices(self.n, epoch, seed=self.seed, shuffle=self.shuffle, rank=self.rank,
+                            world_size=self.world_size, drop_last=self.drop_last)
+        if self.drop_last:
+            idx = idx[: len(idx) // self.batch_size * self.batch_size]
+        return idx

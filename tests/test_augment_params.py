@@ -13,6 +13,7 @@ from fastload.augment.params import (
     SampleParams,
     _mosaic4_placements,
     per_index_shapes,
+    recent_window,
     rect_batch_shapes,
     translation,
 )
@@ -269,6 +270,46 @@ def test_batch_partners_come_from_the_batch_and_depend_on_it():
     # letterbox records (validation) have no partners: identical under both settings
     v = [ParamSampler(shapes, None, 320, augment=False, partners=p) for p in ("dataset", "batch")]
     assert v[0].sample_batch(0, batch) == v[1].sample_batch(0, batch)
+
+
+# ----------------------------------------------------------------------- partners="recent"
+def test_recent_partners_come_from_the_window_of_the_epoch_order():
+    """Ultralytics' buffer as a function of the order: a mosaic's partners are images of the last `window`
+    positions up to the sample's own (its own included; at an epoch's start the previous epoch's last ones),
+    the mixup image is uniform over the dataset; the records are a pure function of the seed and the order."""
+    from fastload.order import EpochOrder
+
+    n, b = 64, 4
+    shapes = np.random.default_rng(1).integers(100, 640, (n, 2))
+    order = EpochOrder(n, b, seed=7)
+    window = recent_window(n, b)
+    assert window == 31 and recent_window(5000, 256) == 999 and recent_window(3, 64) == 2
+    hyp = {"mosaic": 1.0, "mixup": 1.0}
+    s = ParamSampler(shapes, hyp, 320, seed=2, partners="recent", epoch_order=order, window=window, recipe="ultralytics")
+    o0, o1 = order(0), order(1)
+    assert s.recent(0, int(o0[0])).tolist() == [o0[0]]  # the first sample of the run: its own image only
+    assert s.recent(1, int(o1[0])).tolist() == [*o0[-30:], o1[0]]  # crosses into epoch 0's tail
+    assert s.recent(1, int(o1[40])).tolist() == o1[10:41].tolist()
+    mixup_outside = 0
+    for p, i in enumerate(o1.tolist()):
+        rec = s.sample(1, i)
+        pool = set(s.recent(1, i).tolist())
+        assert {t.src for t in rec.image.tiles} <= pool and rec.image.tiles[0].src == i
+        mixup_outside += rec.mixup.tiles[0].src not in pool  # type: ignore[union-attr]
+    assert mixup_outside > 10  # the mixup image comes from the whole dataset
+    fresh = ParamSampler(shapes, hyp, 320, seed=2, partners="recent", epoch_order=EpochOrder(n, b, seed=7),
+                         window=window, recipe="ultralytics")
+    assert fresh.sample_batch(1, o1[8:12]) == s.sample_batch(1, o1[8:12]) == [s.sample(1, int(i)) for i in o1[8:12]]
+    other = ParamSampler(shapes, hyp, 320, seed=2, partners="recent", epoch_order=EpochOrder(n, b, seed=8),
+                         window=window, recipe="ultralytics")
+    i = int(o1[50])
+    assert other.sample(1, i).sources != s.sample(1, i).sources  # another order, other partners
+    assert other.sample(1, i).hsv_gain == s.sample(1, i).hsv_gain  # the rest of the draw is the sample's
+    with pytest.raises(ValueError, match="partners='recent' draws from the last `window` images"):
+        ParamSampler(shapes, hyp, 320, partners="recent")
+    with pytest.raises(IndexError, match="not in the epoch order of epoch 0"):
+        ParamSampler(shapes, hyp, 320, partners="recent", epoch_order=EpochOrder(n, b, rank=0, world_size=2),
+                     window=window).sample(0, int(EpochOrder(n, b, rank=1, world_size=2)(0)[0]))
 
 
 # ----------------------------------------------------------------------------------------- ultralytics recipe

@@ -54,6 +54,18 @@ def test_info_json_and_verify_exit_codes(synth_yaml, tmp_path, capsys):
     assert run_cli(["verify", str(tmp_path / "nothing"), "--no-progress"]) == 1
 
 
+def test_convert_with_ultralytics_load_rule_and_info_says_it(synth_yaml, tmp_path, capsys):
+    out = tmp_path / "o"
+    assert run_cli(["convert", str(synth_yaml), "--to", "disk", "--imgsz", "64", "--load-rule", "ultralytics",
+                    "--split", "val", "--out", str(out), "--no-progress"]) == 0
+    store = out / "val-64-ultralytics.disk"  # named per rule: beside, never over, a YOLOv9-rule store
+    capsys.readouterr()
+    assert run_cli(["info", str(store)]) == 0
+    assert "(disk store, imgsz 64, ultralytics loaded images)" in capsys.readouterr().out
+    assert run_cli(["convert", str(synth_yaml), "--to", "disk", "--load-rule", "v5", "--out", str(out)]) == 2
+    assert "--load-rule 'v5': unknown loaded-image rule v5; choose from yolov9, ultralytics" in capsys.readouterr().err
+
+
 def test_stage_dataset_then_unstage(synth_yaml, tmp_path, capsys):
     target = tmp_path / "ramdisk" / "synth"
     target.parent.mkdir()

@@ -134,6 +134,26 @@ def test_loaded_shape(h0, w0, imgsz, expected):
     assert loaded_shape(h0, w0, imgsz) == expected
 
 
+@pytest.mark.parametrize(
+    "h0,w0,imgsz,expected",
+    # Ultralytics rounds up (ceil(w0 * r), at most imgsz): 302x500 -> 387x640 where YOLOv9 gives 386x640
+    [(480, 640, 320, (240, 320)), (302, 500, 640, (387, 640)), (77, 50, 640, (640, 416)), (97, 313, 64, (20, 64)),
+     (480, 640, 640, (480, 640)), (1, 1000, 640, (1, 640))],
+)
+def test_loaded_shape_of_ultralytics_rule(h0, w0, imgsz, expected):
+    assert loaded_shape(h0, w0, imgsz, "ultralytics") == expected
+
+
+def test_ultralytics_rule_resizes_with_inter_linear_and_unknown_rule_is_refused():
+    img = _quadrants(313, 97)
+    down = resize_long_side(img, 100, rule="ultralytics")  # INTER_LINEAR even where YOLOv9 validation uses INTER_AREA
+    assert down.shape[:2] == loaded_shape(313, 97, 100, "ultralytics") == (100, 31)
+    assert (down == cv2.resize(img, (31, 100), interpolation=cv2.INTER_LINEAR)).all()
+    assert shrink_filter(False, "ultralytics") == "linear" and shrink_filter(False) == "area"
+    with pytest.raises(ValueError, match="loaded-image rule must be one of yolov9, ultralytics"):
+        loaded_shape(313, 97, 100, "v5")
+
+
 def test_resize_long_side_follows_loaded_shape_and_interpolation():
     img = _quadrants(313, 97)
     assert resize_long_side(img, 313) is img  # r == 1: untouched

@@ -252,6 +252,23 @@ def test_gpu_store_from_encoded_store_decodes_like_load(converted):
             assert np.array_equal(gs.read_image(i), lm.load(i, IMGSZ))
 
 
+def test_gpu_store_of_ultralytics_rule_holds_its_loaded_images(converted):
+    """store="gpu" for the ultralytics recipe holds Ultralytics' loaded images (sizes rounded up, INTER_LINEAR),
+    filled from an encoded store; a decoded store of YOLOv9's rule is refused, not resized."""
+    from fastload.store.base import StoreError
+    from fastload.store.factory import open_store
+    from fastload.store.gpu import GpuStore
+
+    with open_store(converted, kind="lmdb", imgsz=IMGSZ) as lm:
+        gs = GpuStore(lm, device="cpu", imgsz=IMGSZ, load_rule="ultralytics")
+        assert gs.load_rule == "ultralytics" and gs.meta["load_rule"] == "ultralytics"
+        for i in range(0, len(lm), 5):
+            assert np.array_equal(gs.read_image(i), lm.load(i, IMGSZ, shrink="linear", rule="ultralytics"))
+    with open_store(converted, kind="ram", imgsz=IMGSZ) as ram:
+        with pytest.raises(StoreError, match="loaded by the yolov9 rule, and the ultralytics rule was asked for"):
+            GpuStore(ram, device="cpu", load_rule="ultralytics")
+
+
 def test_gpu_store_refuses_when_it_does_not_fit(converted):
     from fastload.store.base import StoreError
     from fastload.store.factory import open_store

@@ -57,11 +57,12 @@ def test_len_epochs_and_drop_last(synth_yaml):
         assert all(len(b[2]) == 5 for b in batches(fl))
 
 
-@pytest.mark.parametrize("partners", ["dataset", "batch"])
+@pytest.mark.parametrize("partners", ["dataset", "batch", "recent"])
 def test_same_seed_same_batches_for_0_1_2_workers(synth_yaml, partners):
     """With partners="batch" a record also depends on its batch's composition, which depends on the
     seed, the epoch and the batch size only: the same for any worker count (there with the decode
-    cache off: every worker decodes what its batches read, at most once per output image)."""
+    cache off: every worker decodes what its batches read, at most once per output image); with "recent"
+    on the epoch order, whichever worker renders the sample."""
     runs = []
     options = {"decode_cache_mb": 0} if partners == "batch" else None
     for w in (0, 1, 2):
@@ -72,6 +73,11 @@ def test_same_seed_same_batches_for_0_1_2_workers(synth_yaml, partners):
             assert stats["partners"] == partners
             if partners == "batch":
                 assert 0 < stats["decodes"] <= stats["images"] == fl.dataset.n
+            if partners == "recent":  # its window is over the loader's own epoch order, which a table would change
+                window = fl.engine.sampler.recent(0, int(fl.epoch_order(0)[9]))
+                assert window.tolist() == fl.epoch_order(0)[:10].tolist()
+                with pytest.raises(ValueError, match="partners='recent' draws mosaic partners from"):
+                    fl.set_image_table(np.zeros(fl.n, np.int64))
     for other in runs[1:]:
         assert len(other) == len(runs[0])
         for a, b in zip(runs[0], other):

@@ -80,6 +80,7 @@ class FakeSampler:
     partners = "dataset"
     augment = True  # engines pick the loaded-image shrink filter from it
     recipe = "yolov9"  # the colour rule the engines apply HSV with
+    load_rule = "yolov9"  # and the loaded-image rule they resize with
 
     def __init__(self, n: int, seed: int = 0, die_on: int | None = None, fail_on: int | None = None) -> None:
         self.n, self.seed, self.closed = n, seed, False

@@ -92,6 +92,24 @@ def test_unfinished_build_of_dead_creator_is_rebuilt(synth_yaml, monkeypatch, sh
     assert not any(root.iterdir())
 
 
+def test_ram_store_on_demand_has_a_segment_per_loaded_image_rule(synth_yaml, shm_root):
+    """A ram store built for Ultralytics' loaded-image rule never serves YOLOv9's (nor the other way round):
+    each rule has its own segment, with its own sizes; a decoded store asked for another rule refuses."""
+    from fastload.data.images import loaded_shape
+    from fastload.store.base import StoreError
+
+    with open_store(synth_yaml, "val", kind="ram", imgsz=96) as v9, \
+            open_store(synth_yaml, "val", kind="ram", imgsz=96, load_rule="ultralytics") as ul:
+        assert v9.path != ul.path and (v9.load_rule, ul.load_rule) == ("yolov9", "ultralytics")
+        assert ul.meta["shrink"] == "linear" and v9.meta["shrink"] == "area"
+        for store, rule in ((v9, "yolov9"), (ul, "ultralytics")):
+            assert [tuple(store.hw[i]) for i in range(len(store))] == [
+                loaded_shape(int(h), int(w), 96, rule) for h, w in store.shapes]
+        with pytest.raises(StoreError, match="loaded by the yolov9 rule, and the ultralytics rule was asked for"):
+            v9.load(0, rule="ultralytics")
+    assert not any(shm_root.iterdir())
+
+
 def test_pinned_ram_store_survives_and_rebuilds_after_reboot(synth_yaml, tmp_path, monkeypatch, shm_root):
     res = convert(synth_yaml, "disk,ram", out=tmp_path / "o", imgsz=96, splits="val", **QUIET)
     seg = res.stores["val"]["ram"]

@@ -33,7 +33,7 @@ def main(data: str, out: Path) -> None:
     # plots=False: Ultralytics' metric plots cost seconds; its label plot (from dataset.labels) is drawn below
     model.train(**common, epochs=2, batch=8, close_mosaic=1, cache="ram", project=str(out / "runs"), name="train",
                 exist_ok=True, plots=False, amp=False, pretrained=False, trainer=FastloadTrainer,
-                fastload_recipe="ultralytics", fastload_batch_log=str(out / "batches.jsonl"))
+                fastload_batch_log=str(out / "batches.jsonl"))  # the default recipe: Ultralytics' own
     trainer = model.trainer
     trainer.plot_training_labels()
     best = Path(trainer.best)

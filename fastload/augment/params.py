@@ -7,7 +7,8 @@ image, the HSV gains and the flips.  :class:`ParamSampler` draws records with YO
 ``mixup``, ``augment_hsv``, ``letterbox``), or Ultralytics' (the second :data:`Recipe`), from a generator seeded by
 ``SeedSequence([seed, epoch, index])`` only, so a record is a pure function of those three numbers
 (with ``partners="batch"``: and of the batch the index belongs to, itself a pure function of the
-seed, the epoch, the rank, the world size and the batch size) and every engine (CPU workers, torch,
+seed, the epoch, the rank, the world size and the batch size; with ``partners="recent"``: and of the epoch
+order, a function of the same numbers) and every engine (CPU workers, torch,
 DALI) draws the same sample for the same index.
 
 Coordinates: "loaded" pixels are those of the image resized to ``imgsz`` on its long side
@@ -24,10 +25,12 @@ from typing import Any, Callable, Literal, Mapping, NamedTuple, Sequence, get_ar
 import numpy as np
 
 from fastload.augment.hyp import load_hyp
+from fastload.data.images import LoadRule
 
 __all__ = [
     "Partners",
     "PARTNERS",
+    "recent_window",
     "Recipe",
     "RECIPES",
     "Rect",
@@ -56,9 +59,21 @@ _REPLACEMENT_STREAM = (0x7265706C61,)  # "repla"
 #: Where a mosaic's partners (and the mixup image with its partners) are drawn from:
 #: ``"dataset"``: uniformly from the whole dataset (YOLOv9's ``random.choices(self.indices, k=3)``);
 #: ``"batch"``: uniformly from the images of the sample's own batch, so that a batch reads only its
-#: own ``B`` source images (one decode each) instead of about ``4.6 B``.
-Partners = Literal["dataset", "batch"]
+#: own ``B`` source images (one decode each) instead of about ``4.6 B``;
+#: ``"recent"``: uniformly from the images of the last ``window`` positions of the rank's epoch order up to
+#: the sample's own (its own image included; at an epoch's start the previous epoch's last ones): Ultralytics'
+#: buffer of recently loaded images (without ``cache="ram"``) as a pure function of the seed and the epoch
+#: order, where Ultralytics' depends on which worker loaded what. The mixup image itself stays uniform
+#: over the dataset, as Ultralytics draws it.
+Partners = Literal["dataset", "batch", "recent"]
 PARTNERS: tuple[str, ...] = get_args(Partners)
+
+
+def recent_window(n: int, batch_size: int) -> int:
+    """The ``partners="recent"`` window of Ultralytics 8.4: its buffer keeps ``min(n, 8 * batch, 1000)``
+    images less the one it drops when that length is reached, so a sample draws from at most that many
+    minus one recently loaded images (its own included)."""
+    return max(1, min(int(n), 8 * int(batch_size), 1000) - 1)
 
 #: Whose augmentation distributions :class:`ParamSampler` draws (both with the hyp dict's values):
 #: ``"yolov9"``: YOLOv9's ``LoadImagesAndLabels`` (the sample's own image shuffled among its mosaic
@@ -334,7 +349,13 @@ class ParamSampler:
             epoch is the same either way (a batch is a uniform sample of the dataset); what changes
             is which images share a batch: its tiles come from its ``B`` images only. Letterbox
             samples (validation, rect, closed mosaic) draw no partners and are the same either way.
+            ``"recent"`` (uniform over the images of the last ``window`` positions of ``epoch_order(epoch)`` up
+            to the sample's own, crossing into the previous epoch's order at an epoch's start: Ultralytics'
+            buffer, :func:`recent_window`; the mixup image stays uniform over the dataset).
         recipe: whose distributions to draw (:data:`Recipe`): ``"yolov9"`` or ``"ultralytics"``.
+        epoch_order: ``partners="recent"``: the function (picklable, pure) giving the order of image indices
+            this rank visits in an epoch, e.g. :class:`fastload.order.EpochOrder`; every image it renders
+            must be in it. ``window``: the positions the partners come from.
     """
 
     def __init__(
@@ -350,9 +371,17 @@ class ParamSampler:
         orig_shapes: np.ndarray | None = None,
         partners: Partners = "dataset",
         recipe: Recipe = "yolov9",
+        epoch_order: Callable[[int], np.ndarray] | None = None,
+        window: int | None = None,
     ) -> None:
         if partners not in PARTNERS:
             raise ValueError(f"partners must be one of {', '.join(PARTNERS)}, got {partners!r}")
+        if partners == "recent" and (epoch_order is None or window is None or window < 1):
+            raise ValueError("partners='recent' draws from the last `window` images of the epoch order: pass "
+                             f"epoch_order= and window= >= 1 (see recent_window), got {epoch_order!r} and {window!r}")
+        self.epoch_order = epoch_order
+        self.window = None if window is None else int(window)
+        self._positions: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # epoch -> (order, first position of each image)
         if recipe not in RECIPES:
             raise ValueError(f"recipe must be one of {', '.join(RECIPES)}, got {recipe!r}")
         if recipe == "ultralytics" and mosaic9:
@@ -386,6 +415,12 @@ class ParamSampler:
 
     def __len__(self) -> int:
         return len(self.loaded_shapes)
+
+    @property
+    def load_rule(self) -> LoadRule:
+        """The loaded-image rule of the recipe (:data:`fastload.data.images.LoadRule`, the recipe's name): the
+        sizes ``loaded_shapes`` must have been computed with and the filter engines resize with."""
+        return self.recipe
 
     def close_mosaic(self) -> None:
         """Turn mosaic (and with it mixup) off for the remaining epochs (YOLOv9 ``--close-mosaic``)."""
@@ -422,6 +457,36 @@ class ParamSampler:
         pool = batch if self.partners == "batch" else None
         return [self.sample(epoch, i, batch=pool) for i in batch.tolist()]
 
+    def recent(self, epoch: int, index: int) -> np.ndarray:
+        """``partners="recent"``: the images sample ``index`` draws its mosaic partners from, those of the
+        ``window`` positions of the epoch order that end at its own (its first, when the order repeats it);
+        positions before the epoch's first are the previous epoch's last (none before epoch 0)."""
+        order, first = self._epoch_positions(epoch)
+        if not 0 <= index < len(first) or first[index] < 0:
+            raise IndexError(f"image {index} is not in the epoch order of epoch {epoch} (partners='recent' draws "
+                             f"from the order's recent images)")
+        end = int(first[index]) + 1
+        start = end - int(self.window)  # type: ignore[arg-type]  # set with partners="recent"
+        if start >= 0 or epoch <= 0:
+            return order[max(start, 0):end]
+        before = self._epoch_positions(epoch - 1)[0]
+        return np.concatenate([before[max(len(before) + start, 0):], order[:end]])
+
+    def _epoch_positions(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        """The epoch's order and the first position of every image in it (-1: absent), kept for two epochs."""
+        if epoch not in self._positions:
+            order = np.asarray(self.epoch_order(epoch), np.int64).reshape(-1)  # type: ignore[misc]
+            if len(order) and (order.min() < 0 or order.max() >= len(self.loaded_shapes)):
+                raise ValueError(f"partners='recent': the epoch order holds sample ids or indices outside "
+                                 f"[0, {len(self.loaded_shapes)}); it must list image indices")
+            first = np.full(len(self.loaded_shapes), -1, np.int64)
+            images, at = np.unique(order, return_index=True)
+            first[images] = at
+            while len(self._positions) >= 2:
+                del self._positions[min(self._positions)]
+            self._positions[epoch] = (order, first)
+        return self._positions[epoch]
+
     def sample(self, epoch: int, index: int, batch: Sequence[int] | np.ndarray | None = None) -> SampleParams:
         """The record of output sample ``index`` in ``epoch`` (pure function of seed, epoch, index and,
         with ``partners="batch"``, of ``batch``).
@@ -435,7 +500,8 @@ class ParamSampler:
         """
         sample_id = self._sample_id(index)
         n = len(self.loaded_shapes)
-        return self._record(make_rng(self.seed, epoch, sample_id), epoch, sample_id % n, sample_id % n, self._pool(batch))
+        return self._record(make_rng(self.seed, epoch, sample_id), epoch, sample_id % n, sample_id % n,
+                            self._pool(epoch, sample_id, batch))
 
     def replacement(self, epoch: int, index: int, attempt: int, batch: Sequence[int] | np.ndarray | None = None) -> SampleParams:
         """The ``attempt``-th (>= 1) replacement record of output sample ``index``: drawn when an image that
@@ -454,8 +520,8 @@ class ParamSampler:
         n = len(self.loaded_shapes)
         ss = np.random.SeedSequence([self.seed, int(epoch), sample_id, int(attempt)], spawn_key=_REPLACEMENT_STREAM)
         rng = np.random.Generator(np.random.PCG64(ss))
-        pool = self._pool(batch)
-        image = self._draw(rng, n, pool, 1)[0]
+        pool = self._pool(epoch, sample_id, batch)
+        image = self._draw(rng, n, self._image_pool(pool), 1)[0]
         return dataclasses.replace(self._record(rng, epoch, image, sample_id % n, pool), attempt=int(attempt))
 
     def first_usable(self, epoch: int, index: int, usable: Callable[[SampleParams], bool],
@@ -482,8 +548,11 @@ class ParamSampler:
             raise IndexError(f"index {sample_id} out of range for {len(self.loaded_shapes)} images")
         return sample_id
 
-    def _pool(self, batch: Sequence[int] | np.ndarray | None) -> np.ndarray | None:
-        """The image indices partners are drawn from (``partners="batch"``), None for the whole dataset."""
+    def _pool(self, epoch: int, sample_id: int, batch: Sequence[int] | np.ndarray | None) -> np.ndarray | None:
+        """The image indices mosaic partners are drawn from (``partners="batch"``: the batch's, ``"recent"``: the
+        window's), None for the whole dataset."""
+        if self.partners == "recent":
+            return self.recent(epoch, sample_id) if self.draws_mosaics else None
         if self.partners != "batch":
             return None
         if batch is None:
@@ -492,6 +561,11 @@ class ParamSampler:
         if len(pool) == 0 or pool.min() < 0:
             raise IndexError(f"batch indices must be image indices or sample ids (>= 0), got {pool.tolist()}")
         return image_of(pool, len(self.loaded_shapes))
+
+    def _image_pool(self, pool: np.ndarray | None) -> np.ndarray | None:
+        """Where a whole image is drawn from (a mixup image, a replacement): the batch with ``partners="batch"``
+        (every source a batch's own image), else the dataset (Ultralytics draws its mixup image there)."""
+        return pool if self.partners == "batch" else None
 
     def _record(self, rng: np.random.Generator, epoch: int, index: int, shape_of: int, pool: np.ndarray | None) -> SampleParams:
         """The record of image ``index`` drawn from ``rng``; ``shape_of``: the index whose rect shape it fills."""
@@ -503,7 +577,7 @@ class ParamSampler:
         if mosaic:
             image = self._mosaic(rng, index, pool)
             if not ultralytics and self.mixup_prob > 0 and rng.random() < self.mixup_prob:
-                mixup = self._mosaic(rng, self._draw(rng, n, pool, 1)[0], pool)
+                mixup = self._mosaic(rng, self._draw(rng, n, self._image_pool(pool), 1)[0], pool)
                 ratio = float(rng.beta(32.0, 32.0))
         elif ultralytics and self.augment:
             image, shapes = self._centred(rng, index, shape_of)
@@ -512,7 +586,7 @@ class ParamSampler:
         if ultralytics and self.mixup_prob > 0 and rng.random() < self.mixup_prob:
             # Ultralytics' MixUp follows every sample; its partner (uniform over the dataset) goes through
             # the same mosaic-or-not and random perspective as a sample of its own
-            partner = self._draw(rng, n, pool, 1)[0]
+            partner = self._draw(rng, n, self._image_pool(pool), 1)[0]
             mixup = self._mosaic(rng, partner, pool) if self._draws_mosaic(rng) else self._centred(rng, partner, partner)[0]
             ratio = float(rng.beta(32.0, 32.0))
         gain = (1.0, 1.0, 1.0)

@@ -5,7 +5,7 @@ import argparse
 import contextlib
 import sys
 
-from fastload.cli.errors import check_choices, whole
+from fastload.cli.errors import UsageError, check_choices, whole
 
 
 def register(sub: argparse._SubParsersAction, help_text: str) -> None:
@@ -15,6 +15,9 @@ def register(sub: argparse._SubParsersAction, help_text: str) -> None:
     p.add_argument("--to", default="lmdb", help="store kinds, comma separated: lmdb, disk, ram (default lmdb)")
     p.add_argument("--out", default=None, help="output folder (default <dataset root>/fastload)")
     p.add_argument("--imgsz", type=whole(1), default=640, help="long side of decoded disk/ram images (default 640)")
+    p.add_argument("--load-rule", default="yolov9",
+                   help="whose loaded-image rule disk/ram images are made with: yolov9 (truncated sizes, INTER_AREA) or "
+                        "ultralytics (sizes rounded up, INTER_LINEAR: for fastload's ultralytics recipe; default yolov9)")
     p.add_argument("--split", default=None, help="splits to convert, comma separated (default: all in the yaml)")
     p.add_argument("--workers", type=whole(1), default=None, help="decode/encode processes (default: CPUs, at most 8)")
     p.add_argument("--resume", action="store_true", help="continue an interrupted LMDB conversion")
@@ -30,16 +33,21 @@ def register(sub: argparse._SubParsersAction, help_text: str) -> None:
 def run(args: argparse.Namespace) -> int:
     # imported when the command runs: `fastload --help` stays light
     from fastload.data.config import load_data_config
+    from fastload.data.images import LOAD_RULES
     from fastload.store.convert import convert, output_folder
     from fastload.store.kinds import CONVERT_KINDS, finish_hint, unfinished_conversions
 
     kinds = check_choices("--to", args.to, CONVERT_KINDS, "store kind(s)")
+    rules = check_choices("--load-rule", args.load_rule, LOAD_RULES, "loaded-image rule")
+    if len(rules) > 1:
+        raise UsageError(f"--load-rule {args.load_rule!r}: a store holds images of one rule; choose one of {', '.join(LOAD_RULES)}")
+    load_rule = rules[0]
     cfg = load_data_config(args.data)  # read once: the --split check and the conversion share it
     splits = None if args.split is None else check_choices("--split", args.split, list(cfg.splits),
                                                            f"split(s) of {args.data}:")
     try:
         convert(
-            cfg, kinds, out=args.out, imgsz=args.imgsz, splits=splits, workers=args.workers,
+            cfg, kinds, out=args.out, imgsz=args.imgsz, load_rule=load_rule, splits=splits, workers=args.workers,
             resume=args.resume, max_side=args.max_side, quality=args.quality, progress=not args.no_progress,
             force=args.force,
         )

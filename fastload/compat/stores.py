@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from fastload.data.config import DataConfig, load_data_config
+from fastload.data.images import LoadRule
 from fastload.store.base import Store
 from fastload.store.factory import open_store
 from fastload.store.kinds import KINDS
@@ -35,15 +36,17 @@ def converted_split(converted: DataConfig, sources: list[Path], *, owner: str) -
                      f"{[str(p) for p in sources]} (it has {have})")
 
 
-def open_split_store(cfg: DataConfig, *, kind: str, imgsz: int, store: str, owner: str) -> Store:
+def open_split_store(cfg: DataConfig, *, kind: str, imgsz: int, store: str, owner: str,
+                     load_rule: LoadRule = "yolov9") -> Store:
     """Open the ``train`` split of ``cfg`` (from :func:`split_config`).
 
     ``store``: the layer's store option: ``auto`` (then ``kind``, what the trainer's cache argument asks
     for: ``auto``, ``ram`` or ``disk``), a store kind, or the data.yaml (or its folder) that ``fastload
-    convert`` wrote, whose split with the same images is opened as ``kind`` asks.
+    convert`` wrote, whose split with the same images is opened as ``kind`` asks. ``load_rule``: the loaded-image
+    rule of the loader's recipe (a decoded store of another is refused, or skipped by ``auto``).
     """
     if store == "auto" or store in KINDS:
-        return open_store(cfg, "train", kind=kind if store == "auto" else store, imgsz=imgsz)
+        return open_store(cfg, "train", kind=kind if store == "auto" else store, imgsz=imgsz, load_rule=load_rule)
     target = Path(store)
     if target.is_dir():
         target = target / "data.yaml"
@@ -52,4 +55,4 @@ def open_split_store(cfg: DataConfig, *, kind: str, imgsz: int, store: str, owne
                          f"nor a data.yaml written by `fastload convert`")
     converted = load_data_config(target)
     split = converted_split(converted, cfg.splits["train"], owner=owner)
-    return open_store(converted, split, kind=kind, imgsz=imgsz)
+    return open_store(converted, split, kind=kind, imgsz=imgsz, load_rule=load_rule)

@@ -17,9 +17,10 @@ compares the decoders on your own data). :func:`set_jpeg_decoder` or
 from __future__ import annotations
 
 import io
+import math
 import os
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
 import cv2
 import numpy as np
@@ -46,6 +47,10 @@ __all__ = [
     "shrink_filter",
     "ShrinkFilter",
     "SHRINK_FILTERS",
+    "LoadRule",
+    "LOAD_RULES",
+    "check_load_rule",
+    "rule_shrink",
 ]
 
 # File suffixes that count as images when a folder is scanned (YOLOv5/v9 list).
@@ -400,19 +405,20 @@ def decode_image_reduced(buf: bytes, imgsz: int, path: str | None = None, *, dec
 
 
 def decode_loaded(buf: bytes, imgsz: int, path: str | None = None, *, reduced: bool = True,
-                  shrink: ShrinkFilter = "area") -> np.ndarray:
-    """Decode and resize to the *loaded* shape ``loaded_shape(h0, w0, imgsz)`` in one call.
+                  shrink: ShrinkFilter = "area", rule: LoadRule = "yolov9") -> np.ndarray:
+    """Decode and resize to the *loaded* shape ``loaded_shape(h0, w0, imgsz, rule)`` in one call.
 
     With ``reduced=True`` large JPEGs use a reduced-scale DCT decode first; the output shape is
     identical either way (pixel values differ slightly from a full decode + the same resize).
-    ``shrink``: the filter when the image shrinks (see :func:`resize_to`).
+    ``shrink``: the filter when the image shrinks (see :func:`resize_to`; the ``"ultralytics"`` rule
+    always uses INTER_LINEAR).
     """
     buf = _as_bytes(buf)
     _, h0, w0, orientation = probe_header(buf, path)
     factor = _reduce_factor(h0, w0, imgsz) if reduced and sniff_format(buf) == "jpeg" else 1
     img = _decode(buf, path, factor)[0]
     oh, ow = (w0, h0) if orientation >= 5 else (h0, w0)
-    return resize_to(img, loaded_shape(oh, ow, imgsz), enlarge=max(oh, ow) < imgsz, shrink=shrink)
+    return resize_to(img, loaded_shape(oh, ow, imgsz, rule), enlarge=max(oh, ow) < imgsz, shrink=rule_shrink(shrink, rule))
 
 
 def read_image_file(path: str | os.PathLike) -> np.ndarray:
@@ -425,29 +431,51 @@ def read_image_file(path: str | os.PathLike) -> np.ndarray:
     return decode_image(buf, str(p))
 
 
-# ----------------------------------------------------------------------------- YOLOv9 load_image resize
+# ----------------------------------------------------------------------------- the loaded-image resize
 # The filter YOLOv9's ``load_image`` shrinks with: INTER_AREA for validation, INTER_LINEAR in training
 # (``augment=True``); enlarging is always INTER_LINEAR.
 ShrinkFilter = Literal["area", "linear"]
 SHRINK_FILTERS: dict[str, int] = {"area": cv2.INTER_AREA, "linear": cv2.INTER_LINEAR}
 
+#: Whose ``load_image`` makes the loaded image (long side ``imgsz``, aspect kept): ``"yolov9"`` truncates
+#: the sizes (``int(w0 * r)``) and shrinks with INTER_AREA in validation, INTER_LINEAR in training;
+#: ``"ultralytics"`` (Ultralytics 8.4) rounds them up (``ceil(w0 * r)``, at most ``imgsz``) and always
+#: resizes with INTER_LINEAR. The augmentation recipe of the same name chooses it.
+LoadRule = Literal["yolov9", "ultralytics"]
+LOAD_RULES: tuple[str, ...] = get_args(LoadRule)
 
-def shrink_filter(augment: bool) -> ShrinkFilter:
-    """The name (``"linear"`` / ``"area"``) of the filter YOLOv9 shrinks loaded images with."""
-    return "linear" if augment else "area"
+
+def check_load_rule(rule: str) -> LoadRule:
+    """``rule`` when it is one of :data:`LOAD_RULES`, else ``ValueError`` naming them."""
+    if rule not in LOAD_RULES:
+        raise ValueError(f"the loaded-image rule must be one of {', '.join(LOAD_RULES)}, got {rule!r}")
+    return rule  # type: ignore[return-value]
 
 
-def loaded_shape(h0: int, w0: int, imgsz: int) -> tuple[int, int]:
-    """``(h, w)`` of the YOLOv9 *loaded* image: long side ``imgsz``, aspect kept.
+def shrink_filter(augment: bool, rule: LoadRule = "yolov9") -> ShrinkFilter:
+    """The name (``"linear"`` / ``"area"``) of the filter ``rule``'s ``load_image`` shrinks with
+    (YOLOv9: INTER_LINEAR in training, INTER_AREA in validation; Ultralytics: INTER_LINEAR always)."""
+    return "linear" if augment or check_load_rule(rule) == "ultralytics" else "area"
 
-    Exactly YOLOv9's ``load_image`` sizes: ``r = imgsz / max(h0, w0)``, then ``int(h0 * r)`` and
+
+def rule_shrink(shrink: ShrinkFilter, rule: LoadRule) -> ShrinkFilter:
+    """The filter an image shrinks with under ``rule``: ``shrink`` for YOLOv9's, INTER_LINEAR for Ultralytics'."""
+    return "linear" if check_load_rule(rule) == "ultralytics" else shrink
+
+
+def loaded_shape(h0: int, w0: int, imgsz: int, rule: LoadRule = "yolov9") -> tuple[int, int]:
+    """``(h, w)`` of the *loaded* image: long side ``imgsz``, aspect kept, unchanged when ``r == 1``.
+
+    ``r = imgsz / max(h0, w0)``; ``rule="yolov9"``: YOLOv9's ``load_image`` sizes, ``int(h0 * r)`` and
     ``int(w0 * r)`` (truncated float64 products, as the official code computes them; at least 1);
-    unchanged when ``r == 1``.
+    ``rule="ultralytics"``: Ultralytics 8.4's, ``ceil(h0 * r)`` and ``ceil(w0 * r)``, each at most ``imgsz``.
     """
     h0, w0 = int(h0), int(w0)
     if max(h0, w0) == imgsz:
         return h0, w0
     r = imgsz / max(h0, w0)
+    if check_load_rule(rule) == "ultralytics":
+        return min(math.ceil(h0 * r), imgsz), min(math.ceil(w0 * r), imgsz)
     return max(1, int(h0 * r)), max(1, int(w0 * r))
 
 
@@ -456,7 +484,7 @@ def resize_to(img: np.ndarray, hw: tuple[int, int], *, enlarge: bool | None = No
     """Resize to exactly ``hw``: INTER_LINEAR when enlarging, the ``shrink`` filter otherwise.
 
     ``shrink``: ``"area"`` (INTER_AREA, YOLOv9 validation) or ``"linear"`` (INTER_LINEAR, YOLOv9
-    training); see :func:`shrink_filter`.
+    training, and Ultralytics always); see :func:`shrink_filter`.
     """
     h, w = hw
     if img.shape[0] == h and img.shape[1] == w:
@@ -470,9 +498,11 @@ def resize_to(img: np.ndarray, hw: tuple[int, int], *, enlarge: bool | None = No
     return cv2.resize(img, (w, h), interpolation=interp)
 
 
-def resize_long_side(img: np.ndarray, imgsz: int, *, shrink: ShrinkFilter = "area") -> np.ndarray:
-    """Resize an original image to its loaded shape (see :func:`loaded_shape`); no-op when r == 1."""
+def resize_long_side(img: np.ndarray, imgsz: int, *, shrink: ShrinkFilter = "area",
+                     rule: LoadRule = "yolov9") -> np.ndarray:
+    """Resize an original image to its loaded shape (see :func:`loaded_shape`); no-op when r == 1.
+    ``rule="ultralytics"`` always resizes with INTER_LINEAR, whatever ``shrink`` says."""
     h0, w0 = img.shape[:2]
     if max(h0, w0) == imgsz:
         return img
-    return resize_to(img, loaded_shape(h0, w0, imgsz), enlarge=max(h0, w0) < imgsz, shrink=shrink)
+    return resize_to(img, loaded_shape(h0, w0, imgsz, rule), enlarge=max(h0, w0) < imgsz, shrink=rule_shrink(shrink, rule))

@@ -14,8 +14,8 @@ What an engine is told comes in two parts:
 * the engine's own options, a frozen dataclass declared beside it (``CPUOptions``,
   ``TorchGPUOptions``, ``DALIOptions``) whose fields document themselves.
 
-Derived data (loaded shapes, the largest output size, the filter loaded images shrink with:
-:attr:`Engine.shrink`) is read from the sampler, the same way by every engine; the world size comes
+Derived data (loaded shapes, the largest output size, the loaded-image rule, the filter loaded images shrink
+with: :attr:`Engine.shrink`) is read from the sampler, the same way by every engine; the world size comes
 with the settings.
 
 The last steps of every batch are shared (:meth:`Engine.iter_batches`): HSV gains an engine left
@@ -238,7 +238,7 @@ class Engine(abc.ABC):
             raise EngineOptionError(f"engine {self.name!r} takes {self.Options.__name__} options, got {type(options).__name__}")
         self.store = store
         self.sampler = sampler
-        self.shrink: ShrinkFilter = shrink_filter(sampler.augment)
+        self.shrink: ShrinkFilter = shrink_filter(sampler.augment, sampler.load_rule)
         self.settings = settings
         self.options = options
         self.batch_size = int(settings.batch_size)

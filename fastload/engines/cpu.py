@@ -163,7 +163,8 @@ class CPUEngine(Engine):
         self.layout = settings.layout
         self.keep = int(opts.keep)
         self.prefetch = int(settings.prefetch)
-        self.cache = cache = open_decode_cache(store, sampler.imgsz, decode_scale=opts.decode_scale, shrink=self.shrink,
+        self.cache = cache = open_decode_cache(store, sampler.imgsz, sampler.load_rule, decode_scale=opts.decode_scale,
+                                               shrink=self.shrink,
                                                budget_mb=opts.decode_cache_mb, jpeg_decoder=opts.jpeg_decoder)
         self.renderer = BatchRenderer(
             store, sampler, cache=cache, hsv_in_worker=(settings.hsv_on == "worker"), layout=self.layout,

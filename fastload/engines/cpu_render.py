@@ -100,6 +100,7 @@ class BatchRenderer:
         self.shrink = shrink
         # only when chosen: a Store subclass whose load() predates the keyword keeps working without it
         self._decoder = {} if jpeg_decoder is None else {"decoder": jpeg_decoder}
+        self._rule = {} if sampler.load_rule == "yolov9" else {"rule": sampler.load_rule}  # (the same)
         self.labels: Sequence[np.ndarray] = store.labels
         self._scratch: np.ndarray | None = None
         self.decodes = 0  # encoded images this process decoded (cache misses included, hits not)
@@ -110,7 +111,7 @@ class BatchRenderer:
         if not self.store.decoded:
             self.decodes += 1
         return self.store.load(int(i), self.imgsz, reduced=self.reduced_decode, shrink=self.shrink,
-                               **self._decoder)
+                               **self._decoder, **self._rule)
 
     def get_image(self, i: int) -> np.ndarray:
         """Loaded RGB HWC uint8 image of loader index ``i`` (decoded stores: a zero-copy view)."""

@@ -177,7 +177,7 @@ class SampleSource:
         :class:`~fastload.store.base.DamagedRecordError` for a damaged record."""
         if self.encoded:
             return np.frombuffer(self.store.read_encoded(i), np.uint8)
-        return np.ascontiguousarray(self.store.load(i, self.imgsz))
+        return np.ascontiguousarray(self.store.load(i, self.imgsz, rule=self.sampler.load_rule))
 
     def _usable(self, images: dict[int, np.ndarray]) -> Callable[[SampleParams], bool]:
         return lambda record: self.damaged.load_all(record.sources, images, self._image)

@@ -151,7 +151,7 @@ class GPUEngine(Engine):
         ``decode_on="cpu"``) or its checked encoded bytes (decoded on the device); raises
         :class:`~fastload.store.base.DamagedRecordError` for a damaged record."""
         if self.store.decoded or self.decode_on == "cpu":
-            return np.asarray(self.store.load(i, self.imgsz, shrink=self.shrink))
+            return np.asarray(self.store.load(i, self.imgsz, shrink=self.shrink, rule=self.sampler.load_rule))
         return self.store.read_encoded(i)
 
     def _records(self, epoch: int, idx: np.ndarray) -> tuple[list[SampleParams], dict[int, Any]]:

@@ -173,7 +173,8 @@ class RenderActor:
                           f"{spec.path}: {e}")
             return
         try:
-            cache = open_decode_cache(store, sampler.imgsz, decode_scale=render.decode_scale, shrink=render.shrink,
+            cache = open_decode_cache(store, sampler.imgsz, sampler.load_rule, decode_scale=render.decode_scale,
+                                      shrink=render.shrink,
                                       budget_mb=render.decode_cache_mb, jpeg_decoder=render.jpeg_decoder)
         except Exception as e:  # e.g. a segment of another layout left at its name: reported like a store error
             store.close()

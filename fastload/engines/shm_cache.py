@@ -57,7 +57,7 @@ from typing import Any, Callable
 import numpy as np
 import psutil
 
-from fastload.data.images import ShrinkFilter, loaded_shape
+from fastload.data.images import LoadRule, ShrinkFilter, loaded_shape
 from fastload.store import shm
 from fastload.store.base import Store
 from fastload.store.kinds import SHM_PREFIX, shm_root
@@ -104,14 +104,15 @@ def auto_decode_cache_bytes() -> int:
     return int(psutil.virtual_memory().total // 8)
 
 
-def open_decode_cache(store: Store, imgsz: int, *, decode_scale: str, shrink: ShrinkFilter,
+def open_decode_cache(store: Store, imgsz: int, load_rule: LoadRule, *, decode_scale: str, shrink: ShrinkFilter,
                       budget_mb: int | None, jpeg_decoder: str | None = None) -> "SharedDecodeCache | None":
     """This machine's decoded cache of a loader's store, as an engine option asks for it.
 
     Args:
         store: the loader's store (view); a decoded store needs no cache (None).
         imgsz: the long side of loaded images.
-        decode_scale, shrink, jpeg_decoder: how the loaded pixels are made (``"full"``/``"reduced"``, the shrink
+        load_rule, decode_scale, shrink, jpeg_decoder: how the loaded pixels are made (the loaded-image rule's sizes
+            and filter, (``"full"``/``"reduced"``, the shrink
             filter, the JPEG decoder an engine option chose, None: the process's): part of the segment's name, so
             loaders that make other pixels never share one.
         budget_mb: bound of the segment, if this process creates it (None: :func:`auto_decode_cache_bytes`;
@@ -123,8 +124,9 @@ def open_decode_cache(store: Store, imgsz: int, *, decode_scale: str, shrink: Sh
     if budget <= 0:
         return None
     # what decides the loaded pixels besides the store and imgsz (see Store.load)
-    recipe = f"decode={decode_scale};shrink={shrink};enlarge=linear" + (f";jpeg={jpeg_decoder}" if jpeg_decoder else "")
-    return SharedDecodeCache.open(store, imgsz, recipe, budget)
+    recipe = (f"decode={decode_scale};shrink={shrink};enlarge=linear" + (f";jpeg={jpeg_decoder}" if jpeg_decoder else "")
+              + ("" if load_rule == "yolov9" else f";rule={load_rule}"))  # YOLOv9's keeps the names it had
+    return SharedDecodeCache.open(store, imgsz, recipe, budget, load_rule)
 
 
 def _layout(hw: np.ndarray, capacity: int) -> tuple[int, np.ndarray, int]:
@@ -178,7 +180,8 @@ class SharedDecodeCache:
 
     # -- opening ------------------------------------------------------------------------------------------
     @classmethod
-    def open(cls, store: Store, imgsz: int, recipe: str, budget: int) -> "SharedDecodeCache | None":
+    def open(cls, store: Store, imgsz: int, recipe: str, budget: int,
+             load_rule: LoadRule = "yolov9") -> "SharedDecodeCache | None":
         """Join the machine's cache of ``store`` (``imgsz``, ``recipe``), creating it with room for
         ``budget`` bytes of pixels (at most what the whole store needs) when no process has it yet.
 
@@ -191,7 +194,7 @@ class SharedDecodeCache:
             return None
         shm.cleanup_stale(prefix=PREFIX)
         base, base_idx = _root_store(store)
-        base_hw = np.array([loaded_shape(int(h), int(w), imgsz) for h, w in base.shapes], np.int64).reshape(-1, 2)
+        base_hw = np.array([loaded_shape(int(h), int(w), imgsz, load_rule) for h, w in base.shapes], np.int64).reshape(-1, 2)
         segment = segment_path(store, imgsz, recipe)
         try:
             shm.acquire(segment, lambda seg: _build(seg, base_hw, int(budget), imgsz, recipe),

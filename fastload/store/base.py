@@ -18,6 +18,7 @@ import numpy as np
 
 from fastload.data.images import (
     CorruptImageError,
+    LoadRule,
     ShrinkFilter,
     decode_image,
     decode_image_reduced,
@@ -25,6 +26,7 @@ from fastload.data.images import (
     loaded_shape,
     probe_header,
     resize_to,
+    rule_shrink,
 )
 
 if TYPE_CHECKING:  # torch is needed only by stores whose images live on a device
@@ -166,6 +168,8 @@ class Store(abc.ABC):
       decoded: True when :meth:`read_image` returns the loaded RGB HWC uint8 array at ``imgsz``;
         False when it returns the encoded file bytes.
       imgsz: the long side of decoded images, ``None`` for encoded stores.
+      load_rule: the loaded-image rule (:data:`fastload.data.images.LoadRule`) a decoded store's images were
+        made with, ``None`` for encoded stores (they are resized to whichever rule :meth:`load` is asked for).
       labels: ``float32 [n, 5]`` (cls, xc, yc, w, h) per sample, normalised to the original image.
       shapes: ``int32 [N, 2]`` original ``(h0, w0)`` after EXIF orientation.
       im_files: the source image path per sample (for ``paths`` in batches and error messages).
@@ -177,6 +181,7 @@ class Store(abc.ABC):
     kind: str = ""
     decoded: bool = False
     imgsz: int | None = None
+    load_rule: LoadRule | None = None
     path: str | None = None
 
     def __init__(self) -> None:
@@ -204,10 +209,10 @@ class Store(abc.ABC):
 
     # -- helpers shared by all backends ----------------------------------------------------------
     def load(self, i: int, imgsz: int | None = None, *, reduced: bool = False,
-             shrink: ShrinkFilter = "area", decoder: str | None = None) -> np.ndarray:
+             shrink: ShrinkFilter = "area", decoder: str | None = None, rule: LoadRule = "yolov9") -> np.ndarray:
         """The loaded RGB HWC uint8 image ``i`` whose long side is ``imgsz`` (default: the store's).
 
-        The result always has exactly ``fastload.data.images.loaded_shape(h0, w0, imgsz)``, the shape
+        The result always has exactly ``fastload.data.images.loaded_shape(h0, w0, imgsz, rule)``, the shape
         the augmentation sampler planned with, also when the stored bytes were re-encoded smaller.
         ``reduced``: a JPEG whose stored long side is at least twice ``imgsz`` is decoded at 1/2, 1/4
         or 1/8 scale by the DCT (still >= ``imgsz``) before the same final resize: cheaper, pixels
@@ -215,9 +220,13 @@ class Store(abc.ABC):
         ``decoder``: an encoded store's JPEG decoder (:data:`fastload.data.images.JPEG_DECODERS`; None: the
         process's choice, :func:`fastload.data.images.jpeg_decoder`). ``shrink``: the filter when the image shrinks, ``"area"`` (YOLOv9 validation) or ``"linear"``
         (YOLOv9 training). A decoded store returns its stored pixels at its own ``imgsz`` whatever
-        ``shrink`` says: they were shrunk once, with the filter its ``meta["shrink"]`` records.
+        ``shrink`` says: they were shrunk once, with the filter its ``meta["shrink"]`` records. ``rule``: the
+        loaded-image rule (:data:`fastload.data.images.LoadRule`; Ultralytics' always resizes with INTER_LINEAR);
+        a decoded store made with another rule raises :class:`StoreError` (:meth:`check_load_rule`).
         """
         target = imgsz or self.imgsz
+        if self.load_rule is not None and rule != self.load_rule:
+            self.check_load_rule(rule)
         sample = self.read_image(i)
         try:
             if isinstance(sample, np.ndarray):
@@ -232,7 +241,17 @@ class Store(abc.ABC):
             return img
         h0, w0 = (int(v) for v in self.shapes[i])
         # YOLOv9 decides between enlarging and shrinking from the original size
-        return resize_to(img, loaded_shape(h0, w0, target), enlarge=max(h0, w0) < target, shrink=shrink)
+        return resize_to(img, loaded_shape(h0, w0, target, rule), enlarge=max(h0, w0) < target,
+                         shrink=rule_shrink(shrink, rule))
+
+    def check_load_rule(self, rule: LoadRule) -> None:
+        """Refuse, with one line, a decoded store whose images were loaded by another rule than ``rule``
+        (their sizes and filter differ: serving them would be silently wrong)."""
+        if self.load_rule is not None and rule != self.load_rule:
+            raise StoreError(
+                f"{self.path}: this {self.kind} store holds images loaded by the {self.load_rule} rule, and the "
+                f"{rule} rule was asked for; convert again with `fastload convert --load-rule {rule}` (or use the "
+                f"image files)")
 
     def read_encoded(self, i: int) -> bytes:
         """Encoded store: the bytes of image ``i`` after the checks that need no decode (the stored

@@ -27,6 +27,7 @@ from typing import Any, Callable, Iterator, Sequence
 import yaml
 
 from fastload.data.config import DataConfig, DataConfigError, load_data_config
+from fastload.data.images import LoadRule, check_load_rule
 from fastload.data.index import build_index
 from fastload.store import shm
 from fastload.store.base import StoreError
@@ -89,6 +90,7 @@ def convert(
     *,
     out: str | Path | None = None,
     imgsz: int = 640,
+    load_rule: LoadRule = "yolov9",
     splits: str | Sequence[str] | None = None,
     workers: int | None = None,
     resume: bool = False,
@@ -105,6 +107,8 @@ def convert(
       to: store kinds, a list or comma string of ``lmdb``, ``disk``, ``ram``.
       out: output folder (default ``<dataset root>/fastload``).
       imgsz: long side of decoded (disk/ram) images.
+      load_rule: whose loaded-image rule decoded (disk/ram) images are made with (:data:`fastload.data.images.LoadRule`):
+        ``yolov9`` or ``ultralytics`` (the loader of the recipe of that name reads only a store of its rule).
       splits: which splits (default: every split the yaml defines).
       workers: decode/encode processes (default: CPU count, at most 8).
       resume: continue an interrupted LMDB conversion instead of starting over.
@@ -113,6 +117,7 @@ def convert(
         this run does not rewrite: remove them instead of refusing (a folder holds one dataset's stores).
     """
     cfg = load_data_config(data)
+    check_load_rule(load_rule)
     kinds = _split_list(to)
     bad = [k for k in kinds if k not in CONVERT_KINDS]
     if bad or not kinds:
@@ -139,7 +144,7 @@ def convert(
             # every check and every store of this group uses this one fingerprint (a stat of each source image)
             job = WriteJob(cfg=cfg, name=name, index=index, source_hash=source_fingerprint(index.im_files),
                            out_dir=out_dir, imgsz=imgsz, workers=workers, progress=progress, resume=resume,
-                           max_side=max_side, quality=quality, log=log)
+                           max_side=max_side, quality=quality, log=log, load_rule=load_rule)
             report = index.report
             for s in group:
                 reports[s] = report
@@ -148,12 +153,12 @@ def convert(
                 log(report.format())
             _drop_stale_stores(kept, group, kinds, job.source_hash, out_dir, cfg, force=force, log=log)
             for kind in kinds:
-                final = store_kind(kind).path(cfg, name, out_dir, imgsz)
+                final = store_kind(kind).path(cfg, name, out_dir, imgsz, load_rule)
                 partial = final.with_name(final.name + PARTIAL)
                 if kind != "ram":  # a ram store's partial is removed on any failure: nothing to finish
                     write_finish_note(partial, _finish_command(
                         cfg, kinds, out_dir, splits=wanted if splits else None, imgsz=imgsz, max_side=max_side,
-                        quality=quality))
+                        quality=quality, load_rule=load_rule))
                 try:
                     path, skipped = store_kind(kind).write(job, final)
                 finally:
@@ -185,7 +190,7 @@ def output_folder(cfg: DataConfig, out: str | Path | None) -> Path:
 
 
 def _finish_command(cfg: DataConfig, kinds: Sequence[str], out_dir: Path, *, splits: Sequence[str] | None, imgsz: int,
-                    max_side: int | None, quality: int) -> list[str]:
+                    max_side: int | None, quality: int, load_rule: LoadRule = "yolov9") -> list[str]:
     """The command line that finishes this run after an interruption (see ``finish_hint``): the same stores,
     splits and options, with ``--resume`` when a kind can resume. Every kind and split the run was to write,
     not only the interrupted one: which ones had finished is not known when the note is written."""
@@ -194,7 +199,7 @@ def _finish_command(cfg: DataConfig, kinds: Sequence[str], out_dir: Path, *, spl
     if splits:
         command += ["--split", ",".join(splits)]
     if any(store_kind(k).decoded for k in kinds):
-        command += ["--imgsz", str(imgsz)]
+        command += ["--imgsz", str(imgsz)] + ([] if load_rule == "yolov9" else ["--load-rule", load_rule])
     if "lmdb" in kinds and max_side:
         command += ["--max-side", str(max_side), "--quality", str(quality)]
     return command + (["--resume"] if any(k in RESUMABLE_KINDS for k in kinds) else [])

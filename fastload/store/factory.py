@@ -15,10 +15,20 @@ from pathlib import Path
 from typing import Any, Callable
 
 from fastload.data.config import DataConfig, load_data_config
+from fastload.data.images import LoadRule, check_load_rule
 from fastload.store import shm
 from fastload.store.base import IncompleteStoreError, Store, StoreError
 from fastload.store.files import FileStore
-from fastload.store.kinds import AUTO_ORDER, PARTIAL, detect_kind, finish_hint, ram_segment_path, store_imgsz, store_kind
+from fastload.store.kinds import (
+    AUTO_ORDER,
+    PARTIAL,
+    detect_kind,
+    finish_hint,
+    ram_segment_path,
+    store_imgsz,
+    store_kind,
+    store_load_rule,
+)
 from fastload.store.origin import check_one_source
 from fastload.store.packed import RamStore
 from fastload.store.rebuild import ram_builder
@@ -35,6 +45,8 @@ def open_store(
     split: str = "train",
     kind: str = "auto",
     imgsz: int = 640,
+    *,
+    load_rule: LoadRule = "yolov9",
     **kwargs: Any,
 ) -> Store:
     """Open one split of a dataset as a store.
@@ -46,6 +58,9 @@ def open_store(
       kind: ``auto`` or one of ``files | lmdb | disk | ram | gpu``. ``ram`` on a yaml without a recorded
         ram store builds one in shared memory on demand (removed when the last user exits).
       imgsz: the training image size; decoded stores must match it.
+      load_rule: the loaded-image rule (:data:`fastload.data.images.LoadRule`) decoded stores must have been
+        made with: ``auto`` skips the others, a ram store built on demand has a segment per rule, and a decoded
+        store asked for by kind or path that was made with another rule is refused (StoreError).
       kwargs: passed to the GPU store (``kind="gpu"``: ``device``, ``share``, ``chunk_bytes``, ``base``) or
         ``build_index`` (``kind="files"``: ``cache``, ``workers``, ``progress``); any other keyword, or one with
         another kind (``auto`` takes none), raises TypeError.
@@ -56,14 +71,15 @@ def open_store(
     if extra:
         raise TypeError(f"open_store(kind={kind!r}) takes no {', '.join(map(repr, extra))} keyword; "
                         + (f"it takes {', '.join(takes)}" if takes else "it takes none besides data, split, kind and imgsz"))
+    check_load_rule(load_rule)
     if kind == "gpu":
-        return _open_gpu(data, split, imgsz, **kwargs)
+        return _open_gpu(data, split, imgsz, load_rule, **kwargs)
 
     if isinstance(data, (str, os.PathLike)) and Path(data).is_dir():
         root = Path(data)
         if (root / "data.yaml").is_file() and detect_kind(root) is None:
-            return open_store(root / "data.yaml", split=split, kind=kind, imgsz=imgsz, **kwargs)
-        return open_path(root, kind=kind, imgsz=imgsz)
+            return open_store(root / "data.yaml", split=split, kind=kind, imgsz=imgsz, load_rule=load_rule, **kwargs)
+        return open_path(root, kind=kind, imgsz=imgsz, load_rule=load_rule)
 
     cfg = data if isinstance(data, DataConfig) else load_data_config(data)
     recorded = {k: Path(p) for k, p in cfg.stores.get(split, {}).items()}
@@ -72,7 +88,7 @@ def open_store(
     # which store is picked must not change which images are loaded
     check_one_source(recorded, split, cfg.origin)
     if kind == "ram":
-        return _open_ram(cfg, split, imgsz, recorded, explicit=True)
+        return _open_ram(cfg, split, imgsz, load_rule, recorded, explicit=True)
     if kind in ("disk", "lmdb"):
         if kind not in recorded:
             raise StoreError(
@@ -80,7 +96,7 @@ def open_store(
                 f"create one with `fastload convert {cfg.yaml_path or 'data.yaml'} --to {kind}` and pass the "
                 f"data.yaml it writes"
             )
-        return open_path(recorded[kind], kind=kind, imgsz=imgsz)
+        return open_path(recorded[kind], kind=kind, imgsz=imgsz, load_rule=load_rule)
 
     # auto
     for k in AUTO_ORDER:
@@ -91,17 +107,21 @@ def open_store(
         if store_kind(k).decoded and store_imgsz(recorded[k]) not in (None, imgsz):
             LOG.info("%s store %s is for another imgsz than %d; skipped", k, recorded[k], imgsz)
             continue
+        if store_kind(k).decoded and store_load_rule(recorded[k]) not in (None, load_rule):
+            LOG.info("%s store %s holds images of another loaded-image rule than %s's; skipped", k, recorded[k], load_rule)
+            continue
         try:
             if k == "ram":
-                return _open_ram(cfg, split, imgsz, recorded, explicit=False)
-            return open_path(recorded[k], kind=k, imgsz=imgsz)
+                return _open_ram(cfg, split, imgsz, load_rule, recorded, explicit=False)
+            return open_path(recorded[k], kind=k, imgsz=imgsz, load_rule=load_rule)
         except StoreError as e:
             LOG.warning("%s store for split %r not used: %s", k, split, e)
     raise AssertionError("unreachable")
 
 
-def open_path(path: str | Path, kind: str = "auto", imgsz: int | None = None) -> Store:
-    """Open a store directory, detecting its kind (lmdb environment or packed layout)."""
+def open_path(path: str | Path, kind: str = "auto", imgsz: int | None = None, load_rule: LoadRule | None = None) -> Store:
+    """Open a store directory, detecting its kind (lmdb environment or packed layout); a decoded store of
+    another ``imgsz`` or ``load_rule`` (None: any) than the ones given is refused."""
     path = Path(path)
     partial = path if path.name.endswith(PARTIAL) else path.with_name(path.name + PARTIAL)
     if path == partial:
@@ -121,6 +141,12 @@ def open_path(path: str | Path, kind: str = "auto", imgsz: int | None = None) ->
     if imgsz is not None and store.imgsz != imgsz:
         store.close()
         raise StoreError(f"{path} holds images at imgsz {store.imgsz}, not the requested {imgsz}; convert again with --imgsz {imgsz}")
+    if load_rule is not None:
+        try:
+            store.check_load_rule(load_rule)
+        except StoreError:
+            store.close()
+            raise
     return store
 
 
@@ -130,8 +156,14 @@ def _files(cfg: DataConfig, split: str, **kwargs: Any) -> Store:
     return FileStore.from_config(cfg, split, **kwargs)
 
 
-def _open_ram(cfg: DataConfig, split: str, imgsz: int, recorded: dict[str, Path], *, explicit: bool) -> Store:
-    seg = recorded.get("ram") or ram_segment_path(cfg, split, imgsz)
+def _open_ram(cfg: DataConfig, split: str, imgsz: int, load_rule: LoadRule, recorded: dict[str, Path], *,
+              explicit: bool) -> Store:
+    seg = recorded.get("ram")
+    if seg is not None and store_load_rule(seg) not in (None, load_rule):
+        # a recorded ram store of the other rule is not this one: the rule's own segment, built on demand
+        recorded = {k: p for k, p in recorded.items() if k != "ram"}
+        seg = None
+    seg = seg or ram_segment_path(cfg, split, imgsz, load_rule)
     size = store_imgsz(seg)
     if size is not None and size != imgsz:
         raise StoreError(f"ram store {seg} is for imgsz {size}, not {imgsz}; run `fastload convert --to ram --imgsz {imgsz}`")
@@ -139,7 +171,8 @@ def _open_ram(cfg: DataConfig, split: str, imgsz: int, recorded: dict[str, Path]
     if not shm.is_complete(seg):
         # A ram store asked for on a yaml that records none is built on demand; a recorded one that
         # vanished (reboot) is rebuilt from the disk store, or from the source only when that is cheap.
-        build = ram_builder(cfg, split, imgsz, recorded, allow_decode=explicit and "ram" not in recorded)
+        build = ram_builder(cfg, split, imgsz, recorded, allow_decode=explicit and "ram" not in recorded,
+                            load_rule=load_rule)
     try:
         return RamStore(seg, build=build)
     except StoreError as e:
@@ -152,16 +185,16 @@ def _open_ram(cfg: DataConfig, split: str, imgsz: int, recorded: dict[str, Path]
         raise
 
 
-def _open_gpu(data: Any, split: str, imgsz: int, *, base: str = "auto", **kwargs: Any) -> Store:
+def _open_gpu(data: Any, split: str, imgsz: int, load_rule: LoadRule, *, base: str = "auto", **kwargs: Any) -> Store:
     """``open_store(..., kind="gpu")``: fill a GpuStore from the best host store of ``data``.
 
     ``base`` picks the host store kind (default ``auto``: ram > disk > lmdb > files); ``kwargs`` go
     to :class:`fastload.store.gpu.GpuStore` (``device``, ``share``).
     """
     gpu_store = store_class("gpu")
-    host = open_store(data, split=split, kind=base, imgsz=imgsz)
+    host = open_store(data, split=split, kind=base, imgsz=imgsz, load_rule=load_rule)
     try:
-        return gpu_store(host, imgsz=imgsz, **kwargs)
+        return gpu_store(host, imgsz=imgsz, load_rule=load_rule, **kwargs)
     except BaseException:
         host.close()
         raise

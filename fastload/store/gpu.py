@@ -19,10 +19,11 @@ import numpy as np
 import psutil
 import torch
 
-from fastload.data.images import loaded_shape
+from fastload.data.images import LoadRule, check_load_rule, loaded_shape
 from fastload.data.device import resolve_device
 from fastload.data.torch_images import decode_on_device
 from fastload.store.base import ResidentImages, Store, StoreError
+from fastload.store.writing import decoded_shrink
 
 __all__ = ["GpuStore"]
 
@@ -50,6 +51,8 @@ class GpuStore(Store):
         imgsz: long side of the loaded images (default: ``base.imgsz``; required for encoded stores).
         share: largest fraction of the device's currently free memory the pixels may take.
         chunk_bytes: host staging size for copies and decode batches.
+        load_rule: the loaded-image rule of its images (:data:`fastload.data.images.LoadRule`); a decoded
+            ``base`` must have been made with it. Shrunk once as a disk store of that rule is.
 
     Attributes beyond :class:`Store`'s: ``pixels`` (``uint8 [P, 3]`` on ``device``), ``px_offsets``
     (``int64 [N]`` first pixel row of each image), ``hw`` (``int64 [N, 2]`` loaded sizes),
@@ -69,6 +72,7 @@ class GpuStore(Store):
         imgsz: int | None = None,
         share: float = 0.8,
         chunk_bytes: int = 256 << 20,
+        load_rule: LoadRule = "yolov9",
     ) -> None:
         super().__init__()
         if not 0 < share <= 1:
@@ -83,12 +87,14 @@ class GpuStore(Store):
             raise StoreError(f"store='gpu' from {base!r} needs imgsz (the base store is encoded)")
         if base.decoded and base.imgsz not in (None, self.imgsz):
             raise StoreError(f"{base!r} holds images at imgsz={base.imgsz}, the GPU store was asked for {self.imgsz}")
+        self.load_rule = check_load_rule(load_rule)
+        base.check_load_rule(load_rule)
         self.path = base.path
         self.labels = list(base.labels)
         self.shapes = np.asarray(base.shapes, np.int32).reshape(-1, 2)
         self.im_files = list(base.im_files)
         self.names = list(base.names)
-        self.hw = np.array([loaded_shape(int(h), int(w), self.imgsz) for h, w in self.shapes], np.int64).reshape(-1, 2)
+        self.hw = np.array([loaded_shape(int(h), int(w), self.imgsz, load_rule) for h, w in self.shapes], np.int64).reshape(-1, 2)
         sizes = self.hw[:, 0] * self.hw[:, 1]
         self.px_offsets = np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64) if len(sizes) else sizes
         total_px = int(sizes.sum())
@@ -100,7 +106,7 @@ class GpuStore(Store):
                 f"{allowed / _GIB:.2f} GiB ({share:.0%} of the free memory of {self.device}) may be used; "
                 f"use store='ram' or 'disk', a smaller imgsz, or raise share="
             )
-        self.meta = dict(base.meta, gpu={"device": str(self.device), "bytes": needed, "share": share})
+        self.meta = dict(base.meta, load_rule=load_rule, gpu={"device": str(self.device), "bytes": needed, "share": share})
         self.pixels = torch.empty((total_px, 3), dtype=torch.uint8, device=self.device)
         self._chunk = int(chunk_bytes)
         self._fill()
@@ -110,16 +116,16 @@ class GpuStore(Store):
         return torch.empty(nbytes, dtype=torch.uint8, pin_memory=self.device.type == "cuda")
 
     def _fill(self) -> None:
-        base = self.base
+        base, rule = self.base, self.load_rule
         n = len(self)
         if n == 0:
             return
         if base.decoded:  # packed disk/ram: read_image is a view of the mapped pixels
-            self._fill_arrays(lambda i: np.asarray(base.load(i, self.imgsz)))
+            self._fill_arrays(lambda i: np.asarray(base.load(i, self.imgsz, rule=rule)))
         elif self.device.type == "cuda":
             self._fill_decode()
         else:  # CPU device: the CPU decoder is the reference, use it
-            self._fill_arrays(lambda i: base.load(i, self.imgsz))
+            self._fill_arrays(lambda i: base.load(i, self.imgsz, shrink=decoded_shrink(rule), rule=rule))
 
     def _fill_arrays(self, get: Callable[[int], np.ndarray]) -> None:
         """Copy loaded HWC arrays one staging chunk at a time."""
@@ -150,7 +156,8 @@ class GpuStore(Store):
         for i in range(0, n, batch):
             ks = list(range(i, min(n, i + batch)))
             bufs = [bytes(self.base.read_image(k)) for k in ks]
-            imgs = decode_on_device(bufs, [self.im_files[k] for k in ks], [tuple(self.hw[k]) for k in ks], self.device)
+            imgs = decode_on_device(bufs, [self.im_files[k] for k in ks], [tuple(self.hw[k]) for k in ks], self.device,
+                                    shrink=decoded_shrink(self.load_rule))
             for k, img in zip(ks, imgs):
                 o = int(self.px_offsets[k])
                 rows = img.permute(1, 2, 0).reshape(-1, 3)

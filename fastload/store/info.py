@@ -105,6 +105,7 @@ def store_info(path: str | Path) -> dict[str, Any]:
             "type": "store",
             "kind": store.kind,
             "imgsz": store.imgsz,
+            "load_rule": store.load_rule,
             "names": store.names,
             "meta": {k: v for k, v in store.meta.items() if k != "names"},
             "splits": {"store": stats},
@@ -135,7 +136,8 @@ def format_info(info: dict[str, Any], top: int = 20) -> str:
     """Human-readable rendering of :func:`dataset_info`'s dict."""
     head = f"{info['source']}"
     if info["type"] == "store":
-        head += f"  ({info['kind']} store" + (f", imgsz {info['imgsz']}" if info.get("imgsz") else "") + ")"
+        head += (f"  ({info['kind']} store" + (f", imgsz {info['imgsz']}" if info.get("imgsz") else "")
+                 + (f", {info['load_rule']} loaded images" if info.get("load_rule") else "") + ")")
     lines = [head, f"classes: {len(info['names'])}"]
     for split, s in info["splits"].items():
         lines.append(f"[{split}] {s['images']} images, {s['backgrounds']} backgrounds, {s['instances']} instances, {fmt_bytes(s['bytes'])}")

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+from fastload.data.images import LoadRule
 from fastload.store.base import PACKED_SCHEMA
 
 if TYPE_CHECKING:
@@ -41,6 +42,7 @@ class WriteJob:
     max_side: int | None = None
     quality: int = 90
     log: Callable[[str], None] = print
+    load_rule: LoadRule = "yolov9"  # the loaded-image rule of a decoded store's images
 
 
 @dataclass(frozen=True)
@@ -54,7 +56,8 @@ class StoreKind:
     name: str
     reader: str  # its Store class
     writer: str | None = None  # its writer, (WriteJob, final path) -> (path, skipped images); None: not converted
-    path: Callable[[DataConfig, str, Path, int], Path] | None = None  # where convert writes it: (cfg, name, out, imgsz)
+    # where convert writes it: (cfg, name, out, imgsz, load_rule); a decoded store's name says a rule other than yolov9's
+    path: Callable[[DataConfig, str, Path, int, LoadRule], Path] | None = None
     decoded: bool = False  # holds loaded pixels at one imgsz (else the encoded images)
     auto_rank: int | None = None  # its place in store="auto", 0 first; None: only when asked for by name
     on_host: bool = True  # False: its images live in device memory (engines declare whether they draw from it)
@@ -76,13 +79,15 @@ def _resolve(ref: str) -> Any:
     return getattr(importlib.import_module(module), name)
 
 
-def _in_out(pattern: str) -> Callable[[DataConfig, str, Path, int], Path]:
-    """A store path inside convert's output folder, ``pattern`` formatted with the split name and imgsz."""
-    return lambda cfg, name, out_dir, imgsz: out_dir / pattern.format(name=name, imgsz=imgsz)
+def _in_out(pattern: str) -> Callable[[DataConfig, str, Path, int, LoadRule], Path]:
+    """A store path inside convert's output folder, ``pattern`` formatted with the split name, imgsz and
+    ``rule`` (``-ultralytics`` for that loaded-image rule, empty for YOLOv9's)."""
+    return lambda cfg, name, out_dir, imgsz, load_rule="yolov9": out_dir / pattern.format(
+        name=name, imgsz=imgsz, rule="" if load_rule == "yolov9" else f"-{load_rule}")
 
 
-def _ram_path(cfg: DataConfig, name: str, out_dir: Path, imgsz: int) -> Path:
-    return ram_segment_path(cfg, name, imgsz)
+def _ram_path(cfg: DataConfig, name: str, out_dir: Path, imgsz: int, load_rule: LoadRule = "yolov9") -> Path:
+    return ram_segment_path(cfg, name, imgsz, load_rule)
 
 
 STORE_KINDS: dict[str, StoreKind] = {k.name: k for k in (
@@ -90,7 +95,7 @@ STORE_KINDS: dict[str, StoreKind] = {k.name: k for k in (
     StoreKind("lmdb", "fastload.store.lmdb_store:LmdbStore", "fastload.store.lmdb_store:write_lmdb",
               _in_out("{name}.lmdb"), auto_rank=2, resumable=True),
     StoreKind("disk", "fastload.store.packed:PackedStore", "fastload.store.packed:write_disk",
-              _in_out("{name}-{imgsz}.disk"), decoded=True, auto_rank=1),
+              _in_out("{name}-{imgsz}{rule}.disk"), decoded=True, auto_rank=1),
     # pinned in shared memory until `fastload unstage` (or a reboot; open_store then rebuilds it)
     StoreKind("ram", "fastload.store.packed:RamStore", "fastload.store.packed:write_ram", _ram_path, decoded=True,
               auto_rank=0),
@@ -155,11 +160,22 @@ def store_imgsz(path: str | Path) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def ram_segment_path(cfg: DataConfig, split: str, imgsz: int) -> Path:
-    """The shared-memory folder of a split's ram store, stable for the same sources, imgsz and packed schema."""
+def store_load_rule(path: str | Path) -> LoadRule | None:
+    """The loaded-image rule a decoded store's metadata records (``yolov9`` when it records none: stores
+    written before the rule existed), or None when it has no readable metadata."""
+    try:
+        return json.loads((Path(path) / "meta.json").read_text()).get("load_rule", "yolov9")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def ram_segment_path(cfg: DataConfig, split: str, imgsz: int, load_rule: LoadRule = "yolov9") -> Path:
+    """The shared-memory folder of a split's ram store, stable for the same sources, imgsz, packed schema and
+    loaded-image rule (each rule has a segment of its own: one never serves the other)."""
     sources = [str(Path(p).resolve()) for p in cfg.splits.get(split, [])]
     # the schema is part of the name: a segment an older fastload left behind is never picked up
-    digest = hashlib.sha1(json.dumps([sources, imgsz, PACKED_SCHEMA]).encode()).hexdigest()[:10]
+    key: list[Any] = [sources, imgsz, PACKED_SCHEMA] + ([] if load_rule == "yolov9" else [load_rule])
+    digest = hashlib.sha1(json.dumps(key).encode()).hexdigest()[:10]
     slug = re.sub(r"[^A-Za-z0-9_.]+", "_", Path(cfg.root).name or "data")[:32]
     return shm_root() / f"{SHM_PREFIX}{slug}-{digest}-{imgsz}"
 

@@ -4,13 +4,14 @@ Layout of a packed store directory (used by ``disk`` stores and, under ``/dev/sh
 
     pixels.bin         all loaded images, RGB HWC uint8, back to back
     offsets.npy        int64 [N + 1]  byte offset of image i is offsets[i] .. offsets[i + 1]
-    hw.npy             int32 [N, 2]   loaded (h, w) at imgsz
+    hw.npy             int32 [N, 2]   loaded (h, w) at imgsz, by meta["load_rule"]
     shapes.npy         int32 [N, 2]   original (h0, w0)
     labels.npy         float32 [M, 5] all labels concatenated
     label_counts.npy   int32 [N]
     checksums.npy      uint32 [N]     crc32 of the image's pixels then its label bytes
     files.json         source image path per sample
-    meta.json          schema, kind, imgsz, names, counts, options  (written last: the commit marker)
+    meta.json          schema, kind, imgsz, names, counts, options, shrink, load_rule (written last: the
+                       commit marker; a store without load_rule holds YOLOv9's loaded images)
 
 Reads are zero-copy views into the page cache, shared by every process that maps the file.
 Writers build the directory in a temporary sibling and rename it into place at the end, so an
@@ -29,7 +30,7 @@ import numpy as np
 
 from fastload._version import __version__
 from fastload.data.checksum import record_checksum
-from fastload.data.images import loaded_shape
+from fastload.data.images import LoadRule, loaded_shape
 from fastload.store import shm
 from fastload.store.base import (
     PACKED_SCHEMA,
@@ -42,7 +43,7 @@ from fastload.store.base import (
 )
 from fastload.store.kinds import PARTIAL, WriteJob, in_shm, store_kind
 from fastload.store.space import check_memory, check_space, fmt_bytes, tree_bytes
-from fastload.store.writing import DECODED_SHRINK, Progress, decoded_task, parallel_map
+from fastload.store.writing import Progress, decoded_shrink, decoded_task, parallel_map
 
 META = "meta.json"
 PIXELS = "pixels.bin"
@@ -85,6 +86,7 @@ class PackedStore(Store):
         root = Path(path)
         self.meta = read_meta(root)
         self.imgsz = int(self.meta["imgsz"])
+        self.load_rule = self.meta.get("load_rule", "yolov9")  # stores written before the rule: YOLOv9's
         arrays = {name: np.load(root / f"{name}.npy", allow_pickle=False) for name in ARRAYS}
         self.offsets = arrays["offsets"].astype(np.int64)
         self.hw = arrays["hw"].astype(np.int32)
@@ -241,9 +243,10 @@ def replace_dir(src: Path, dst: Path) -> None:
         os.replace(src, dst)
 
 
-def packed_nbytes(shapes: np.ndarray, imgsz: int) -> int:
+def packed_nbytes(shapes: np.ndarray, imgsz: int, load_rule: LoadRule = "yolov9") -> int:
     """Bytes ``pixels.bin`` will take for these original shapes at ``imgsz`` (to check space first)."""
-    return int(sum(3 * h * w for h, w in (loaded_shape(int(a), int(b), imgsz) for a, b in np.asarray(shapes).reshape(-1, 2))))
+    return int(sum(3 * h * w for h, w in (loaded_shape(int(a), int(b), imgsz, load_rule)
+                                          for a, b in np.asarray(shapes).reshape(-1, 2))))
 
 
 class RamStore(PackedStore):
@@ -281,15 +284,16 @@ class RamStore(PackedStore):
 def write_packed(job: WriteJob, final: Path, *, kind: str, check: Callable[[int], None]) -> tuple[Path, list[tuple[str, str]]]:
     """Decode, resize and pack the images of ``job`` into a packed store of ``kind`` at ``final`` (``check``: the
     room for its bytes); returns it and the images it skipped."""
-    index, imgsz = job.index, job.imgsz
+    index, imgsz, rule = job.index, job.imgsz, job.load_rule
     files = list(index.im_files)
-    check(packed_nbytes(index.shapes, imgsz))
+    check(packed_nbytes(index.shapes, imgsz, rule))
     meta = {
         "kind": kind,
         "source_hash": job.source_hash,
         "source_files": len(files),
         "options": {"imgsz": imgsz},
-        "shrink": DECODED_SHRINK,
+        "shrink": decoded_shrink(rule),
+        "load_rule": rule,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "fastload_version": __version__,
     }
@@ -297,7 +301,7 @@ def write_packed(job: WriteJob, final: Path, *, kind: str, check: Callable[[int]
     skipped: list[tuple[str, str]] = []
     bar = Progress(len(files), f"{kind} {final.name}", job.progress)
     try:
-        for i, img, err, nbytes in parallel_map(decoded_task, [(i, f, imgsz) for i, f in enumerate(files)], job.workers):
+        for i, img, err, nbytes in parallel_map(decoded_task, [(i, f, imgsz, rule) for i, f in enumerate(files)], job.workers):
             if img is None:
                 skipped.append((files[i], err or "undecodable"))
             else:
@@ -321,7 +325,7 @@ def write_ram(job: WriteJob, segment: Path) -> tuple[Path, list[tuple[str, str]]
     """The ram store of ``job``: a copy of its disk store when convert wrote one, else decoded from the source;
     pinned in shared memory until ``fastload unstage``. A segment in use by other processes is kept (refused
     when it holds other images than the ones ``job`` scanned)."""
-    disk = store_kind("disk").path(job.cfg, job.name, job.out_dir, job.imgsz)
+    disk = store_kind("disk").path(job.cfg, job.name, job.out_dir, job.imgsz, job.load_rule)
     skipped: list[tuple[str, str]] = []
     with shm.locked(segment) as reg:
         reg.prune()

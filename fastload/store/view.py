@@ -10,7 +10,7 @@ from typing import Sequence
 
 import numpy as np
 
-from fastload.data.images import ShrinkFilter
+from fastload.data.images import LoadRule, ShrinkFilter
 from fastload.store.base import ResidentImages, Sample, Store
 
 
@@ -49,6 +49,7 @@ class StoreView(Store):
         self.kind = base.kind
         self.decoded = base.decoded
         self.imgsz = base.imgsz
+        self.load_rule = base.load_rule
         self.path = base.path
 
     def read_image(self, i: int) -> Sample:
@@ -58,9 +59,9 @@ class StoreView(Store):
         return self.base.read_encoded(int(self.base_indices[self.check_index(i)]))
 
     def load(self, i: int, imgsz: int | None = None, *, reduced: bool = False,
-             shrink: ShrinkFilter = "area", decoder: str | None = None) -> np.ndarray:
-        # the decoder only when chosen: a base whose load() predates the keyword keeps working without it
-        chosen = {} if decoder is None else {"decoder": decoder}
+             shrink: ShrinkFilter = "area", decoder: str | None = None, rule: LoadRule = "yolov9") -> np.ndarray:
+        # the decoder and rule only when chosen: a base whose load() predates the keywords keeps working without them
+        chosen = ({} if decoder is None else {"decoder": decoder}) | ({} if rule == "yolov9" else {"rule": rule})
         return self.base.load(int(self.base_indices[self.check_index(i)]), imgsz, reduced=reduced, shrink=shrink,
                               **chosen)
 

@@ -13,14 +13,20 @@ import cv2
 import numpy as np
 from tqdm import tqdm
 
-from fastload.data.images import ShrinkFilter, decode_image, probe_shape, resize_long_side
+from fastload.data.images import LoadRule, ShrinkFilter, decode_image, probe_shape, resize_long_side, rule_shrink
 from fastload.store.base import StoreError
 
-# Decoded (disk/ram) stores hold images shrunk once, with YOLOv9 validation's INTER_AREA: validation
-# batches from them are the official ones bit for bit. YOLOv9 training shrinks with INTER_LINEAR, so
-# training batches read from a decoded store differ slightly from the stock loader's (encoded stores
-# are shrunk per mode, exactly as the official loader does). Recorded as meta["shrink"].
+# Decoded (disk/ram) stores of YOLOv9's loaded-image rule hold images shrunk once, with YOLOv9 validation's
+# INTER_AREA: validation batches from them are the official ones bit for bit. YOLOv9 training shrinks with
+# INTER_LINEAR, so training batches read from such a store differ slightly from the stock loader's (encoded
+# stores are shrunk per mode, exactly as the official loader does). Ultralytics' rule resizes with INTER_LINEAR
+# in both modes, so its decoded stores serve both exactly. Recorded as meta["shrink"] (and meta["load_rule"]).
 DECODED_SHRINK: ShrinkFilter = "area"
+
+
+def decoded_shrink(rule: LoadRule) -> ShrinkFilter:
+    """The filter a decoded store of loaded-image rule ``rule`` shrinks its images with, once."""
+    return rule_shrink(DECODED_SHRINK, rule)
 
 
 def default_workers() -> int:
@@ -54,12 +60,12 @@ def _reencode(buf: bytes, max_side: int, quality: int, path: str | None = None) 
     return enc.tobytes()
 
 
-def decoded_task(task: tuple[int, str, int]) -> tuple[int, np.ndarray | None, str | None, int]:
-    """Decode one file and resize it to its loaded shape (as YOLOv9's load_image)."""
-    i, path, imgsz = task
+def decoded_task(task: tuple[int, str, int, LoadRule]) -> tuple[int, np.ndarray | None, str | None, int]:
+    """Decode one file and resize it to its loaded shape (as ``rule``'s load_image)."""
+    i, path, imgsz, rule = task
     try:
         buf = Path(path).read_bytes()
-        img = np.ascontiguousarray(resize_long_side(decode_image(buf, path), imgsz, shrink=DECODED_SHRINK))
+        img = np.ascontiguousarray(resize_long_side(decode_image(buf, path), imgsz, shrink=DECODED_SHRINK, rule=rule))
     except Exception as e:
         return i, None, str(e), 0
     return i, img, None, len(buf)

@@ -4,7 +4,7 @@
     from fastload.compat.ultralytics import FastloadTrainer
 
     YOLO("yolov9t.yaml").train(data="data.yaml", trainer=FastloadTrainer, cache="ram",
-                               fastload_recipe="ultralytics", fastload_engine="cpu")
+                               fastload_engine="cpu")  # Ultralytics' own recipe by default
 
 :class:`FastloadTrainer` (and :class:`FastloadValidator` for ``model.val(validator=...)``) build their
 loaders with :func:`fastload.loader`, delivering Ultralytics' batch dict. Options:

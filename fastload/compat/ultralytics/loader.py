@@ -19,7 +19,7 @@ from fastload.augment.hyp import AUGMENT_KEYS
 from fastload.compat.batch_log import BatchLog
 from fastload.compat.ranks import shard_of
 from fastload.compat.stores import open_split_store, split_config
-from fastload.compat.ultralytics.options import OWNER, RECIPES, UltralyticsOptions
+from fastload.compat.ultralytics.options import OWNER, UltralyticsOptions
 from fastload.data.device import resolve_device
 from fastload.engines.base import Batch
 from fastload.engines.factory import engine_class
@@ -87,14 +87,11 @@ def check_arguments(args: Any, data: Mapping[str, Any], mode: str, opts: Ultraly
             refuse(f"{name}={_arg(args, name)}", "not implemented in fastload's augmentation; set it to 0")
     if _arg(args, "augmentations"):
         refuse("augmentations=[...]", "custom Albumentations transforms are not applied by fastload; drop them")
-    if opts.recipe is None:
-        refuse("augmented training", "Ultralytics' own augmentation recipe is implemented only in part (its loaded-"
-               "image size and mosaic buffer are not); pass fastload_recipe='ultralytics' (or FASTLOAD_RECIPE) to "
-               f"draw that part, or 'yolov9' for YOLOv9's recipe, with these hyperparameters (recipes: {', '.join(RECIPES)})")
     recipes = engine_class(opts.engine).recipes
-    if opts.recipe is not None and opts.recipe not in recipes:
+    if opts.recipe not in recipes:
         refuse(f"fastload_recipe={opts.recipe!r} with fastload_engine={opts.engine!r}", "that engine applies only "
-               f"{', '.join(map(repr, recipes))}; use another fastload_engine")
+               f"{', '.join(map(repr, recipes))}; use another fastload_engine, or fastload_recipe="
+               f"{recipes[0]!r} (not Ultralytics' own recipe)")
 
 
 def _labels_view(base: Store, args: Any, mode: str) -> StoreView:
@@ -151,22 +148,26 @@ def build_loader(args: Any, data: Mapping[str, Any], req: LoaderRequest, opts: U
     cache = "ram" if cache is True else (str(cache).lower() if cache else "")
     if cache not in ("", "ram", "disk"):
         raise UnsupportedArgument(f"{OWNER}: cache={args.cache!r}: choose ram, disk or False")
+    # validation is always Ultralytics' letterbox (boxes moved by the integer pad), whatever trains
+    recipe = opts.recipe if augment else "ultralytics"
     if cache == "disk" and opts.store == "auto":
+        rule = "" if recipe == "yolov9" else f" --load-rule {recipe}"
         raise UnsupportedArgument(
             f"{OWNER}: cache='disk' reads fastload's packed disk store: make it once with `fastload convert "
-            f"{data.get('yaml_file') or 'data.yaml'} --to disk --imgsz {imgsz} --out DIR` and pass "
+            f"{data.get('yaml_file') or 'data.yaml'} --to disk --imgsz {imgsz}{rule} --out DIR` and pass "
             "fastload_store='DIR/data.yaml' (or FASTLOAD_STORE)")
     names = data.get("names") or {}
     names = [names[k] for k in sorted(names)] if isinstance(names, Mapping) else list(names)
     cfg = split_config(req.img_path, owner=OWNER, names=names, nc=int(data.get("nc") or len(names) or 1))
-    base = open_split_store(cfg, kind=cache or "auto", imgsz=imgsz, store=opts.store, owner=OWNER)
+    base = open_split_store(cfg, kind=cache or "auto", imgsz=imgsz, store=opts.store, owner=OWNER, load_rule=recipe)
     try:
         view = _labels_view(base, args, req.mode)
         batch_size = max(1, min(int(req.batch_size), len(view)))
         device = _device(opts, req)
         chosen = opts.loader_keywords(augment=augment, rect=req.rect, device=device)
-        # validation is always Ultralytics' letterbox (boxes moved by the integer pad), whatever trains
-        recipe = opts.recipe if augment else "ultralytics"
+        if chosen["partners"] is None and recipe == "ultralytics" and augment and not req.rect and float(args.mosaic) > 0:
+            # Ultralytics' own rule: partners from its buffer of recently loaded images, from the dataset with cache="ram"
+            chosen["partners"] = "dataset" if cache == "ram" else "recent"
         rank, world = shard_of(req.rank)
         hyp = {k: float(getattr(args, k)) for k in AUGMENT_KEYS}
         fl = make_loader(
@@ -194,7 +195,8 @@ def build_loader(args: Any, data: Mapping[str, Any], req: LoaderRequest, opts: U
         raise
     summary = (f"fastload: {fl.n} images, {len(fl)} batches of {batch_size}, {fl.num_workers} workers, {base.kind} "
                f"store, {opts.engine} engine, HSV {chosen['hsv_on'] if augment else 'off'}, batches on "
-               f"{device if device is not None else 'cpu'}")
+               f"{device if device is not None else 'cpu'}, {recipe} recipe"
+               + (f" (mosaic partners: {fl.engine.sampler.partners})" if fl.engine.sampler.draws_mosaics else ""))
     LOG.info("%s %s loader: %s", OWNER, req.mode, summary)
     source: Any = BatchLog(fl, opts.batch_log, prefix=req.mode) if opts.batch_log else fl
     return UltralyticsLoader(fl, source, view, summary=summary)

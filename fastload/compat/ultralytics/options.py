@@ -22,10 +22,6 @@ def _seed(value: Any) -> int | None:
     return None if value is None or str(value).strip().lower() in ("", "auto", "none") else int(value)
 
 
-def _recipe(value: Any) -> str | None:
-    return None if value is None or str(value).strip() == "" else parse_choice(RECIPES)(value)
-
-
 OPTIONS: tuple[Option, ...] = (
     _SHARED["engine"],
     Option("store", str, "auto",
@@ -43,11 +39,11 @@ OPTIONS: tuple[Option, ...] = (
     _SHARED["partners"],
     _SHARED["strict"],
     _SHARED["batch_log"],
-    Option("recipe", _recipe, None,
+    Option("recipe", parse_choice(RECIPES), "ultralytics",
            f"the augmentation recipe of training batches ({', '.join(RECIPES)}), drawn with the trainer's "
-           "hyperparameter values: ultralytics: Ultralytics' mosaic, perspective, mixup, additive-hue HSV and flips "
-           "(not with engine dali; loaded images still sized as YOLOv9's); yolov9: YOLOv9's. "
-           "None: augmented training is refused until one is chosen"),
+           "hyperparameter values: ultralytics: Ultralytics' loaded image, mosaic (partners from its buffer of recent "
+           "images, or the dataset with cache='ram'), perspective, mixup, additive-hue HSV and flips (not with engine "
+           "dali); yolov9: YOLOv9's"),
 )
 
 
@@ -62,7 +58,7 @@ class UltralyticsOptions(CompatOptions):
     trainer's seed as the default seed and the augmentation ``recipe``."""
 
     seed: int | None = None  # type: ignore[assignment]  # None: the trainer's seed
-    recipe: str | None = None
+    recipe: str = "ultralytics"
 
     @classmethod
     def resolve(cls, overrides: Mapping[str, Any],  # type: ignore[override]
