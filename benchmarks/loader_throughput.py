@@ -424,7 +424,7 @@ def change_cost(args: argparse.Namespace, yaml_path: Path, work: Path) -> dict[s
     commit = export_ref(args.baseline_ref, base_tree)
     trees = {"this": REPO, "baseline": base_tree}
     common = dict(imgsz=args.imgsz, batch_size=args.batch, workers=args.workers)
-    configs = CHANGE_CONFIGS
+    configs = tuple((name, kw) for name, kw in CHANGE_CONFIGS if not args.only or name in args.only)
     if args.ray:
         name, kw = RAY_CHANGE_CONFIG
         configs += ((name, {**kw, "engine_options": {"actors": args.workers}}),)
@@ -465,10 +465,11 @@ def change_cost(args: argparse.Namespace, yaml_path: Path, work: Path) -> dict[s
         out["configs"][name] = row
     try:  # only a tree with batch ownership has SlotRing.lend
         out["slot_delivery"] = cost = slot_delivery_cost(args.batch, args.imgsz)
-        period_us = args.batch / out["configs"]["cpu ram"]["this_images_per_s"] * 1e6
+        first = configs[0][0]
+        period_us = args.batch / out["configs"][first]["this_images_per_s"] * 1e6
         print(f"this tree's slot bookkeeping per delivered batch: {cost['owned_view_us']:.1f} us (lent view with its finalizer, "
               f"freed) vs {cost['plain_view_us']:.1f} us (plain view): {cost['owned_view_us'] - cost['plain_view_us']:.1f} us "
-              f"more, {(cost['owned_view_us'] - cost['plain_view_us']) / period_us * 100:.4f} % of a 'cpu ram' batch period")
+              f"more, {(cost['owned_view_us'] - cost['plain_view_us']) / period_us * 100:.4f} % of a {first!r} batch period")
     except (AttributeError, KeyError) as e:
         print(f"no slot bookkeeping figure: {type(e).__name__}: {e}")
     return out
@@ -495,6 +496,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--baseline-ref", metavar="REF",
                     help="only compare this tree with git ref REF in the common loop (see above), side by side")
     ap.add_argument("--ray", action="store_true", help="with --baseline-ref: engine='ray' too (--workers actors, disk store)")
+    ap.add_argument("--only", action="append", metavar="NAME", choices=[name for name, _ in CHANGE_CONFIGS],
+                    help="with --baseline-ref: only this configuration (repeatable), e.g. 'cpu ram, workers 0'")
     ap.add_argument("--run-one", help=argparse.SUPPRESS)  # internal: one configuration, for --baseline-ref
     args = ap.parse_args(argv)
     if args.run_one:

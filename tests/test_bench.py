@@ -42,11 +42,11 @@ def _check_document(doc: dict, stores: list[str]) -> None:
 
 def _run_bench(tmp_path: Path, data: Path, extra: list[str], capsys) -> dict:
     js, png = tmp_path / "bench.json", tmp_path / "bench.png"
-    code = run_cli(["bench", str(data), "--seconds", "1", "--json", str(js), "--plot", str(png), *extra])
+    code = run_cli(["bench", str(data), "--seconds", "0.4", "--json", str(js), "--plot", str(png), *extra])
     assert code == 0
     out = capsys.readouterr()
     assert "bottleneck:" in out.out and "machine:" in out.out
-    assert "measurements x 1 s" in out.err and "done in" in out.err  # planned and elapsed budget printed
+    assert "measurements x 0.4 s" in out.err and "done in" in out.err  # planned and elapsed budget printed
     with Image.open(png) as im:
         im.verify()
     return json.loads(js.read_text())
