@@ -129,11 +129,12 @@ def test_same_batches_whatever_the_number_of_actors_and_store(stores, cpu_refere
 
 
 def test_ultralytics_recipe_gives_the_cpu_engine_s_batches(stores):
-    """recipe="ultralytics" (the sampler Ray ships carries it): the actors render the CPU engine's batches."""
-    kw = dict(epochs=(0,), recipe="ultralytics")
+    """recipe="ultralytics" (the sampler Ray ships carries it, and with it Ultralytics' loaded-image rule, which the
+    actors decode the lmdb store's images by): the actors render the CPU engine's batches."""
+    kw = dict(epochs=(0,), recipe="ultralytics", store="lmdb")  # the disk store holds YOLOv9's loaded images
     cpu = load(stores, "cpu", workers=0, **kw)[0]
     assert_same(cpu, load(stores, "ray", engine_options={"actors": 1}, **kw)[0])
-    assert not torch.equal(cpu[0][0][0], load(stores, "cpu", workers=0, epochs=(0,))[0][0][0][0])
+    assert not torch.equal(cpu[0][0][0], load(stores, "cpu", workers=0, epochs=(0,), store="lmdb")[0][0][0][0])
 
 
 def test_an_image_table_gives_the_cpu_engine_s_batches(stores):

@@ -57,8 +57,10 @@ def runs(coco128_yaml, tmp_path_factory, preloaded_python):
         # --rect at --img 128: at 64 every coco128 aspect rounds to a 64x64 rect batch
         run("gelan", edited, [python(), "train.py", *train("gelan", "--cfg", "models/detect/gelan-t.yaml", "--epochs", "1",
                                                             "--workers", "1", "--noval", "--rect", "--img", "128")]),
+        # --monitor-interval 5: the first rank to fail its CUDA assertion has torchrun stop the other; polling every
+        # 5 s (not 0.1) lets rank 0 print its options (print_args) and fail on its own first
         run("torchrun", stock, [python(), "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                                "-m", "fastload.compat.yolov9", "train_dual.py",
+                                "--monitor-interval", "5", "-m", "fastload.compat.yolov9", "train_dual.py",
                                 *train("ddp", *dual, "--epochs", "1", "--workers", "1"), "--fastload-workers", "0"],
                 PYTHON_EXEC=preloaded_python.python),  # the ranks forked too (tests/preloaded.py)
     ]
