@@ -47,6 +47,12 @@ def base_env(repo: Path) -> dict[str, str]:
                 OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", MPLBACKEND="Agg")
 
 
+def load_time_mismatch(env: dict[str, str], server_env: dict[str, str] | os._Environ) -> str | None:
+    """Why a run with ``env`` cannot be forked from a server started with ``server_env``, or None."""
+    differ = [k for k in READ_AT_LOAD if env.get(k) != server_env.get(k)]
+    return f"a preloaded run needs the server's {', '.join(differ)} (read when torch & co. load)" if differ else None
+
+
 class PreloadedProcess:
     """One run forked by the server: the subset of ``subprocess.Popen`` that the tests use."""
 
@@ -99,9 +105,9 @@ class PreloadedPython:
               err_log: Path | str | None = None) -> PreloadedProcess:
         """Start ``python ARGV`` (``argv`` is what follows the interpreter: ``SCRIPT ...`` or ``-m MODULE ...``) in
         ``cwd`` with ``env``, its stdout into ``log`` and its stderr too, or into ``err_log`` where given."""
-        differ = [k for k in READ_AT_LOAD if env.get(k) != self.env.get(k)]
-        if differ:
-            raise ValueError(f"a preloaded run needs the server's {', '.join(differ)} (read when torch & co. load)")
+        mismatch = load_time_mismatch(env, self.env)
+        if mismatch:
+            raise ValueError(mismatch)
         with self._lock:
             run_id, self._next_id = self._next_id, self._next_id + 1
             request = {"id": run_id, "argv": list(argv), "cwd": str(cwd), "env": env, "log": str(log),
@@ -290,10 +296,9 @@ def serve(socket_path: str) -> None:
         if listener in ready:
             conn, _ = listener.accept()
             request, streams = _read_stand_in_request(conn)
-            differ = [k for k in READ_AT_LOAD if request["env"].get(k) != os.environ.get(k)]
-            if differ:
-                conn.sendall(json.dumps({"error": f"a preloaded run needs the server's {', '.join(differ)}"}).encode()
-                             + b"\n")
+            mismatch = load_time_mismatch(request["env"], os.environ)
+            if mismatch:
+                conn.sendall(json.dumps({"error": mismatch}).encode() + b"\n")
                 conn.close()
             else:
                 pid = start(request, streams)

@@ -455,7 +455,7 @@ def check_load_rule(rule: str) -> LoadRule:
 def shrink_filter(augment: bool, rule: LoadRule = "yolov9") -> ShrinkFilter:
     """The name (``"linear"`` / ``"area"``) of the filter ``rule``'s ``load_image`` shrinks with
     (YOLOv9: INTER_LINEAR in training, INTER_AREA in validation; Ultralytics: INTER_LINEAR always)."""
-    return "linear" if augment or check_load_rule(rule) == "ultralytics" else "area"
+    return rule_shrink("linear" if augment else "area", rule)
 
 
 def rule_shrink(shrink: ShrinkFilter, rule: LoadRule) -> ShrinkFilter:

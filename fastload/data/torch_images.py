@@ -18,6 +18,7 @@ from typing import Sequence
 
 import numpy as np
 import torch
+
 from fastload.data.images import SHRINK_FILTERS, CorruptImageError, ShrinkFilter, decode_image, jpeg_is_complete, probe_header
 
 __all__ = ["decode_on_device", "resize_loaded", "resize_weights"]

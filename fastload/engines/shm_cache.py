@@ -112,9 +112,8 @@ def open_decode_cache(store: Store, imgsz: int, load_rule: LoadRule, *, decode_s
         store: the loader's store (view); a decoded store needs no cache (None).
         imgsz: the long side of loaded images.
         load_rule, decode_scale, shrink, jpeg_decoder: how the loaded pixels are made (the loaded-image rule's sizes
-            and filter, (``"full"``/``"reduced"``, the shrink
-            filter, the JPEG decoder an engine option chose, None: the process's): part of the segment's name, so
-            loaders that make other pixels never share one.
+            and filter, ``"full"``/``"reduced"``, the shrink filter, the JPEG decoder an engine option chose, None:
+            the process's): part of the segment's name, so loaders that make other pixels never share one.
         budget_mb: bound of the segment, if this process creates it (None: :func:`auto_decode_cache_bytes`;
             0: no cache, None is returned).
     """
