@@ -80,12 +80,12 @@ def _train_args(data: Path, cfg: Path, project: Path, name: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def trained(small_synth, tiny_cfg, tmp_path_factory, preloaded_python) -> Path:
-    """The run folder of an uninterrupted ``_train_args`` run: the end-to-end test's, and the one a run stopped
-    by SIGTERM and resumed must end as."""
+def trained(small_synth, tiny_cfg, tmp_path_factory, preloaded_python) -> tuple[Path, str]:
+    """The run folder and stderr of an uninterrupted ``_train_args`` run: the end-to-end test's, and the one a
+    run stopped by SIGTERM and resumed must end as."""
     root = tmp_path_factory.mktemp("trained")
-    _run_ok(preloaded_python, _train_args(small_synth, tiny_cfg, root / "runs", "e2e"), root)
-    return root / "runs" / "e2e"
+    res = _run_ok(preloaded_python, _train_args(small_synth, tiny_cfg, root / "runs", "e2e"), root)
+    return root / "runs" / "e2e", res.stderr
 
 
 def _signal_after_line(proc: preloaded.PreloadedProcess, log: Path, line: str, signum: int, timeout: float = 300) -> None:
@@ -139,7 +139,12 @@ def test_sync_bn_on_cpu_fails_clearly(small_synth, tiny_cfg, tmp_path):
 
 @pytest.mark.slow
 def test_train_epoch_val_detect(small_synth, trained, tmp_path, run_python):
-    """Two epochs end to end: weights_only checkpoints, results.csv with data-wait columns, val and detect CLIs."""
+    """Two epochs end to end: weights_only checkpoints (also every 2 optimizer steps), results.csv with data-wait
+    columns, val and detect CLIs."""
+    trained, stderr = trained
+    # 4 optimizer steps in the 8 batches (the warm-up ramps the accumulation up): saved after steps 2 and 4
+    periodic = [line.split(" in epoch ")[1] for line in stderr.splitlines() if line.startswith("saved ")]
+    assert [line.split("(optimizer step ")[1] for line in periodic] == ["2)", "4)"], periodic
     for name, epoch in (("last.pt", 1), ("epoch0.pt", 0), ("epoch1.pt", 1), ("best.pt", None)):
         ckpt = torch.load(trained / "weights" / name, map_location="cpu", weights_only=True)
         assert set(ckpt) >= {"model", "ema", "optimizer", "rng", "meta"}
@@ -187,6 +192,7 @@ def test_sigterm_mid_epoch_then_resume_ends_as_uninterrupted(small_synth, tiny_c
     resumed = run_python(["-m", "yolov9.train", "--resume", str(last), "--data", str(small_synth), "--workers", "1",
                           "--device", "cpu"], cwd=tmp_path)
     assert f"at epoch {progress['epoch']}, batch {progress['batch']}/4" in resumed.stderr
+    trained, _ = trained
     want = torch.load(trained / "weights" / "last.pt", map_location="cpu", weights_only=True)
     got = torch.load(last, map_location="cpu", weights_only=True)
     for part in ("model", "ema"):

@@ -547,6 +547,7 @@ def _train(opt: argparse.Namespace, stop_request: _StopRequest) -> dict:
                     rngs = ddp.gather_obj(rng_state())
                     if ddp.main:
                         save_checkpoint(last, **checkpoint(epoch - 1, progress_at(epoch, i + 1, mloss), rngs))
+                        LOG.info(f"\nsaved {last} in epoch {epoch} after batch {i + 1}/{nb} (optimizer step {opt_steps})")
                 if stopped_by:
                     stopped_at = (epoch, i + 1)
                     break
