@@ -558,9 +558,7 @@ def _train(opt: argparse.Namespace, stop_request: _StopRequest) -> dict:
                 break
             lrs = [g["lr"] for g in optimizer.param_groups]
             final = epoch + 1 == opt.epochs
-            stopped_by = ddp.max(stop_request.signum or 0, device)  # a signal in the epoch's last batches
-            rngs = ddp.gather_obj(rng_state())
-            stop = False
+            stop, improved = False, False
             if ddp.main:
                 if not opt.noval or final:
                     results = evaluate(ema.ema, val_loader, device, loss_fn=DetectionLoss(ema.ema, hyp),
@@ -574,7 +572,6 @@ def _train(opt: argparse.Namespace, stop_request: _StopRequest) -> dict:
                     improved = True
                 else:
                     stale += 1
-                    improved = False
                 row = [epoch, *mloss.tolist(), results["precision"], results["recall"], results["mAP50"],
                        results["mAP50-95"], results["box_loss"], results["cls_loss"], results["dfl_loss"], *lrs,
                        round(timer.wait_frac, 4), round(timer.images_per_s * ddp.world, 2),
@@ -585,6 +582,9 @@ def _train(opt: argparse.Namespace, stop_request: _StopRequest) -> dict:
                          f"mAP50 {results['mAP50']:.3f} mAP50-95 {results['mAP50-95']:.3f} | data wait "
                          f"{100 * timer.wait_frac:.1f}% | {timer.images_per_s * ddp.world:.1f} img/s | "
                          f"GPU util {fmt_util(util)}")
+            stopped_by = ddp.max(stop_request.signum or 0, device)  # one since the last step (during validation, say)
+            rngs = ddp.gather_obj(rng_state())
+            if ddp.main:
                 if not opt.nosave or final or stopped_by:
                     kw = checkpoint(epoch, progress_at(epoch + 1, 0, mloss), rngs, results=results)
                     save_checkpoint(last, **kw)
