@@ -185,7 +185,7 @@ def test_sigterm_mid_epoch_then_resume_ends_as_uninterrupted(small_synth, tiny_c
         proc.kill()
     last = tmp_path / "runs" / "cut" / "weights" / "last.pt"
     said = [line for line in log.read_text().splitlines() if line.startswith("stopped by SIGTERM")]
-    assert len(said) == 1 and said[0].endswith(f"continue with: python -m yolov9.train --resume {last}"), said
+    assert len(said) == 1 and said[0].endswith(f"python -m yolov9.train --data {small_synth} --resume {last}"), said
     progress = torch.load(last, map_location="cpu", weights_only=True)["meta"]["progress"]
     assert progress["batch"] > 0 and progress["loader"]["position"] == progress["batch"]  # saved mid-epoch
     resumed = run_python(["-m", "yolov9.train", "--resume", str(last), "--data", str(small_synth), "--workers", "0",
@@ -218,7 +218,7 @@ def test_ddp_two_process_cpu_sigterm_then_resume(small_synth, tiny_cfg, tmp_path
     finally:
         proc.kill()
     last = tmp_path / "runs" / "ddp" / "weights" / "last.pt"
-    assert f"continue with: torchrun --nproc_per_node 2 -m yolov9.train --resume {last}" in log.read_text()
+    assert f"continue with: torchrun --nproc_per_node 2 -m yolov9.train --data {small_synth} --resume {last}" in log.read_text()
     ckpt = torch.load(last, map_location="cpu", weights_only=True)
     assert ckpt["meta"]["epoch"] == -1 and ckpt["meta"]["opt"]["batch_size"] == 4
     assert ckpt["meta"]["progress"]["batch"] == 1 and ckpt["meta"]["progress"]["world_size"] == 2

@@ -616,7 +616,7 @@ def _train(opt: argparse.Namespace, stop_request: _StopRequest) -> dict:
             where = f"in epoch {epoch} after batch {batch}/{nb}" if batch else f"at the end of epoch {epoch - 1}"
             launcher = f"torchrun --nproc_per_node {ddp.world} -m yolov9.train" if ddp.enabled else "python -m yolov9.train"
             LOG.info(f"stopped by {signal.Signals(stopped_by).name}: saved {last} {where}; continue with: "
-                     f"{launcher} --resume {last}")
+                     f"{launcher} --data {opt.data} --resume {last}")
     return dict(results, stopped_by=stopped_by if stopped_at is not None else None)
 
 
