@@ -477,6 +477,7 @@ def _train(opt: argparse.Namespace, stop_request: _StopRequest) -> dict:
                 "multi_rng": multi_rng.bit_generator.state}
 
     def checkpoint(epoch_done: int, progress_now: dict, rngs: list[dict], **meta: Any) -> dict:
+        """``save_checkpoint``'s keywords for the run as it is now (rank 0's: it holds the EMA)."""
         return dict(model=de_parallel(model), ema=ema.ema, optimizer=optimizer, rng=rngs,
                     scaler=scaler if scaler.is_enabled() else None,
                     meta=dict(meta_base, epoch=epoch_done, best_fitness=best_fitness, ema_updates=ema.updates,
