@@ -202,3 +202,18 @@ def test_an_image_table_resumes_when_the_trainer_sets_it_again(data):
         fl.load_state_dict(state)
         fl.dataset.indices = table  # what the trainer does before the epoch
         assert_identical([clone(b) for b in fl], expected[1:])
+
+
+def test_workers_outlive_a_sigterm_to_the_process_group(data):
+    """torchrun and SLURM send SIGTERM to a trainer's whole process group, loader workers included: the workers
+    keep rendering, so that the trainer can take its next step and save a checkpoint before it exits."""
+    import os
+    import signal
+
+    with make(data, "cpu", dict(workers=1, engine_options=NO_CACHE)) as loader:
+        batches = iter(loader)
+        first = clone(next(batches))
+        os.kill(loader.stats()["worker_pids"][0], signal.SIGTERM)
+        rest = [clone(b) for b in batches]
+    with make(data, "cpu", dict(workers=0, engine_options=NO_CACHE)) as loader:
+        assert_identical([first, *rest], [clone(b) for b in loader])

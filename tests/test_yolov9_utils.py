@@ -1,6 +1,10 @@
 """Trainer helpers: optimiser groups, LR schedules, EMA, checkpoints, data-wait meter, letterbox maths."""
 from __future__ import annotations
 
+import io
+import os
+import random
+import signal
 import sys
 
 import numpy as np
@@ -13,7 +17,8 @@ from yolov9.checkpoint import jsonable, load_model, read_checkpoint, save_checkp
 from yolov9.detect import letterbox
 from yolov9.models import DetectionModel, load_cfg
 from yolov9.throughput import GpuUtilSampler, StepTimer, fmt_util
-from yolov9.torch_utils import ModelEMA, build_optimizer, lr_lambda
+from yolov9.torch_utils import ModelEMA, build_optimizer, lr_lambda, rng_state, set_rng_state
+from yolov9.train import _latest_last
 
 
 def _tiny() -> DetectionModel:
@@ -89,6 +94,53 @@ def test_checkpoint_roundtrip_weights_only(tmp_path):
         read_checkpoint(tmp_path / "missing.pt")
     with pytest.raises(TypeError):
         jsonable({"x": object()})
+
+
+def test_killed_checkpoint_write_leaves_the_previous_one(tmp_path):
+    """A writer killed (SIGKILL) half way through its bytes leaves last.pt as it was and a partial last.pt.tmp that
+    does not load and that --resume's search does not pick."""
+    model = nn.Linear(64, 64)
+    last = tmp_path / "exp" / "weights" / "last.pt"
+    last.parent.mkdir(parents=True)
+    save_checkpoint(last, model=model, meta={"epoch": 0})
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    pid = os.fork()
+    if pid == 0:  # the writer: new weights, and torch.save cut short by the kill
+        try:
+            def write_half_then_die(obj, f):
+                whole = io.BytesIO()
+                real_save(obj, whole)
+                f.write(whole.getvalue()[: len(whole.getvalue()) // 2])
+                f.flush()
+                os.kill(os.getpid(), signal.SIGKILL)
+
+            real_save, torch.save = torch.save, write_half_then_die
+            with torch.no_grad():
+                for v in model.parameters():
+                    v.add_(1.0)
+            save_checkpoint(last, model=model, meta={"epoch": 1})
+        finally:
+            os._exit(1)  # never back into pytest in the child
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+    partial = last.with_name("last.pt.tmp")
+    assert partial.stat().st_size > 0
+    with pytest.raises(ValueError, match="not a whole checkpoint file"):
+        read_checkpoint(partial)
+    kept = read_checkpoint(last)
+    assert kept["meta"]["epoch"] == 0 and all(torch.equal(kept["model"][k], v) for k, v in before.items())
+    assert _latest_last(tmp_path) == last
+    save_checkpoint(last, model=model, meta={"epoch": 2})  # the next save replaces the leftover
+    assert read_checkpoint(last)["meta"]["epoch"] == 2 and not partial.exists()
+
+
+def test_rng_state_round_trip_through_a_weights_only_checkpoint(tmp_path):
+    state = rng_state()
+    drawn = (random.random(), np.random.rand(), torch.rand(3))
+    save_checkpoint(tmp_path / "c.pt", model=nn.Linear(1, 1), rng=[state], meta={})
+    set_rng_state(torch.load(tmp_path / "c.pt", weights_only=True)["rng"][0])
+    again = (random.random(), np.random.rand(), torch.rand(3))
+    assert drawn[:2] == again[:2] and torch.equal(drawn[2], again[2])
 
 
 def test_step_timer_counts_and_fraction():

@@ -3,8 +3,14 @@
 Layout::
 
     {"model": state_dict, "ema": state_dict | None, "optimizer": state_dict | None, "scaler": state_dict | None,
+     "rng": [per-rank generator states, yolov9.torch_utils.rng_state()] | None,
      "meta": {"epoch": int, "best_fitness": float, "ema_updates": int, "cfg": <model yaml dict>, "nc": int,
-              "names": [str], "opt": {...}, "hyp": {...}, "date": str, "format": "fastload-yolov9/1"}}
+              "names": [str], "opt": {...}, "hyp": {...}, "date": str, "format": "fastload-yolov9/1",
+              "progress": {...}}}
+
+``meta["epoch"]`` is the last finished epoch (-1: none); ``meta["progress"]`` (written by ``yolov9.train``) is
+where the run continues: the epoch, the batches of it done, the optimizer-step counters, the running loss
+and the fastload loader's ``state_dict()`` for a checkpoint taken mid-epoch.
 """
 from __future__ import annotations
 
@@ -12,6 +18,7 @@ import datetime as _dt
 import json
 import os
 import re
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -40,8 +47,14 @@ def jsonable(obj: Any) -> Any:
 
 
 def save_checkpoint(path: str | Path, *, model: torch.nn.Module, ema: Any = None, optimizer: torch.optim.Optimizer | None = None,
-                    scaler: Any = None, meta: dict) -> None:
-    """Write atomically (temp file + rename) so that an interrupted save never leaves a broken last.pt."""
+                    scaler: Any = None, rng: list[dict] | None = None, meta: dict) -> None:
+    """Write atomically: into ``<name>.tmp`` in the same folder, flushed to disk, then renamed over ``path``.
+
+    A writer killed at any point leaves ``path`` as it was (the previous checkpoint, or none) and at most a
+    partial ``<name>.tmp``, which nothing reads (``--resume`` looks for ``last.pt``) and the next save replaces.
+    The rename is preceded by an fsync of the file and followed by one of the folder, so that a machine that
+    goes down after the rename finds the new checkpoint whole, not a renamed file whose data never reached disk.
+    """
     meta = jsonable(dict(meta, format=FORMAT, date=_dt.datetime.now().isoformat(timespec="seconds")))
     json.dumps(meta)  # proves the metadata is JSON-able
     ckpt = {
@@ -49,26 +62,37 @@ def save_checkpoint(path: str | Path, *, model: torch.nn.Module, ema: Any = None
         "ema": None if ema is None else {k: v.detach().cpu() for k, v in ema.state_dict().items()},
         "optimizer": None if optimizer is None else optimizer.state_dict(),
         "scaler": None if scaler is None else scaler.state_dict(),
+        "rng": rng,
         "meta": meta,
     }
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
-    torch.save(ckpt, tmp)
+    with open(tmp, "wb") as f:
+        torch.save(ckpt, f)
+        f.flush()
+        os.fsync(f.fileno())
     os.replace(tmp, path)
+    folder = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(folder)
+    finally:
+        os.close(folder)
 
 
 def read_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict:
-    """``torch.load(weights_only=True)`` with a clear error for missing files and foreign (pickled-model) files."""
+    """``torch.load(weights_only=True)`` with a clear error for missing, truncated and foreign (pickled-model) files."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"weights file {path} not found")
+    if not zipfile.is_zipfile(path):  # torch.save writes a zip whose directory comes last: a cut file has none
+        raise ValueError(f"{path}: not a whole checkpoint file (truncated, or a write that was interrupted)")
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as e:
         raise ValueError(f"{path}: not a weights_only checkpoint (pickled model objects, e.g. the official "
                          f"YOLOv9 .pt files, are not loaded; convert them to a state_dict first): {e}") from e
     if isinstance(ckpt, dict) and "meta" not in ckpt and all(isinstance(v, torch.Tensor) for v in ckpt.values()):
-        ckpt = {"model": ckpt, "ema": None, "optimizer": None, "scaler": None, "meta": {}}  # bare state_dict
+        ckpt = {"model": ckpt, "ema": None, "optimizer": None, "scaler": None, "rng": None, "meta": {}}  # bare state_dict
     if not isinstance(ckpt, dict) or "model" not in ckpt:
         raise ValueError(f"{path}: expected a checkpoint dict with a 'model' state_dict")
     return ckpt

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-__all__ = ["select_device", "init_seeds", "de_parallel", "round_to_half_", "build_optimizer", "ModelEMA", "lr_lambda",
+__all__ = ["select_device", "init_seeds", "rng_state", "set_rng_state", "de_parallel", "round_to_half_", "build_optimizer", "ModelEMA", "lr_lambda",
            "StepSettings", "TrainSchedule"]
 
 
@@ -51,6 +51,30 @@ def init_seeds(seed: int = 0, deterministic: bool = False) -> None:
     torch.cuda.manual_seed_all(seed)
     if deterministic:
         torch.use_deterministic_algorithms(True, warn_only=True)
+
+
+def rng_state() -> dict:
+    """This process's python, numpy, torch and CUDA generator states as tensors and plain values (what a
+    ``torch.load(weights_only=True)`` checkpoint can hold; numpy's and python's tuples are not)."""
+    version, mt, gauss_next = random.getstate()
+    _, keys, pos, has_gauss, cached_gaussian = np.random.get_state()
+    return {"python": {"version": version, "state": torch.tensor(mt, dtype=torch.int64), "gauss_next": gauss_next},
+            "numpy": {"keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos), "has_gauss": int(has_gauss),
+                      "cached_gaussian": float(cached_gaussian)},
+            "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else []}
+
+
+def set_rng_state(state: dict) -> None:
+    """Restore what :func:`rng_state` returned (the CUDA states only where this process has initialised CUDA)."""
+    py = state["python"]
+    random.setstate((py["version"], tuple(int(v) for v in py["state"].tolist()), py["gauss_next"]))
+    npy = state["numpy"]
+    np.random.set_state(("MT19937", npy["keys"].numpy().astype(np.uint32), npy["pos"], npy["has_gauss"],
+                         npy["cached_gaussian"]))
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_initialized():
+        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 def de_parallel(model: nn.Module) -> nn.Module:

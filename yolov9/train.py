@@ -9,8 +9,13 @@ DDP (one process per GPU, or per CPU slot with gloo)::
     torchrun --nproc_per_node 2 -m yolov9.train --data data.yaml --cfg yolov9-s.yaml --batch 64 --device 0,1
 
 Flags follow YOLOv9's ``train_dual.py``; additions: ``--loader cpu|gpu|dali``, ``--store``, ``--accumulate``,
-``--amp/--no-amp``, ``--amp-dtype``. Each epoch reports the data-wait fraction (time blocked on the loader /
+``--amp/--no-amp``, ``--amp-dtype``, ``--save-period-steps``. Each epoch reports the data-wait fraction (time blocked on the loader /
 step time), images/s and, on NVIDIA GPUs, mean NVML utilisation, in the progress bar and in ``results.csv``.
+
+Preemption: SIGTERM or SIGINT (Ctrl-C) saves ``last.pt`` at the next optimizer step and exits with status
+128 + the signal's number (143, 130) after one line naming the checkpoint and the ``--resume`` command; a
+second signal stops at once. ``--save-period-steps N`` also saves it every N optimizer steps. ``--resume``
+of a checkpoint taken mid-epoch continues at the batch after it (docs/training.md).
 """
 from __future__ import annotations
 
@@ -21,7 +26,9 @@ import logging
 import math
 import os
 import shutil
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -37,8 +44,8 @@ from .checkpoint import jsonable, read_checkpoint, save_checkpoint
 from .loss import DetectionLoss
 from .models.yolo import DetectionModel, resolve_cfg
 from .throughput import GpuUtilSampler, StepTimer, fmt_util
-from .torch_utils import (ModelEMA, TrainSchedule, build_optimizer, de_parallel, init_seeds, round_to_half_,
-                          select_device)
+from .torch_utils import (ModelEMA, TrainSchedule, build_optimizer, de_parallel, init_seeds, rng_state,
+                          round_to_half_, select_device, set_rng_state)
 from .val import evaluate, fitness, make_val_loader
 
 __all__ = ["parse_args", "train", "main", "init_seed", "RESULTS_COLUMNS"]
@@ -85,6 +92,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--patience", type=int, default=100, help="early stopping: epochs without improvement (0: off)")
     p.add_argument("--freeze", nargs="+", type=int, default=[0], help="freeze the first N layers, or layer indices")
     p.add_argument("--save-period", type=int, default=-1, help="also save epoch{N}.pt every N epochs")
+    p.add_argument("--save-period-steps", type=int, default=None, metavar="N",
+                   help="also save last.pt every N optimizer steps, for a mid-epoch --resume (default 0: off; "
+                        "with --resume: the saved run's value)")
     p.add_argument("--seed", type=int, default=0, help="weights initialisation seed (and, by default, the data seed)")
     p.add_argument("--local_rank", "--local-rank", dest="local_rank", type=int, default=-1, help=argparse.SUPPRESS)
     p.add_argument("--min-items", type=int, default=0, help="drop training images with fewer labels")
@@ -109,6 +119,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--batch-size must be >= 1 and --imgsz >= 32")
     if opt.accumulate is not None and opt.accumulate < 1:
         p.error("--accumulate must be >= 1")
+    if opt.save_period_steps is not None and opt.save_period_steps < 0:
+        p.error("--save-period-steps must be >= 0 (0: off)")
+    if opt.save_period_steps and opt.nosave:
+        p.error("--save-period-steps contradicts --nosave (only the final checkpoint)")
     return opt
 
 
@@ -192,6 +206,66 @@ class _Dist:
         dist.broadcast_object_list(box, src=0)
         return box[0]
 
+    def gather_obj(self, obj: Any) -> list[Any]:
+        """Every rank's ``obj``, in rank order, on every rank (one entry in a single process)."""
+        if not self.enabled:
+            return [obj]
+        out: list[Any] = [None] * self.world
+        dist.all_gather_object(out, obj)
+        return out
+
+    def max(self, value: int, device: torch.device) -> int:
+        """The largest ``value`` of all ranks, on every rank (e.g. a signal one rank got: all stop at one step)."""
+        if not self.enabled:
+            return value
+        box = torch.tensor([value], device=device)
+        dist.all_reduce(box, op=dist.ReduceOp.MAX)
+        return int(box.item())
+
+
+class _StopRequest:
+    """SIGTERM and SIGINT, while training, ask it to save and stop at the next optimizer step.
+
+    The first one is recorded (``signum``) and the previous handlers come back, so that a second one acts
+    as it would have (Ctrl-C: KeyboardInterrupt; SIGTERM: the process ends) for a run that must stop now.
+    """
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> _StopRequest:
+        if threading.current_thread() is threading.main_thread():  # Python takes handlers there only
+            self._previous = {s: signal.signal(s, self._record) for s in self.SIGNALS}
+        return self
+
+    def _record(self, signum: int, _frame: Any) -> None:
+        self.signum = signum
+        self._restore()
+
+    def _restore(self) -> None:
+        for s, handler in self._previous.items():
+            signal.signal(s, signal.SIG_DFL if handler is None else handler)  # None: a handler set outside Python
+        self._previous = {}
+
+    def __exit__(self, *exc: object) -> None:
+        self._restore()
+
+
+def _check_resumable(path: Path, meta: dict, epochs: int, world: int) -> None:
+    """Refuse, before anything is built, a resume with nothing left to train or with another number of
+    processes in the middle of an epoch (each rank's share of the epoch's batches depends on it)."""
+    progress = meta.get("progress") or {"epoch": int(meta["epoch"]) + 1, "batch": 0}
+    if progress["epoch"] >= epochs:
+        raise ValueError(f"{path}: training to {epochs} epochs is already finished "
+                         f"(give --epochs N > {progress['epoch']} to extend it)")
+    if progress["batch"] and progress["world_size"] != world:
+        raise ValueError(f"{path}: saved in epoch {progress['epoch']} after batch {progress['batch']} by "
+                         f"{progress['world_size']} process(es), resumed by {world}; continue that epoch with "
+                         f"torchrun --nproc_per_node {progress['world_size']}")
+
 
 def init_seed(seed: int, rank: int = -1) -> int:
     """The global seed a process starts from, as in the official trainer: ``--seed`` itself in a single process
@@ -220,7 +294,13 @@ def _transfer(model: nn.Module, sd: dict[str, torch.Tensor]) -> int:
 
 # ----------------------------------------------------------------------------------------------------------
 def train(opt: argparse.Namespace) -> dict:
-    """Run a training job; returns the last epoch's metrics and the run directory (on rank 0)."""
+    """Run a training job; returns the last epoch's metrics and the run directory (on rank 0), and on every
+    rank ``stopped_by``: the number of the signal that stopped it after saving ``last.pt`` (None: finished)."""
+    with _StopRequest() as stop_request:
+        return _train(opt, stop_request)
+
+
+def _train(opt: argparse.Namespace, stop_request: _StopRequest) -> dict:
     import fastload
     from fastload.augment.hyp import load_hyp
     from fastload.data.config import load_data_config
@@ -237,10 +317,14 @@ def train(opt: argparse.Namespace) -> dict:
         if not saved:
             raise ValueError(f"{last}: no training options recorded, cannot resume")
         keep = {"device": opt.device, "workers": opt.workers}
+        if opt.save_period_steps is not None:
+            keep["save_period_steps"] = opt.save_period_steps
         opt = argparse.Namespace(**{**vars(opt), **saved, **keep})
         opt.resume, opt.weights, opt.save_dir = str(last), str(last), str(last.parent.parent)
         opt.epochs = cli_epochs if cli_epochs is not None else saved["epochs"]
+        _check_resumable(last, resume_ckpt["meta"], opt.epochs, ddp.world)
     opt.epochs = 100 if opt.epochs is None else opt.epochs
+    opt.save_period_steps = opt.save_period_steps or 0  # None: not given (and not recorded by older checkpoints)
     if not opt.cfg and not opt.weights:
         raise ValueError("give --cfg (a model yaml or bundled name) and/or --weights")
 
@@ -310,7 +394,10 @@ def train(opt: argparse.Namespace) -> dict:
         round_to_half_(model)  # as the official trainer, after the EMA copy: the same seed, the same start
     scaler = torch.amp.GradScaler("cuda", enabled=amp and amp_dtype == torch.float16)
 
-    start_epoch, best_fitness = 0, 0.0
+    best_fitness = 0.0
+    # where the run continues: the epoch, the batches of it done, and what the loop carries from batch to batch
+    progress = {"epoch": 0, "batch": 0, "opt_steps": 0, "last_opt_step": -1, "mloss": None, "loader": None,
+                "world_size": ddp.world, "best_epoch": -1, "stale": 0, "multi_rng": None}
     if resume_ckpt is not None:
         meta = resume_ckpt["meta"]
         if resume_ckpt.get("optimizer"):
@@ -320,13 +407,11 @@ def train(opt: argparse.Namespace) -> dict:
             ema.updates = int(meta.get("ema_updates", 0))
         if resume_ckpt.get("scaler") and scaler.is_enabled():
             scaler.load_state_dict(resume_ckpt["scaler"])
-        start_epoch = int(meta["epoch"]) + 1
+        # a checkpoint of an older version records the finished epoch only: the next one starts afresh
+        progress = meta.get("progress") or dict(progress, epoch=int(meta["epoch"]) + 1,
+                                                opt_steps=int(meta.get("ema_updates", 0)))
         best_fitness = float(meta.get("best_fitness", 0.0))
-        if start_epoch >= opt.epochs:
-            raise ValueError(f"{opt.resume}: training to {opt.epochs} epochs is already finished "
-                             f"(give --epochs N > {start_epoch} to extend it)")
-        if ddp.main:
-            LOG.info(f"resuming {opt.resume} from epoch {start_epoch} to {opt.epochs}")
+    start_epoch = progress["epoch"]
 
     if ddp.enabled:
         if opt.sync_bn:
@@ -368,17 +453,46 @@ def train(opt: argparse.Namespace) -> dict:
                  f"{nb} batches/epoch x {per_rank} x {ddp.world} rank(s), accumulate {accumulate}, "
                  f"device {device}, AMP {'off' if not amp else opt.amp_dtype}, loader {opt.loader}, run {save_dir}")
 
-    last_opt_step = -1
-    stale, best_epoch = 0, start_epoch - 1
     multi_rng = np.random.default_rng(opt.seed)
+    if resume_ckpt is not None:
+        if progress["loader"] is not None:  # mid-epoch: the loader hands out the batches after the saved one
+            train_loader.load_state_dict(progress["loader"])
+        if progress["multi_rng"] is not None:
+            multi_rng.bit_generator.state = progress["multi_rng"]
+        rngs = resume_ckpt.get("rng")
+        if rngs and len(rngs) == ddp.world:  # another world size (at an epoch's end): each rank's seed stays
+            set_rng_state(rngs[max(ddp.rank, 0)])
+        LOG.info(f"resuming {opt.resume} at epoch {start_epoch}, batch {progress['batch']}/{nb}, optimizer step "
+                 f"{progress['opt_steps']}, to {opt.epochs} epochs" + (f" (rank {ddp.rank})" if ddp.enabled else ""))
+    opt_steps, last_opt_step = int(progress["opt_steps"]), int(progress["last_opt_step"])
+    stale, best_epoch = int(progress["stale"]), int(progress["best_epoch"])
+    last = wdir / "last.pt"
+
+    def progress_at(epoch: int, batch: int, mloss: torch.Tensor) -> dict:
+        """Where a checkpoint taken now continues: after ``batch`` batches of ``epoch``."""
+        mid = 0 < batch  # a checkpoint at an epoch's start needs no loader state (and takes any world size)
+        return {"epoch": epoch, "batch": batch, "opt_steps": opt_steps, "last_opt_step": last_opt_step,
+                "mloss": mloss.tolist() if mid else None, "loader": train_loader.state_dict() if mid else None,
+                "world_size": ddp.world, "best_epoch": best_epoch, "stale": stale,
+                "multi_rng": multi_rng.bit_generator.state}
+
+    def checkpoint(epoch_done: int, progress_now: dict, rngs: list[dict], **meta: Any) -> dict:
+        """``save_checkpoint``'s keywords for the run as it is now (rank 0's: it holds the EMA)."""
+        return dict(model=de_parallel(model), ema=ema.ema, optimizer=optimizer, rng=rngs,
+                    scaler=scaler if scaler.is_enabled() else None,
+                    meta=dict(meta_base, epoch=epoch_done, best_fitness=best_fitness, ema_updates=ema.updates,
+                              progress=progress_now, **meta))
+
+    stopped_by, stopped_at = 0, None  # a signal's number, and (epoch, batches of it done) where it saved and stopped
     try:
         for epoch in range(start_epoch, opt.epochs):
+            first = progress["batch"] if epoch == start_epoch else 0  # batches of this epoch done before a resume
             t_epoch = time.perf_counter()
             model.train()
             train_loader.set_epoch(epoch)
             if opt.close_mosaic and epoch >= opt.epochs - opt.close_mosaic:
                 train_loader.close_mosaic()  # idempotent; also right after a resume past the switch
-            mloss = torch.zeros(3, device=device)
+            mloss = torch.tensor(progress["mloss"], device=device) if first else torch.zeros(3, device=device)
             timer.reset()
             gpu.start()
             optimizer.zero_grad()
@@ -386,8 +500,8 @@ def train(opt: argparse.Namespace) -> dict:
             if ddp.main:
                 from tqdm import tqdm
 
-                batches = tqdm(batches, total=nb, bar_format="{l_bar}{bar:10}{r_bar}", file=sys.stderr)
-            for i, (imgs, targets, _paths, _shapes) in enumerate(batches):
+                batches = tqdm(batches, total=nb, initial=first, bar_format="{l_bar}{bar:10}{r_bar}", file=sys.stderr)
+            for i, (imgs, targets, _paths, _shapes) in enumerate(batches, start=first):
                 ni = i + nb * epoch
                 imgs = imgs.to(device, non_blocking=True).float().div_(255)
                 targets = targets.to(device, non_blocking=True)
@@ -408,7 +522,8 @@ def train(opt: argparse.Namespace) -> dict:
                 if ddp.enabled:
                     loss = loss * ddp.world  # DDP averages gradients over ranks
                 scaler.scale(loss).backward()
-                if ni - last_opt_step >= step.accumulate:
+                stepped = ni - last_opt_step >= step.accumulate
+                if stepped:
                     scaler.unscale_(optimizer)
                     torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=10.0)
                     scaler.step(optimizer)
@@ -417,6 +532,7 @@ def train(opt: argparse.Namespace) -> dict:
                     if ema is not None:
                         ema.update(model)
                     last_opt_step = ni
+                    opt_steps += 1
                 mloss = (mloss * i + items) / (i + 1)
                 if ddp.main:
                     mem = f"{torch.cuda.memory_reserved(device) / 1e9:.3g}G" if cuda else "cpu"
@@ -424,11 +540,27 @@ def train(opt: argparse.Namespace) -> dict:
                         f"{epoch}/{opt.epochs - 1} {mem} box {mloss[0]:.4f} cls {mloss[1]:.4f} dfl {mloss[2]:.4f} "
                         f"inst {targets.shape[0]} {imgs.shape[-1]} wait {100 * timer.wait_frac:.0f}% "
                         f"{timer.images_per_s * ddp.world:.1f} img/s gpu {fmt_util(gpu.current())}")
-            util = gpu.stop()
-            lrs = [g["lr"] for g in optimizer.param_groups]
-            stop = False
+                # only after an optimizer step: no gradients are pending, so the checkpoint is the whole state
+                if not stepped:
+                    continue
+                stopped_by = ddp.max(stop_request.signum or 0, device)
+                if stopped_by or (opt.save_period_steps and opt_steps % opt.save_period_steps == 0):
+                    rngs = ddp.gather_obj(rng_state())
+                    if ddp.main:
+                        save_checkpoint(last, **checkpoint(epoch - 1, progress_at(epoch, i + 1, mloss), rngs))
+                        LOG.info(f"\nsaved {last} in epoch {epoch} after batch {i + 1}/{nb} (optimizer step {opt_steps})")
+                if stopped_by:
+                    stopped_at = (epoch, i + 1)
+                    break
             if ddp.main:
-                final = epoch + 1 == opt.epochs
+                batches.close()
+            util = gpu.stop()
+            if stopped_at is not None:
+                break
+            lrs = [g["lr"] for g in optimizer.param_groups]
+            final = epoch + 1 == opt.epochs
+            stop, improved = False, False
+            if ddp.main:
                 if not opt.noval or final:
                     results = evaluate(ema.ema, val_loader, device, loss_fn=DetectionLoss(ema.ema, hyp),
                                        amp=amp, amp_dtype=amp_dtype, single_cls=opt.single_cls)
@@ -436,12 +568,11 @@ def train(opt: argparse.Namespace) -> dict:
                     results = {"precision": 0.0, "recall": 0.0, "mAP50": 0.0, "mAP50-95": 0.0,
                                "box_loss": 0.0, "cls_loss": 0.0, "dfl_loss": 0.0}
                 fi = fitness(results)
-                if fi > best_fitness or best_epoch < start_epoch:
+                if fi > best_fitness or best_epoch < 0:
                     best_fitness, best_epoch, stale = max(fi, best_fitness), epoch, 0
                     improved = True
                 else:
                     stale += 1
-                    improved = False
                 row = [epoch, *mloss.tolist(), results["precision"], results["recall"], results["mAP50"],
                        results["mAP50-95"], results["box_loss"], results["cls_loss"], results["dfl_loss"], *lrs,
                        round(timer.wait_frac, 4), round(timer.images_per_s * ddp.world, 2),
@@ -452,12 +583,12 @@ def train(opt: argparse.Namespace) -> dict:
                          f"mAP50 {results['mAP50']:.3f} mAP50-95 {results['mAP50-95']:.3f} | data wait "
                          f"{100 * timer.wait_frac:.1f}% | {timer.images_per_s * ddp.world:.1f} img/s | "
                          f"GPU util {fmt_util(util)}")
-                if not opt.nosave or final:
-                    meta = dict(meta_base, epoch=epoch, best_fitness=best_fitness, ema_updates=ema.updates,
-                                results=results)
-                    kw = dict(model=de_parallel(model), ema=ema.ema, optimizer=optimizer,
-                              scaler=scaler if scaler.is_enabled() else None, meta=meta)
-                    save_checkpoint(wdir / "last.pt", **kw)
+            stopped_by = ddp.max(stop_request.signum or 0, device)  # one since the last step (during validation, say)
+            rngs = ddp.gather_obj(rng_state())
+            if ddp.main:
+                if not opt.nosave or final or stopped_by:
+                    kw = checkpoint(epoch, progress_at(epoch + 1, 0, mloss), rngs, results=results)
+                    save_checkpoint(last, **kw)
                     if improved:
                         save_checkpoint(wdir / "best.pt", **kw)
                     if opt.save_period > 0 and (epoch + 1) % opt.save_period == 0:
@@ -465,6 +596,9 @@ def train(opt: argparse.Namespace) -> dict:
                 stop = opt.patience > 0 and stale >= opt.patience
                 if stop:
                     LOG.info(f"early stop: no improvement for {opt.patience} epochs (best epoch {best_epoch})")
+            if stopped_by and not final:
+                stopped_at = (epoch + 1, 0)
+                break
             if ddp.broadcast_obj(stop):
                 break
     finally:
@@ -478,21 +612,28 @@ def train(opt: argparse.Namespace) -> dict:
         results = dict(results, save_dir=str(save_dir))
         with open(save_dir / "opt.json", "w") as f:
             json.dump(jsonable(vars(opt)), f, indent=1)
-    return results
+        if stopped_at is not None:
+            epoch, batch = stopped_at
+            where = f"in epoch {epoch} after batch {batch}/{nb}" if batch else f"at the end of epoch {epoch - 1}"
+            launcher = f"torchrun --nproc_per_node {ddp.world} -m yolov9.train" if ddp.enabled else "python -m yolov9.train"
+            LOG.info(f"stopped by {signal.Signals(stopped_by).name}: saved {last} {where}; continue with: "
+                     f"{launcher} --data {opt.data} --resume {last}")
+    return dict(results, stopped_by=stopped_by if stopped_at is not None else None)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The command line: one stderr line and exit 1 (2 for an option) on failure, the traceback with --debug."""
+    """The command line: one stderr line and exit 1 (2 for an option) on failure, the traceback with --debug;
+    128 + N when signal N stopped the run after saving a checkpoint to resume."""
     opt = parse_args(argv)
 
     def checked_train() -> int:
         check_options(opt)
         try:
-            train(opt)
+            stopped_by = train(opt)["stopped_by"]
         except BaseException:
             _remove_empty_run(opt)
             raise
-        return 0
+        return 128 + stopped_by if stopped_by else 0
 
     return run_reported("yolov9.train", checked_train, debug=opt.debug)
 

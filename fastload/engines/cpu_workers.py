@@ -43,10 +43,12 @@ def _worker_main(
     ring: SlotRing,
     foreign: list[Connection],
 ) -> None:
-    # The consumer handles Ctrl-C and shuts us down; a KeyboardInterrupt traceback per worker helps nobody.
-    # SIGTERM kills: a handler inherited from the parent (e.g. `fastload bench`'s clean-up) must not run here.
+    # The consumer handles Ctrl-C and SIGTERM and shuts us down (or we exit when its pipe closes). Both go to the
+    # whole process group (a terminal's Ctrl-C, torchrun's and SLURM's SIGTERM): a worker that died of them would
+    # stop a trainer that saves a checkpoint at its next step before exiting. A handler inherited from the
+    # parent (e.g. `fastload bench`'s clean-up) must not run here either.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     for c in foreign:  # pipe ends inherited from the parent: holding them would hide the parent's death
         c.close()
     # one thread each: the parallelism is the worker count; oversubscription only thrashes
@@ -200,7 +202,7 @@ class WorkerPool:
         )
 
     def close(self, timeout: float = 5.0) -> None:
-        """Ask every worker to stop, then terminate those that do not. Idempotent."""
+        """Ask every worker to stop, then kill those that do not (they ignore SIGTERM). Idempotent."""
         for conn in self.tasks:
             try:
                 conn.send_bytes(msgpack.packb({"stop": 1}))
@@ -210,7 +212,7 @@ class WorkerPool:
         for p in self.procs:
             p.join(timeout=max(0.0, deadline - time.monotonic()))
             if p.is_alive():
-                p.terminate()
+                p.kill()
                 p.join(timeout=1.0)
         for conn in self.tasks + self.results:
             conn.close()
