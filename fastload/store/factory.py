@@ -19,6 +19,7 @@ from fastload.store import shm
 from fastload.store.base import IncompleteStoreError, Store, StoreError
 from fastload.store.files import FileStore
 from fastload.store.kinds import AUTO_ORDER, PARTIAL, detect_kind, finish_hint, ram_segment_path, store_imgsz, store_kind
+from fastload.store.objects.urls import is_url
 from fastload.store.origin import check_one_source
 from fastload.store.packed import RamStore
 from fastload.store.rebuild import ram_builder
@@ -56,6 +57,10 @@ def open_store(
     if extra:
         raise TypeError(f"open_store(kind={kind!r}) takes no {', '.join(map(repr, extra))} keyword; "
                         + (f"it takes {', '.join(takes)}" if takes else "it takes none besides data, split, kind and imgsz"))
+    if is_url(data):
+        raise StoreError(f"{data}: stores in object storage are not opened directly (streaming is not built yet); "
+                         f"stage the store first, `fastload stage s3://BUCKET/PREFIX --to /dev/shm/NAME`, and load "
+                         f"NAME/data.yaml")
     if kind == "gpu":
         return _open_gpu(data, split, imgsz, **kwargs)
 
