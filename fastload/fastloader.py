@@ -26,7 +26,7 @@ from fastload.data.images import loaded_shape
 from fastload.data.labels import img2label_path
 from fastload.engines.base import Batch, Engine, EngineSettings, HSVMode, Layout
 from fastload.engines.factory import SAMPLE_ID_ENGINES, engine_class, resolve_options
-from fastload.store.base import Store
+from fastload.store.base import Shards, Store
 from fastload.store.factory import open_store
 from fastload.store.kinds import store_kind
 from fastload.store.view import StoreView
@@ -172,7 +172,7 @@ class FastLoader:
     def __init__(self, *, engine: Engine, dataset: Callable[[FastLoader], LoaderDataset], store: Store, n: int,
                  batch_size: int, seed: int, shuffle: bool, rank: int, world_size: int, drop_last: bool,
                  rect_batches: list[np.ndarray] | None, close_mosaic_epochs: int, epochs: int | None,
-                 owns_store: bool = True) -> None:
+                 owns_store: bool = True, shards: Shards | None = None) -> None:
         self.engine = engine
         self.store = store
         # a store the caller passed in stays open (a ram store's shared-memory hold is theirs)
@@ -185,6 +185,7 @@ class FastLoader:
         self.world_size = world_size
         self.drop_last = drop_last
         self._rect_batches = rect_batches
+        self.shards = shards  # a store read in shards: the order visits them shard by shard
         self.close_mosaic_epochs = close_mosaic_epochs
         self.epochs = epochs
         self.epoch = 0
@@ -204,7 +205,9 @@ class FastLoader:
         if self._rect_batches is not None:
             return np.concatenate(self._rect_batches) if self._rect_batches else np.zeros(0, np.int64)
         idx = _order.epoch_indices(self.n, epoch, seed=self.seed, shuffle=self.shuffle, rank=self.rank,
-                                   world_size=self.world_size, drop_last=self.drop_last)
+                                   world_size=self.world_size, drop_last=self.drop_last,
+                                   shards=None if self.shards is None else self.shards.ids,
+                                   window=1 if self.shards is None else self.shards.window)
         if self.drop_last:
             idx = idx[: len(idx) // self.batch_size * self.batch_size]
         if self.image_table is not None:  # positions -> the images drawn there, each visit its own draws
@@ -482,7 +485,9 @@ def loader(
 
     Args:
         data: a ``data.yaml`` path, a dict with the same keys, a ``DataConfig`` or an open ``Store``
-            (then ``split`` and ``store`` are ignored). A ``Store`` passed in (here or as ``store``)
+            (then ``split`` and ``store`` are ignored), or ``s3://bucket/prefix[/data.yaml]``: the split's
+            uploaded ``disk`` store streamed in shards (docs/object-storage.md; cache options through
+            ``open_store(url, split, kind="stream", cache_dir=..., cache_bytes=...)`` passed as ``data``). A ``Store`` passed in (here or as ``store``)
             stays open when the loader closes: it is the caller's to close.
         split: ``train``, ``val`` or ``test``.
         imgsz: output size (long side of loaded images; training batches are imgsz x imgsz).
@@ -542,7 +547,8 @@ def loader(
             about 1 decode per output image instead of 4.6; each image's expected uses per epoch
             are unchanged, but a batch's tiles come from its own ``B`` images only). ``None``: the
             engine's default (``"dataset"`` for ``cpu``, ``gpu`` and ``ray``, ``"batch"`` for ``dali``;
-            each engine's docstring says why). Only training batches with mosaic have partners: passing
+            each engine's docstring says why), and ``"batch"`` for a store streamed from object storage
+            (it holds only a few shards at a time). Only training batches with mosaic have partners: passing
             ``"batch"`` to a loader that draws no mosaic (``augment=False``, ``rect=True``, hyp
             ``mosaic: 0``) raises ``ValueError``.
         strict: what a record that fails its check at load time does (an LMDB crc mismatch, a truncated or
@@ -623,8 +629,11 @@ def loader(
             order_idx, batch_shapes = rect_batch_shapes(view.shapes, batch_size, imgsz, stride=stride, pad=pad)
             rect_shapes = per_index_shapes(order_idx, batch_shapes, batch_size)
             rect_batches = _order.rect_order(order_idx, batch_size, rank=rank, world_size=world_size)
+        shards = None if rect else view.shards()
+        # a store read in shards holds only part of the dataset at a time: partners from the batch's own images
+        default_partners = "batch" if shards is not None and augment else cls.default_partners
         sampler = ParamSampler(loaded_hw, hyp_d, imgsz, augment=augment, seed=seed, rect_shapes=rect_shapes,
-                               orig_shapes=view.shapes, partners=partners or cls.default_partners, recipe=recipe)
+                               orig_shapes=view.shapes, partners=partners or default_partners, recipe=recipe)
         if partners == "batch" and not sampler.draws_mosaics:
             raise ValueError("partners='batch' applies to mosaic training batches only, and this loader draws no mosaic "
                              f"(augment={augment}, rect={rect}, hyp mosaic={hyp_d['mosaic']}); leave partners unset")
@@ -638,7 +647,7 @@ def loader(
     fl = FastLoader(engine=eng, dataset=dataset, store=base, n=len(view), batch_size=batch_size, seed=seed,
                     shuffle=shuffle and not rect, rank=rank, world_size=world_size, drop_last=drop_last,
                     rect_batches=rect_batches, close_mosaic_epochs=int(close_mosaic), epochs=epochs,
-                    owns_store=owns_store)
+                    owns_store=owns_store, shards=shards)
     if close_mosaic and epochs is None:
         warnings.warn("fastload.loader: close_mosaic needs epochs=...; call loader.close_mosaic() yourself")
     return fl

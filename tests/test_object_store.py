@@ -1,7 +1,8 @@
 """Stores in object storage against a local S3 server (moto's server mode, in this process): convert to a URL,
-stage / verify / info from it, a half-finished upload refused, and faults injected between the client and the
+stage / verify / info from it, a half-finished upload refused, faults injected between the client and the
 server by a small HTTP proxy (a dropped connection and 5xx answers mid-range, retried and resumed; a truncated,
-damaged or missing object named) with nothing wrong delivered."""
+damaged or missing object named) with nothing wrong delivered, and a loader streaming the store in shards
+through a cache smaller than the dataset: the local store's batches in the same order, the budget kept."""
 from __future__ import annotations
 
 import http.client
@@ -59,7 +60,7 @@ def dataset(tmp_path_factory) -> tuple[Path, Path]:
     from fastload.store.convert import convert
 
     root = tmp_path_factory.mktemp("objds")
-    yaml_path = make_synthetic_dataset(root / "ds", n_train=6, n_val=2, nc=3, seed=3, max_size=160)
+    yaml_path = make_synthetic_dataset(root / "ds", n_train=12, n_val=2, nc=3, seed=3, max_size=160)
     local = convert(yaml_path, "lmdb,disk", out=root / "local", imgsz=64, splits="train", workers=1, progress=False,
                     log=lambda *_: None)
     return yaml_path, local.yaml_path
@@ -333,7 +334,7 @@ def test_the_environment_configures_a_fresh_process_and_secrets_are_never_printe
     assert SECRET not in ok.stdout + ok.stderr + bad.out + bad.err
 
 
-def test_urls_are_checked_and_not_opened_as_paths():
+def test_urls_are_checked_and_not_opened_as_paths(uploaded):
     from fastload.store.objects.urls import parse_url
 
     assert str(parse_url("s3://bkt/a/b/")) == "s3://bkt/a/b"
@@ -341,4 +342,68 @@ def test_urls_are_checked_and_not_opened_as_paths():
         with pytest.raises(StoreError, match=why):
             parse_url(bad)
     with pytest.raises(StoreError, match="fastload stage"):
-        open_store("s3://bkt/prefix/data.yaml")
+        open_store(uploaded + "/data.yaml", kind="lmdb")
+    with pytest.raises(StoreError, match="not 640"):  # the upload's disk store was built at 64
+        open_store(uploaded, kind="stream", imgsz=640)
+
+
+# ----------------------------------------------------------------------------- streaming
+def test_a_streamed_loader_gives_the_local_batches_within_its_cache_budget(uploaded, dataset, tmp_path, monkeypatch):
+    import fastload
+    from fastload.store import stream
+
+    with open_store(dataset[1], "train", kind="disk", imgsz=64) as local:
+        record = int(np.diff(local.offsets).max())
+        total = int(local.offsets[-1])
+    # shards of at least two records, a cache of three of them: well under the dataset
+    shard_bytes, budget = 2 * record, 3 * 2 * record
+    assert budget < total
+    stored = open_store(uploaded + "/data.yaml", "train", kind="stream", imgsz=64, cache_dir=tmp_path / "cache",
+                        cache_bytes=budget, shard_bytes=shard_bytes)
+    cache = stored.cache
+    assert len(stored.bounds) - 1 >= 4  # several shards
+    peak = []
+    real_download = stream.download
+
+    def measured(*args, **kwargs):  # the cache's bytes on disk while a shard downloads and once it is in
+        peak.append(cache.used())
+        real_download(*args, **kwargs)
+        peak.append(cache.used())
+
+    monkeypatch.setattr(stream, "download", measured)
+    streamed = fastload.loader(stored, imgsz=64, batch_size=2, workers=0, seed=5)
+    assert streamed.engine.sampler.partners == "batch"  # the default for a streamed store
+    first = streamed.epoch_order(0)[:2]
+    batches = iter(streamed)
+    got = [next(batches)]
+    # the first batch arrived after the shards its images are in, not the whole dataset
+    assert cache.fetched == len(set(stored.shards().ids[first].tolist())) <= 2
+    got += list(batches)
+    got += list(streamed)  # a second epoch: evicted shards are fetched again
+    assert cache.evicted > 0 and cache.fetched > len(stored.bounds) - 1
+    assert max(peak) <= budget and peak, peak
+    reference = fastload.loader(dataset[1], imgsz=64, batch_size=2, workers=0, seed=5, store="disk", partners="batch")
+    reference.shards = streamed.shards  # the same shard-aware order over the local copy of the same store
+    expected = list(reference) + list(reference)
+    assert len(got) == len(expected) == 2 * len(streamed)
+    for (imgs, targets, paths, _), (ref_imgs, ref_targets, ref_paths, _) in zip(got, expected):
+        assert np.array_equal(np.asarray(imgs), np.asarray(ref_imgs))
+        assert np.array_equal(np.asarray(targets), np.asarray(ref_targets)) and list(paths) == list(ref_paths)
+    streamed.close()
+    reference.close()
+
+
+def test_a_damaged_shard_is_never_served(uploaded, tmp_path):
+    url = _copy_prefix(uploaded, "stream-damaged")
+    build = json.loads(_client().get_object(Bucket=BUCKET, Key="stream-damaged/fastload-manifest.json")["Body"]
+                       .read())["build"]
+    key = f"stream-damaged/builds/{build}/train-64.disk/pixels.bin"
+    data = bytearray(_client().get_object(Bucket=BUCKET, Key=key)["Body"].read())
+    data[10] ^= 0xFF  # a pixel of the first record, same size: only the record checksums can tell
+    _client().put_object(Bucket=BUCKET, Key=key, Body=bytes(data))
+    stored = open_store(url, "train", kind="stream", imgsz=64, cache_dir=tmp_path, cache_bytes=1 << 20,
+                        shard_bytes=len(data) // 4)
+    with pytest.raises(StoreError, match=f"s3://{BUCKET}/{key}: record 0 .* fails its crc32"):
+        stored.read_image(0)
+    assert stored.cache.used() == 0 and not list(stored.cache.folder.glob("shard-*"))
+    assert stored.read_image(len(stored) - 1).shape[2] == 3  # the intact shards still read

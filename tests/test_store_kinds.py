@@ -21,7 +21,7 @@ def test_every_kind_declares_its_reader_writer_and_place():
     assert AUTO_ORDER == ("ram", "disk", "lmdb", "files")  # fastest first; gpu only when asked for
     assert CONVERT_KINDS == ("lmdb", "disk", "ram") and RESUMABLE_KINDS == ("lmdb",)
     assert [k for k in KINDS if not store_kind(k).on_host] == ["gpu"]
-    assert [k for k in KINDS if store_kind(k).decoded] == ["disk", "ram", "gpu"]
+    assert [k for k in KINDS if store_kind(k).decoded] == ["disk", "ram", "gpu", "stream"]
     with pytest.raises(ValueError, match="unknown store kind 'tape'; choose auto or one of files, lmdb"):
         store_kind("tape")
 

@@ -42,9 +42,10 @@ def open_store(
 
     Args:
       data: ``data.yaml`` path, dict, ``DataConfig``, or a store directory (lmdb / disk / ram, or a
-        ``fastload convert`` output folder holding a ``data.yaml``).
+        ``fastload convert`` output folder holding a ``data.yaml``), or ``s3://bucket/prefix[/data.yaml]`` of an
+        uploaded store: its ``disk`` store at ``imgsz`` is streamed (:class:`fastload.store.stream.StreamingStore`).
       split: ``train``, ``val`` or ``test``.
-      kind: ``auto`` or one of ``files | lmdb | disk | ram | gpu``. ``ram`` on a yaml without a recorded
+      kind: ``auto`` or one of ``files | lmdb | disk | ram | gpu | stream``. ``ram`` on a yaml without a recorded
         ram store builds one in shared memory on demand (removed when the last user exits).
       imgsz: the training image size; decoded stores must match it.
       kwargs: passed to the GPU store (``kind="gpu"``: ``device``, ``share``, ``chunk_bytes``, ``base``) or
@@ -57,10 +58,13 @@ def open_store(
     if extra:
         raise TypeError(f"open_store(kind={kind!r}) takes no {', '.join(map(repr, extra))} keyword; "
                         + (f"it takes {', '.join(takes)}" if takes else "it takes none besides data, split, kind and imgsz"))
-    if is_url(data):
-        raise StoreError(f"{data}: stores in object storage are not opened directly (streaming is not built yet); "
-                         f"stage the store first, `fastload stage s3://BUCKET/PREFIX --to /dev/shm/NAME`, and load "
-                         f"NAME/data.yaml")
+    if is_url(data):  # a store in object storage is streamed (or staged first: `fastload stage URL --to DIR`)
+        if kind not in ("auto", "stream"):
+            raise StoreError(f"{data}: a store in object storage is read with kind='stream' (or 'auto'); for a "
+                             f"{kind} store, stage it first: `fastload stage {data} --to DIR` and open DIR/data.yaml")
+        return store_class("stream")(str(data), split, imgsz, **kwargs)
+    if kind == "stream":
+        raise StoreError(f"kind='stream' reads a store uploaded to object storage (s3://BUCKET/PREFIX), not {data!r}")
     if kind == "gpu":
         return _open_gpu(data, split, imgsz, **kwargs)
 

@@ -96,6 +96,9 @@ STORE_KINDS: dict[str, StoreKind] = {k.name: k for k in (
               auto_rank=0),
     StoreKind("gpu", "fastload.store.gpu:GpuStore", decoded=True, on_host=False,
               open_keywords=("device", "share", "chunk_bytes", "base")),
+    # a disk store in object storage, read in shards into a node-local cache (open_store of an s3:// URL)
+    StoreKind("stream", "fastload.store.stream:StreamingStore", decoded=True,
+              open_keywords=("cache_dir", "cache_bytes", "shard_bytes", "window")),
 )}
 # Every kind open_store() knows.
 KINDS = tuple(STORE_KINDS)

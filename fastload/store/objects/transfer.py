@@ -27,12 +27,17 @@ READ_CHUNK = 1 << 20
 
 @dataclass(frozen=True)
 class Download:
-    """One object to fetch: where from, how many bytes and which crc32 are expected, where it goes."""
+    """One object, or the bytes ``start .. start + size`` of one, to fetch into ``dest``: the crc32 those bytes
+    must have, or ``check`` (given the downloaded file, raising StoreError) where the caller checks them
+    itself; ``object_size``, the size the whole object must have (default ``size``)."""
 
     url: ObjectUrl
     size: int
-    crc32: int
+    crc32: int | None
     dest: Path
+    start: int = 0
+    object_size: int | None = None
+    check: Callable[[Path], None] | None = None
 
 
 @dataclass
@@ -57,7 +62,7 @@ def download(client: Any, items: Sequence[Download], *, parallel: int = PARALLEL
     call is left at any ``dest``, and no temporary file is left either."""
     stats = TransferStats(objects=len(items))
     stop = threading.Event()
-    temps = [item.dest.with_name(f".{item.dest.name}.download-{os.getpid()}") for item in items]
+    temps = [partial_path(item.dest) for item in items]
     fds: list[int] = []
     try:
         with cf.ThreadPoolExecutor(max_workers=max(1, parallel), thread_name_prefix="fastload-get") as pool:
@@ -71,12 +76,15 @@ def download(client: Any, items: Sequence[Download], *, parallel: int = PARALLEL
                 for start in range(0, item.size, part_bytes):
                     end = min(item.size, start + part_bytes) - 1
                     jobs.append(lambda item=item, fd=fd, start=start, end=end: _read_range(
-                        client, item.url, fd, start, end, policy, stats, stop, progress))
+                        client, item.url, fd, item.start, start, end, policy, stats, stop, progress))
             _run_all(pool, stop, jobs)
         for fd in fds:
             os.close(fd)
         fds = []
         for item, temp in zip(items, temps):
+            if item.check is not None:
+                item.check(temp)
+                continue
             size, crc = file_crc32(temp)  # what is on disk, read back: the network and the disk both checked
             if (size, crc) != (item.size, item.crc32):
                 raise StoreError(f"{item.url}: the downloaded object has size {size} and crc32 {crc:08x}, the manifest "
@@ -90,6 +98,12 @@ def download(client: Any, items: Sequence[Download], *, parallel: int = PARALLEL
         for temp in temps:
             temp.unlink(missing_ok=True)
     return stats
+
+
+def partial_path(dest: Path) -> Path:
+    """Where :func:`download` writes ``dest`` (at its full size from the start) until it is complete: a hidden
+    sibling named after this process (a cache that accounts for bytes on disk reserves room with it)."""
+    return dest.with_name(f".{dest.name}.download-{os.getpid()}")
 
 
 def _run_all(pool: cf.ThreadPoolExecutor, stop: threading.Event, jobs: Sequence[Callable[[], None]]) -> None:
@@ -108,20 +122,21 @@ def _run_all(pool: cf.ThreadPoolExecutor, stop: threading.Event, jobs: Sequence[
 
 def _check_size(client: Any, item: Download, policy: RetryPolicy) -> None:
     head = with_retries(lambda: client.head_object(Bucket=item.url.bucket, Key=item.url.key), item.url, "HEAD", policy)
-    if int(head["ContentLength"]) != item.size:
-        raise StoreError(f"{item.url}: the object is {head['ContentLength']} bytes, the manifest lists {item.size} "
+    expected = item.size if item.object_size is None else item.object_size
+    if int(head["ContentLength"]) != expected:
+        raise StoreError(f"{item.url}: the object is {head['ContentLength']} bytes, the manifest lists {expected} "
                          f"(truncated or replaced after the upload); nothing was kept")
 
 
-def _read_range(client: Any, url: ObjectUrl, fd: int, start: int, end: int, policy: RetryPolicy,
+def _read_range(client: Any, url: ObjectUrl, fd: int, base: int, start: int, end: int, policy: RetryPolicy,
                 stats: TransferStats, stop: threading.Event, progress: Callable[[int], None] | None) -> None:
-    """Bytes ``start..end`` (inclusive) of ``url`` into ``fd`` at the same offsets; a retry asks only for the
-    bytes not yet written."""
+    """Bytes ``base + start .. base + end`` (inclusive) of ``url`` into ``fd`` at ``start .. end``; a retry asks
+    only for the bytes not yet written."""
     pos = start
 
     def attempt() -> None:
         nonlocal pos
-        body = client.get_object(Bucket=url.bucket, Key=url.key, Range=f"bytes={pos}-{end}")["Body"]
+        body = client.get_object(Bucket=url.bucket, Key=url.key, Range=f"bytes={base + pos}-{base + end}")["Body"]
         try:
             for chunk in body.iter_chunks(READ_CHUNK):
                 if stop.is_set():
@@ -138,7 +153,7 @@ def _read_range(client: Any, url: ObjectUrl, fd: int, start: int, end: int, poli
         if pos <= end:
             raise ShortRead(f"the response ended at byte {pos} of {start}-{end}")
 
-    with_retries(attempt, url, f"reading bytes {start}-{end}", policy,
+    with_retries(attempt, url, f"reading bytes {base + start}-{base + end}", policy,
                  on_retry=lambda exc: stats.add(retries=1), cancelled=stop.is_set)
 
 
