@@ -407,3 +407,30 @@ def test_a_damaged_shard_is_never_served(uploaded, tmp_path):
         stored.read_image(0)
     assert stored.cache.used() == 0 and not list(stored.cache.folder.glob("shard-*"))
     assert stored.read_image(len(stored) - 1).shape[2] == 3  # the intact shards still read
+
+
+def test_the_shard_cache_removes_the_least_recently_read_and_dead_downloads(tmp_path):
+    from fastload.store.objects.transfer import partial_path
+    from fastload.store.stream import ShardCache
+
+    def writes(nbytes: int):
+        def into(dest: Path) -> None:  # as a download does: into the reserved partial file, then renamed
+            partial_path(dest).write_bytes(b"x" * nbytes)
+            os.replace(partial_path(dest), dest)
+        return into
+
+    cache = ShardCache(tmp_path, budget=300)
+    for shard in range(3):
+        cache.get(shard, 100, writes(100))
+    for shard, when in ((0, 3), (1, 1), (2, 2)):  # shard 1 read longest ago
+        os.utime(cache.path(shard), (when, when))
+    cache.get(3, 100, writes(100))
+    assert not cache.path(1).exists() and all(cache.path(s).exists() for s in (0, 2, 3))
+    assert cache.used() == 300 and cache.evicted == 1 and cache.fetched == 4
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (tmp_path / f".shard-000009.bin.download-{dead.pid}").write_bytes(b"x" * 250)  # a download killed midway
+    cache.get(4, 100, writes(100))
+    assert cache.used() <= 300 and not list(tmp_path.glob(".shard-000009*"))
+    with pytest.raises(StoreError, match="raise cache_bytes"):
+        cache.get(5, 400, writes(400))

@@ -35,7 +35,7 @@ from fastload.store.objects.manifest import MANIFEST, Manifest, fetch, read_mani
 from fastload.store.objects.transfer import Download, download, partial_path
 from fastload.store.objects.urls import parse_url
 from fastload.store.packed import PIXELS, PackedStore
-from fastload.store.shm import flock_current
+from fastload.store.shm import flock_current, pid_alive
 
 SHARD_BYTES = 64 << 20
 CACHE_BYTES = 4 << 30
@@ -99,8 +99,12 @@ class ShardCache:
     def _reserve(self, path: Path, nbytes: int) -> None:
         """Remove least recently used shards until ``nbytes`` more fit the budget, then take them: the download's
         file, created at its full size while the budget lock is held."""
+        if nbytes > self.budget:
+            raise StoreError(f"the stream cache {self.folder} ({self.budget} bytes) cannot hold a shard of {nbytes} "
+                             f"bytes; raise cache_bytes")
         lock = flock_current(self.folder / ".budget.lock")
         try:
+            self._drop_dead_downloads()
             used = self.used()
             while used + nbytes > self.budget:
                 shards = []
@@ -118,6 +122,13 @@ class ShardCache:
                 f.truncate(nbytes)
         finally:
             os.close(lock)
+
+    def _drop_dead_downloads(self) -> None:
+        """Remove the downloads of processes that died (killed mid-shard): their reserved room is free again."""
+        for partial in self.folder.glob(".shard-*.bin.download-*"):
+            pid = partial.name.rsplit("-", 1)[-1]
+            if pid.isdigit() and not pid_alive(int(pid)):
+                partial.unlink(missing_ok=True)
 
 
 class StreamingStore(PackedStore):
@@ -137,6 +148,8 @@ class StreamingStore(PackedStore):
 
     def __init__(self, url: str, split: str = "train", imgsz: int = 640, *, cache_dir: str | Path | None = None,
                  cache_bytes: int = CACHE_BYTES, shard_bytes: int = SHARD_BYTES, window: int = 1) -> None:
+        if int(window) < 1:
+            raise ValueError(f"window must be >= 1 shard, got {window}")
         url = url[: -len("/data.yaml")] if url.endswith("/data.yaml") else url
         manifest = read_manifest(parse_url(url))
         rel = _disk_store_of(manifest, split, imgsz)

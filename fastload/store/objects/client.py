@@ -54,13 +54,14 @@ DEFAULT_RETRY = RetryPolicy()
 def s3_client(*, botocore_retries: bool = False) -> Any:
     """A boto3 S3 client configured from the environment; ``botocore_retries``: botocore's standard retry mode
     (for writes), else none (reads: :func:`with_retries` resumes them). One client per process and environment
-    (clients are thread-safe, and making one costs about 0.1 s)."""
+    (clients are thread-safe, and making one costs about 0.1 s; a forked worker makes its own, since the
+    parent's open connections must not be shared)."""
     environment = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_")))
-    return _client(botocore_retries, environment)
+    return _client(botocore_retries, environment, os.getpid())
 
 
 @functools.lru_cache(maxsize=8)
-def _client(botocore_retries: bool, environment: tuple[tuple[str, str], ...]) -> Any:
+def _client(botocore_retries: bool, environment: tuple[tuple[str, str], ...], pid: int) -> Any:
     try:
         import boto3  # the optional `s3` extra: imported only when an s3:// URL is used
         from botocore.config import Config

@@ -29,6 +29,7 @@ from fastload.store.objects.client import (
 )
 from fastload.store.objects.transfer import PARALLEL, PART_BYTES, Download, TransferStats, download, upload
 from fastload.store.objects.urls import ObjectUrl, parse_url
+from fastload.store.space import fmt_bytes
 
 MANIFEST = "fastload-manifest.json"
 BUILDS = "builds"
@@ -80,7 +81,6 @@ def read_manifest(url: str | ObjectUrl, client: Any = None, policy: RetryPolicy 
         raise NoManifestError(f"{prefix} holds no finished fastload store (no {MANIFEST}: nothing was uploaded there, "
                              f"or an upload was interrupted before it finished); run `fastload convert DATA.yaml "
                              f"--out {prefix}` to upload one") from None
-        raise
     try:
         doc = json.loads(raw)
         if doc.get("format") != FORMAT or int(doc.get("version", 0)) > FORMAT_VERSION:
@@ -88,7 +88,7 @@ def read_manifest(url: str | ObjectUrl, client: Any = None, policy: RetryPolicy 
                              f"{FORMAT} version <= {FORMAT_VERSION}")
         objects = tuple((str(o["path"]), int(o["size"]), int(o["crc32"])) for o in doc["objects"])
         return Manifest(prefix, str(doc["build"]), objects, dict(doc.get("info") or {}), str(doc.get("created", "")))
-    except (ValueError, KeyError, TypeError) as e:
+    except (ValueError, KeyError, TypeError, AttributeError) as e:  # not JSON, or not the manifest's shape
         raise StoreError(f"{where}: damaged manifest ({e})") from None
 
 
@@ -127,7 +127,7 @@ def publish(files: Sequence[tuple[Path, str]], url: str, *, info: dict[str, Any]
     except Exception as exc:
         raise object_error(exc, where, "writing the manifest") from exc
     removed = _delete_other_builds(writer, prefix, build)
-    log(f"uploaded {stats.objects} objects ({stats.nbytes} bytes) to {prefix}" +
+    log(f"uploaded {stats.objects} objects ({fmt_bytes(stats.nbytes)}) to {prefix}" +
         (f"; removed {removed} objects of the replaced or interrupted uploads" if removed else ""))
     return manifest
 
