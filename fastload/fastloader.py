@@ -487,8 +487,9 @@ def loader(
         data: a ``data.yaml`` path, a dict with the same keys, a ``DataConfig`` or an open ``Store``
             (then ``split`` and ``store`` are ignored), or ``s3://bucket/prefix[/data.yaml]``: the split's
             uploaded ``disk`` store streamed in shards (docs/object-storage.md; cache options through
-            ``open_store(url, split, kind="stream", cache_dir=..., cache_bytes=...)`` passed as ``data``). A ``Store`` passed in (here or as ``store``)
-            stays open when the loader closes: it is the caller's to close.
+            ``open_store(url, split, kind="stream", cache_dir=..., cache_bytes=...)`` passed as ``data``).
+            A ``Store`` passed in (here or as ``store``) stays open when the loader closes: it is the
+            caller's to close.
         split: ``train``, ``val`` or ``test``.
         imgsz: output size (long side of loaded images; training batches are imgsz x imgsz).
         batch_size: images per batch (per rank).

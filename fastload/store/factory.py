@@ -18,7 +18,9 @@ from fastload.data.config import DataConfig, load_data_config
 from fastload.store import shm
 from fastload.store.base import IncompleteStoreError, Store, StoreError
 from fastload.store.files import FileStore
-from fastload.store.kinds import AUTO_ORDER, PARTIAL, detect_kind, finish_hint, ram_segment_path, store_imgsz, store_kind
+from fastload.store.kinds import (
+    AUTO_ORDER, PARTIAL, REMOTE_KINDS, detect_kind, finish_hint, ram_segment_path, store_imgsz, store_kind,
+)
 from fastload.store.objects.urls import is_url
 from fastload.store.origin import check_one_source
 from fastload.store.packed import RamStore
@@ -59,12 +61,13 @@ def open_store(
         raise TypeError(f"open_store(kind={kind!r}) takes no {', '.join(map(repr, extra))} keyword; "
                         + (f"it takes {', '.join(takes)}" if takes else "it takes none besides data, split, kind and imgsz"))
     if is_url(data):  # a store in object storage is streamed (or staged first: `fastload stage URL --to DIR`)
-        if kind not in ("auto", "stream"):
-            raise StoreError(f"{data}: a store in object storage is read with kind='stream' (or 'auto'); for a "
-                             f"{kind} store, stage it first: `fastload stage {data} --to DIR` and open DIR/data.yaml")
-        return store_class("stream")(str(data), split, imgsz, **kwargs)
-    if kind == "stream":
-        raise StoreError(f"kind='stream' reads a store uploaded to object storage (s3://BUCKET/PREFIX), not {data!r}")
+        if kind != "auto" and kind not in REMOTE_KINDS:
+            raise StoreError(f"{data}: a store in object storage is read as {' or '.join(REMOTE_KINDS)} (or auto); "
+                             f"for a {kind} store, stage it first: `fastload stage {data} --to DIR` and open "
+                             f"DIR/data.yaml")
+        return store_class(REMOTE_KINDS[0] if kind == "auto" else kind)(str(data), split, imgsz, **kwargs)
+    if kind in REMOTE_KINDS:
+        raise StoreError(f"kind={kind!r} reads a store uploaded to object storage (s3://BUCKET/PREFIX), not {data!r}")
     if kind == "gpu":
         return _open_gpu(data, split, imgsz, **kwargs)
 

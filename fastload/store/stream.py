@@ -232,7 +232,8 @@ def _fetch_index(manifest: Manifest, rel: str, root: Path) -> None:
               if p.startswith(rel + "/") and p != f"{rel}/{PIXELS}"]
     if not wanted:
         raise StoreError(f"{manifest.url.child(MANIFEST)} lists no files of {rel}")
-    missing = [(p, size, crc) for p, size, crc in wanted if not (root / p).is_file() or file_crc32(root / p) != (size, crc)]
+    missing = [(p, size, crc) for p, size, crc in wanted
+               if not (root / p).is_file() or file_crc32(root / p) != (size, crc)]
     if missing:
         root.mkdir(parents=True, exist_ok=True)
         index_only = Manifest(manifest.url, manifest.build, tuple((f"{rel}/{p}", s, c) for p, s, c in missing),
