@@ -181,6 +181,27 @@ def test_a_half_uploaded_store_is_refused_and_cleaned_by_the_next_upload(s3_env,
     assert len(_keys("half/")) == 2  # the new upload's one object and its manifest
 
 
+def test_an_interrupted_conversion_to_a_url_resumes_and_uploads(s3_env, dataset, monkeypatch, capsys):
+    from fastload.store.lmdb_store import LmdbWriter
+    from fastload.store.upload import work_folder
+
+    url = f"s3://{BUCKET}/resumed"
+    argv = ["convert", str(dataset[0]), "--to", "lmdb", "--split", "train", "--workers", "1", "--out", url,
+            "--no-progress"]
+    real_commit = LmdbWriter.commit
+
+    def interrupted(self, *args, **kwargs):  # Ctrl-C once every record is written, before the store is sealed
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(LmdbWriter, "commit", interrupted)
+    assert run_cli(argv) == 130
+    err = capsys.readouterr().err
+    assert f"nothing was uploaded to {url}" in err and "--resume" in err and not _keys("resumed/")
+    monkeypatch.setattr(LmdbWriter, "commit", real_commit)
+    assert run_cli(argv + ["--resume"]) == 0
+    assert "resumed/fastload-manifest.json" in _keys("resumed/") and not work_folder(url).exists()
+
+
 # ----------------------------------------------------------------------------- faults
 class FaultyProxy:
     """An HTTP proxy in front of the S3 server that answers ranged GETs of keys containing ``target`` from a

@@ -52,8 +52,13 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         # before the "interrupted" line: what was left and the command that finishes it
         with contextlib.suppress(Exception):  # a folder that cannot be listed has nothing to report
-            built_in = work_folder(args.out) if uploading else output_folder(cfg, args.out)
-            for partial in unfinished_conversions(built_in):
-                print(f"fastload convert: {partial} is {finish_hint(partial)}", file=sys.stderr)
+            if uploading:  # the finish hints would name the work folder: this run's own command finishes it
+                if unfinished_conversions(work_folder(args.out)):
+                    print(f"fastload convert: nothing was uploaded to {args.out}; the conversion so far waits in "
+                          f"{work_folder(args.out)}: run the same command with --resume to continue it",
+                          file=sys.stderr)
+            else:
+                for partial in unfinished_conversions(output_folder(cfg, args.out)):
+                    print(f"fastload convert: {partial} is {finish_hint(partial)}", file=sys.stderr)
         raise
     return 0
