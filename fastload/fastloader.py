@@ -27,7 +27,7 @@ from fastload.data.images import loaded_shape
 from fastload.data.labels import img2label_path
 from fastload.engines.base import Batch, Engine, EngineSettings, HSVMode, Layout
 from fastload.engines.factory import SAMPLE_ID_ENGINES, engine_class, resolve_options
-from fastload.store.base import Store
+from fastload.store.base import Shards, Store
 from fastload.store.factory import open_store
 from fastload.store.kinds import store_kind
 from fastload.store.view import StoreView
@@ -173,7 +173,7 @@ class FastLoader:
     def __init__(self, *, engine: Engine, dataset: Callable[[FastLoader], LoaderDataset], store: Store, n: int,
                  batch_size: int, seed: int, shuffle: bool, rank: int, world_size: int, drop_last: bool,
                  rect_batches: list[np.ndarray] | None, close_mosaic_epochs: int, epochs: int | None,
-                 owns_store: bool = True) -> None:
+                 owns_store: bool = True, shards: Shards | None = None) -> None:
         self.engine = engine
         self.store = store
         # a store the caller passed in stays open (a ram store's shared-memory hold is theirs)
@@ -191,8 +191,9 @@ class FastLoader:
         self.epoch = 0
         self.mosaic_closed = False
         self.image_table: np.ndarray | None = None  # set_image_table()
-        self._order = _order.EpochOrder(n, batch_size, seed=seed, shuffle=shuffle, rank=rank, world_size=world_size,
-                                        drop_last=drop_last)
+        # a store read in shards: the order visits them shard by shard
+        self._order = _epoch_order(n, batch_size, shards, seed=seed, shuffle=shuffle, rank=rank,
+                                   world_size=world_size, drop_last=drop_last)
         self.sampler = _EpochSampler(self)
         self._epoch_set = False
         self._closed = False
@@ -420,6 +421,13 @@ class FastLoader:
                 f"batch_size={self.batch_size}, batches={len(self)}, rank={self.rank}/{self.world_size})")
 
 
+def _epoch_order(n: int, batch_size: int, shards: Shards | None, **settings) -> _order.EpochOrder:
+    """The order of these settings; a store read in shards visits them shard by shard."""
+    if shards is None:
+        return _order.EpochOrder(n, batch_size, **settings)
+    return _order.EpochOrder(n, batch_size, **settings, shards=shards.ids, window=shards.window)
+
+
 def _resolve_world(rank: int, world_size: int | None) -> tuple[int, int]:
     if world_size is None:
         if rank < 0:
@@ -485,8 +493,11 @@ def loader(
 
     Args:
         data: a ``data.yaml`` path, a dict with the same keys, a ``DataConfig`` or an open ``Store``
-            (then ``split`` and ``store`` are ignored). A ``Store`` passed in (here or as ``store``)
-            stays open when the loader closes: it is the caller's to close.
+            (then ``split`` and ``store`` are ignored), or ``s3://bucket/prefix[/data.yaml]``: the split's
+            uploaded ``disk`` store streamed in shards (docs/object-storage.md; cache options through
+            ``open_store(url, split, kind="stream", cache_dir=..., cache_bytes=...)`` passed as ``data``).
+            A ``Store`` passed in (here or as ``store``) stays open when the loader closes: it is the
+            caller's to close.
         split: ``train``, ``val`` or ``test``.
         imgsz: output size (long side of loaded images; training batches are imgsz x imgsz).
         batch_size: images per batch (per rank).
@@ -548,7 +559,8 @@ def loader(
             about 1 decode per output image instead of 4.6; each image's expected uses per epoch
             are unchanged, but a batch's tiles come from its own ``B`` images only). ``None``: the
             engine's default (``"dataset"`` for ``cpu``, ``gpu`` and ``ray``, ``"batch"`` for ``dali``;
-            each engine's docstring says why). ``"recent"``: Ultralytics' buffer (without ``cache="ram"``):
+            each engine's docstring says why), and ``"batch"`` for a store streamed from object storage
+            (it holds only a few shards at a time). ``"recent"``: Ultralytics' buffer (without ``cache="ram"``):
             drawn uniformly from the images of the last ``min(n, 8 * batch_size, 1000) - 1`` positions of this
             rank's epoch order up to the sample's own (a function of the seed and the order, whatever the
             workers; not with an image table). Only training batches with mosaic have partners: passing
@@ -634,13 +646,16 @@ def loader(
             order_idx, batch_shapes = rect_batch_shapes(view.shapes, batch_size, imgsz, stride=stride, pad=pad)
             rect_shapes = per_index_shapes(order_idx, batch_shapes, batch_size)
             rect_batches = _order.rect_order(order_idx, batch_size, rank=rank, world_size=world_size)
+        shards = None if rect else view.shards()
+        # a store read in shards holds only part of the dataset at a time: partners from the batch's own images
+        default_partners = "batch" if shards is not None and augment else cls.default_partners
         recent = {}
         if partners == "recent":  # the window runs over the epoch order this rank renders (FastLoader.epoch_order)
-            recent = {"epoch_order": _order.EpochOrder(len(view), batch_size, seed=seed, shuffle=shuffle and not rect,
-                                                       rank=rank, world_size=world_size, drop_last=drop_last),
+            recent = {"epoch_order": _epoch_order(len(view), batch_size, shards, seed=seed, shuffle=shuffle and not rect,
+                                                  rank=rank, world_size=world_size, drop_last=drop_last),
                       "window": recent_window(len(view), batch_size)}
         sampler = ParamSampler(loaded_hw, hyp_d, imgsz, augment=augment, seed=seed, rect_shapes=rect_shapes,
-                               orig_shapes=view.shapes, partners=partners or cls.default_partners, recipe=recipe,
+                               orig_shapes=view.shapes, partners=partners or default_partners, recipe=recipe,
                                **recent)
         if partners in ("batch", "recent") and not sampler.draws_mosaics:
             raise ValueError(f"partners={partners!r} applies to mosaic training batches only, and this loader draws no "
@@ -655,7 +670,7 @@ def loader(
     fl = FastLoader(engine=eng, dataset=dataset, store=base, n=len(view), batch_size=batch_size, seed=seed,
                     shuffle=shuffle and not rect, rank=rank, world_size=world_size, drop_last=drop_last,
                     rect_batches=rect_batches, close_mosaic_epochs=int(close_mosaic), epochs=epochs,
-                    owns_store=owns_store)
+                    owns_store=owns_store, shards=shards)
     if close_mosaic and epochs is None:
         warnings.warn("fastload.loader: close_mosaic needs epochs=...; call loader.close_mosaic() yourself")
     return fl

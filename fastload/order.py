@@ -12,7 +12,7 @@ fixed batches, whole batches dealt out to ranks.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -20,6 +20,7 @@ import numpy as np
 # SeedSequence([seed, epoch, index]): SeedSequence pads short entropy with zeros, so a plain
 # SeedSequence([seed, epoch]) would equal the one of sample index 0.
 _ORDER_STREAM = (0x6F72646572,)  # "order"
+_SHARD_STREAM = (0x7368617264,)  # "shard": a shard-aware order is not a reshuffle of the plain one
 
 
 def _normalise_rank(rank: int, world_size: int) -> tuple[int, int]:
@@ -40,6 +41,24 @@ def epoch_permutation(n: int, epoch: int, *, seed: int = 0) -> np.ndarray:
     return np.random.Generator(np.random.PCG64(ss)).permutation(n).astype(np.int64)
 
 
+def shard_permutation(shards: np.ndarray, epoch: int, *, seed: int = 0, window: int = 1) -> np.ndarray:
+    """The shuffled order of ``range(len(shards))`` for ``epoch`` when position ``p`` lives in shard ``shards[p]``
+    (a store streamed in shards, :mod:`fastload.store.stream`): the shards are visited in an order permuted per
+    epoch, and the positions of each run of ``window`` consecutive shards of that order are shuffled together,
+    so an epoch needs about ``window`` shards at a time and its first positions come from the first ``window``
+    shards. A function of ``(seed, epoch)``, the shard ids and ``window`` only."""
+    shards = np.asarray(shards, np.int64).reshape(-1)
+    if window < 1:
+        raise ValueError(f"window must be >= 1 shard, got {window}")
+    rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([int(seed), int(epoch)],
+                                                                     spawn_key=_SHARD_STREAM)))
+    ids, dense = np.unique(shards, return_inverse=True)
+    visit = np.empty(len(ids), np.int64)
+    visit[rng.permutation(len(ids))] = np.arange(len(ids))  # visit[s]: when shard s comes up
+    block = visit[dense] // int(window)
+    return np.lexsort((rng.random(len(shards)), block)).astype(np.int64)
+
+
 def epoch_indices(
     n: int,
     epoch: int,
@@ -49,6 +68,8 @@ def epoch_indices(
     rank: int = -1,
     world_size: int = 1,
     drop_last: bool = False,
+    shards: np.ndarray | None = None,
+    window: int = 1,
 ) -> np.ndarray:
     """The dataset indices rank ``rank`` visits in ``epoch``, in order (``int64 [m]``).
 
@@ -60,6 +81,8 @@ def epoch_indices(
         rank: this process's rank, ``-1`` when not distributed.
         world_size: number of ranks.
         drop_last: drop the tail so that ``n`` splits evenly instead of padding by wrap-around.
+        shards, window: the shard of each position and the shuffle window, for a store read in shards: the
+            permutation is then :func:`shard_permutation` (the same for every ``world_size``, as the plain one).
 
     Returns ``m = ceil(n / world_size)`` indices (``floor`` with ``drop_last``) for every rank;
     rank ``r`` takes positions ``r, r + world_size, ...`` of the padded permutation.
@@ -67,7 +90,14 @@ def epoch_indices(
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}")
     rank, world_size = _normalise_rank(rank, world_size)
-    order = epoch_permutation(n, epoch, seed=seed) if shuffle else np.arange(n, dtype=np.int64)
+    if shards is not None and len(shards) != n:
+        raise ValueError(f"shards holds {len(shards)} shard ids for {n} positions")
+    if not shuffle:
+        order = np.arange(n, dtype=np.int64)
+    elif shards is not None:
+        order = shard_permutation(shards, epoch, seed=seed, window=window)
+    else:
+        order = epoch_permutation(n, epoch, seed=seed)
     if world_size == 1:
         return order
     if drop_last:
@@ -123,10 +153,13 @@ class EpochOrder:
     rank: int = -1
     world_size: int = 1
     drop_last: bool = False
+    shards: np.ndarray | None = field(default=None, compare=False, repr=False)  # epoch_indices' shards and window
+    window: int = 1
 
     def __call__(self, epoch: int) -> np.ndarray:
         idx = epoch_indices(self.n, epoch, seed=self.seed, shuffle=self.shuffle, rank=self.rank,
-                            world_size=self.world_size, drop_last=self.drop_last)
+                            world_size=self.world_size, drop_last=self.drop_last, shards=self.shards,
+                            window=self.window)
         if self.drop_last:
             idx = idx[: len(idx) // self.batch_size * self.batch_size]
         return idx

@@ -63,3 +63,24 @@ def test_rect_order_whole_batches_round_robin():
     r1 = rect_order(sorted_idx, 4, rank=1, world_size=2)
     assert [b.tolist() for b in r0] == [[5, 2, 7, 0], [8]]
     assert [b.tolist() for b in r1] == [[1, 3, 6, 4]]
+
+
+def test_shard_order_visits_shards_in_turn_and_is_the_same_for_every_rank_count():
+    shards = np.repeat(np.arange(7), [5, 3, 6, 4, 5, 2, 5])  # 30 positions in 7 shards of unequal sizes
+    for window in (1, 2):
+        order = epoch_indices(30, 4, seed=9, shards=shards, window=window)
+        assert sorted(order.tolist()) == list(range(30))
+        seen = shards[order]
+        # each run of `window` shards (in the order they first come up) is visited whole before the next starts
+        firsts = list(dict.fromkeys(seen.tolist()))
+        for b in range(0, 7, window):
+            span = np.flatnonzero(np.isin(seen, firsts[b:b + window]))
+            assert span.max() - span.min() + 1 == len(span), (window, seen)
+        for world_size in (2, 3, 5):  # ranks stride the same global order, as the plain one
+            parts = [epoch_indices(30, 4, seed=9, shards=shards, window=window, rank=r, world_size=world_size)
+                     for r in range(world_size)]
+            assert np.array_equal(np.stack(parts, axis=1).reshape(-1), order)
+    assert np.array_equal(epoch_indices(30, 4, seed=9, shards=shards), epoch_indices(30, 4, seed=9, shards=shards))
+    assert not np.array_equal(epoch_indices(30, 4, seed=9, shards=shards), epoch_indices(30, 5, seed=9, shards=shards))
+    with pytest.raises(ValueError, match="window must be >= 1"):
+        epoch_indices(30, 0, shards=shards, window=0)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from fastload.store import open_store
-from fastload.store.kinds import AUTO_ORDER, CONVERT_KINDS, KINDS, RESUMABLE_KINDS, STORE_KINDS, store_kind
+from fastload.store.kinds import AUTO_ORDER, CONVERT_KINDS, KINDS, REMOTE_KINDS, RESUMABLE_KINDS, STORE_KINDS, store_kind
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -19,9 +19,9 @@ def test_every_kind_declares_its_reader_writer_and_place():
         assert kind.reader_class().kind == name  # the reader is the Store class of that kind
         assert (kind.writer is not None) == (kind.path is not None)  # convert writes what it can place
     assert AUTO_ORDER == ("ram", "disk", "lmdb", "files")  # fastest first; gpu only when asked for
-    assert CONVERT_KINDS == ("lmdb", "disk", "ram") and RESUMABLE_KINDS == ("lmdb",)
+    assert CONVERT_KINDS == ("lmdb", "disk", "ram") and RESUMABLE_KINDS == ("lmdb",) and REMOTE_KINDS == ("stream",)
     assert [k for k in KINDS if not store_kind(k).on_host] == ["gpu"]
-    assert [k for k in KINDS if store_kind(k).decoded] == ["disk", "ram", "gpu"]
+    assert [k for k in KINDS if store_kind(k).decoded] == ["disk", "ram", "gpu", "stream"]
     with pytest.raises(ValueError, match="unknown store kind 'tape'; choose auto or one of files, lmdb"):
         store_kind("tape")
 

@@ -8,7 +8,8 @@ import json
 def register(sub: argparse._SubParsersAction, help_text: str) -> None:
     p = sub.add_parser("verify", help=help_text, description=help_text + ". Exit code 0 when every record "
                        "matches, 1 when a record is damaged or the store is unfinished/unreadable.")
-    p.add_argument("target", help="a store folder, a fastload convert output folder, or its data.yaml")
+    p.add_argument("target", help="a store folder, a fastload convert output folder, its data.yaml, or s3://BUCKET/PREFIX "
+                   "(downloaded to a temporary folder first)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=run)

@@ -8,6 +8,7 @@ every record on its first read without slowing a first epoch much (``python benc
 """
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
@@ -32,3 +33,13 @@ def record_checksum(payload: bytes | memoryview | np.ndarray, labels: np.ndarray
     if isinstance(payload, np.ndarray):
         payload = memoryview(np.ascontiguousarray(payload)).cast("B")
     return _crc32(np.ascontiguousarray(labels, np.float32).tobytes(), _crc32(payload))
+
+
+def file_crc32(path: str | os.PathLike, chunk: int = 8 << 20) -> tuple[int, int]:
+    """(size, crc32) of the file at ``path``, read in ``chunk``-byte pieces."""
+    value, size = 0, 0
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            value = _crc32(block, value)
+            size += len(block)
+    return size, value

@@ -160,6 +160,14 @@ class ResidentImages(NamedTuple):
     device: "torch.device"
 
 
+class Shards(NamedTuple):
+    """How a store read in shards wants its samples visited (:func:`fastload.order.shard_permutation`): the shard
+    of every sample, and how many consecutive shards an epoch shuffles together."""
+
+    ids: np.ndarray  # int64 [n]
+    window: int
+
+
 class Store(abc.ABC):
     """One split of a dataset, readable by index.
 
@@ -205,6 +213,11 @@ class Store(abc.ABC):
 
     def resident_images(self) -> ResidentImages | None:
         """The loaded images already in device memory (``store="gpu"``), else None (the default)."""
+        return None
+
+    def shards(self) -> Shards | None:
+        """The shard layout of a store read in shards (``stream``), else None (the default: any order costs
+        the same)."""
         return None
 
     # -- helpers shared by all backends ----------------------------------------------------------

@@ -22,6 +22,7 @@ from fastload.store.files import FileStore
 from fastload.store.kinds import (
     AUTO_ORDER,
     PARTIAL,
+    REMOTE_KINDS,
     detect_kind,
     finish_hint,
     ram_segment_path,
@@ -29,6 +30,7 @@ from fastload.store.kinds import (
     store_kind,
     store_load_rule,
 )
+from fastload.store.objects.urls import is_url
 from fastload.store.origin import check_one_source
 from fastload.store.packed import RamStore
 from fastload.store.rebuild import ram_builder
@@ -53,9 +55,10 @@ def open_store(
 
     Args:
       data: ``data.yaml`` path, dict, ``DataConfig``, or a store directory (lmdb / disk / ram, or a
-        ``fastload convert`` output folder holding a ``data.yaml``).
+        ``fastload convert`` output folder holding a ``data.yaml``), or ``s3://bucket/prefix[/data.yaml]`` of an
+        uploaded store: its ``disk`` store at ``imgsz`` is streamed (:class:`fastload.store.stream.StreamingStore`).
       split: ``train``, ``val`` or ``test``.
-      kind: ``auto`` or one of ``files | lmdb | disk | ram | gpu``. ``ram`` on a yaml without a recorded
+      kind: ``auto`` or one of ``files | lmdb | disk | ram | gpu | stream``. ``ram`` on a yaml without a recorded
         ram store builds one in shared memory on demand (removed when the last user exits).
       imgsz: the training image size; decoded stores must match it.
       load_rule: the loaded-image rule (:data:`fastload.data.images.LoadRule`) decoded stores must have been
@@ -72,6 +75,20 @@ def open_store(
         raise TypeError(f"open_store(kind={kind!r}) takes no {', '.join(map(repr, extra))} keyword; "
                         + (f"it takes {', '.join(takes)}" if takes else "it takes none besides data, split, kind and imgsz"))
     check_load_rule(load_rule)
+    if is_url(data):  # a store in object storage is streamed (or staged first: `fastload stage URL --to DIR`)
+        if kind != "auto" and kind not in REMOTE_KINDS:
+            raise StoreError(f"{data}: a store in object storage is read as {' or '.join(REMOTE_KINDS)} (or auto); "
+                             f"for a {kind} store, stage it first: `fastload stage {data} --to DIR` and open "
+                             f"DIR/data.yaml")
+        remote = store_class(REMOTE_KINDS[0] if kind == "auto" else kind)(str(data), split, imgsz, **kwargs)
+        try:
+            remote.check_load_rule(load_rule)
+        except StoreError:
+            remote.close()
+            raise
+        return remote
+    if kind in REMOTE_KINDS:
+        raise StoreError(f"kind={kind!r} reads a store uploaded to object storage (s3://BUCKET/PREFIX), not {data!r}")
     if kind == "gpu":
         return _open_gpu(data, split, imgsz, load_rule, **kwargs)
 

@@ -18,6 +18,8 @@ from fastload.store import shm
 from fastload.store.factory import open_path
 from fastload.store.base import StoreError
 from fastload.store.kinds import detect_kind, finish_hint, shm_root, unfinished_conversions
+from fastload.store.objects.manifest import read_manifest
+from fastload.store.objects.urls import is_url
 from fastload.store.origin import mixed_sources
 from fastload.store.space import fmt_bytes, tree_bytes
 
@@ -60,7 +62,10 @@ def _split_stats(labels: Sequence[np.ndarray], shapes: np.ndarray, names: Sequen
 
 
 def dataset_info(target: str | Path, splits: Sequence[str] | None = None) -> dict[str, Any]:
-    """Info about a data.yaml (every split, or ``splits``) or a store directory."""
+    """Info about a data.yaml (every split, or ``splits``), a store directory, or a store in object storage
+    (:func:`url_info`)."""
+    if is_url(target):
+        return url_info(str(target), splits)
     target = Path(target)
     if target.is_dir() and detect_kind(target) is not None:
         return store_info(target)
@@ -92,6 +97,21 @@ def dataset_info(target: str | Path, splits: Sequence[str] | None = None) -> dic
             stats["mixed_stores"] = why
         out["splits"][split] = stats
     return out
+
+
+def url_info(url: str, splits: Sequence[str] | None = None) -> dict[str, Any]:
+    """Info about the store uploaded at ``url``: the summary its manifest carries (written by the upload from the
+    stores' own indexes), plus when it was uploaded and how many objects and bytes it holds; nothing else is
+    downloaded."""
+    manifest = read_manifest(url)
+    info = dict(manifest.info, source=str(manifest.url),
+                uploaded={"created": manifest.created, "objects": len(manifest.objects), "bytes": manifest.nbytes})
+    unknown = [s for s in splits or () if s not in info.get("splits", {})]
+    if unknown:
+        raise StoreError(f"{url} holds no split {', '.join(unknown)} (it holds {', '.join(info.get('splits', {}))})")
+    if splits:
+        info["splits"] = {s: info["splits"][s] for s in splits}
+    return info
 
 
 def store_info(path: str | Path) -> dict[str, Any]:
@@ -139,6 +159,9 @@ def format_info(info: dict[str, Any], top: int = 20) -> str:
         head += (f"  ({info['kind']} store" + (f", imgsz {info['imgsz']}" if info.get("imgsz") else "")
                  + (f", {info['load_rule']} loaded images" if info.get("load_rule") else "") + ")")
     lines = [head, f"classes: {len(info['names'])}"]
+    if info.get("uploaded"):
+        up = info["uploaded"]
+        lines.append(f"uploaded {up['created']}: {up['objects']} objects, {fmt_bytes(up['bytes'])}")
     for split, s in info["splits"].items():
         lines.append(f"[{split}] {s['images']} images, {s['backgrounds']} backgrounds, {s['instances']} instances, {fmt_bytes(s['bytes'])}")
         extra = [f"{k.replace('_', ' ')} {s[k]}" for k in ("without_label_file", "empty_label_file", "corrupt", "labels_without_image") if k in s]

@@ -63,6 +63,7 @@ class StoreKind:
     on_host: bool = True  # False: its images live in device memory (engines declare whether they draw from it)
     resumable: bool = False  # `fastload convert --resume` continues an interrupted conversion
     open_keywords: tuple[str, ...] = ()  # the keywords open_store(kind=...) passes on (anything else is refused)
+    remote: bool = False  # opened from an s3:// URL (its reader takes the URL, split, imgsz), not from a path
 
     def reader_class(self) -> type[Store]:
         return _resolve(self.reader)
@@ -101,6 +102,9 @@ STORE_KINDS: dict[str, StoreKind] = {k.name: k for k in (
               auto_rank=0),
     StoreKind("gpu", "fastload.store.gpu:GpuStore", decoded=True, on_host=False,
               open_keywords=("device", "share", "chunk_bytes", "base")),
+    # a disk store in object storage, read in shards into a node-local cache (open_store of an s3:// URL)
+    StoreKind("stream", "fastload.store.stream:StreamingStore", decoded=True, remote=True,
+              open_keywords=("cache_dir", "cache_bytes", "shard_bytes", "window")),
 )}
 # Every kind open_store() knows.
 KINDS = tuple(STORE_KINDS)
@@ -110,6 +114,7 @@ AUTO_ORDER = tuple(sorted((k.name for k in STORE_KINDS.values() if k.auto_rank i
 # What `fastload convert --to` writes ("files" is the source itself, "gpu" is filled at open).
 CONVERT_KINDS = tuple(k.name for k in STORE_KINDS.values() if k.writer is not None)
 RESUMABLE_KINDS = tuple(k.name for k in STORE_KINDS.values() if k.resumable)  # the others start over
+REMOTE_KINDS = tuple(k.name for k in STORE_KINDS.values() if k.remote)  # what open_store opens an s3:// URL as
 
 
 def store_kind(name: str) -> StoreKind:

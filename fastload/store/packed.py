@@ -84,6 +84,15 @@ class PackedStore(Store):
         super().__init__()
         self.path = str(path)
         root = Path(path)
+        self._read_index(root)
+        size = (root / PIXELS).stat().st_size
+        if size != int(self.offsets[-1]):
+            raise StoreError(f"{root / PIXELS} holds {size} bytes, the index expects {int(self.offsets[-1])}")
+        self._mm: np.ndarray | None = None
+        self._checked: np.ndarray | None = None  # bool [N]: records whose checksum this process verified
+
+    def _read_index(self, root: Path) -> None:
+        """Everything but the pixels, from the store folder ``root``: metadata, index arrays, labels, files."""
         self.meta = read_meta(root)
         self.imgsz = int(self.meta["imgsz"])
         self.load_rule = self.meta.get("load_rule", "yolov9")  # stores written before the rule: YOLOv9's
@@ -98,11 +107,6 @@ class PackedStore(Store):
         n = len(self.im_files)
         if not (len(self.offsets) == n + 1 and len(self.hw) == len(self.shapes) == len(self.labels) == n):
             raise StoreError(f"{root}: index arrays disagree on the number of samples ({n} files)")
-        size = (root / PIXELS).stat().st_size
-        if size != int(self.offsets[-1]):
-            raise StoreError(f"{root / PIXELS} holds {size} bytes, the index expects {int(self.offsets[-1])}")
-        self._mm: np.ndarray | None = None
-        self._checked: np.ndarray | None = None  # bool [N]: records whose checksum this process verified
 
     def _handles(self) -> tuple[str, ...]:
         return ("_mm", "_checked")

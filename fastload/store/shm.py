@@ -35,7 +35,7 @@ HOLDERS_SUFFIX = ".holders"
 COMMIT_FILE = "meta.json"  # the packed layout's commit marker (see packed.py)
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     """True when ``pid`` names a running (non-zombie) process on this machine."""
     if pid <= 0:
         return False
@@ -69,7 +69,7 @@ class Registry:
     info: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def prune(self) -> list[int]:
-        dead = [p for p in self.pids if not _pid_alive(p)]
+        dead = [p for p in self.pids if not pid_alive(p)]
         self.pids = [p for p in self.pids if p not in dead]
         return dead
 
@@ -278,7 +278,7 @@ def list_segments(root: Path | None = None, prefix: str = SHM_PREFIX) -> list[Se
         with contextlib.suppress(OSError, ValueError):
             data = json.loads(holders_path(seg).read_text() or "{}")
         pids = [int(p) for p in data.get("pids", [])]
-        live = [p for p in pids if _pid_alive(p)]
+        live = [p for p in pids if pid_alive(p)]
         nbytes = tree_bytes(seg) + sum(tree_bytes(p) for p in root.glob(name + ".partial*"))
         out.append(
             SegmentInfo(seg, nbytes, is_complete(seg), bool(data.get("pinned")), live, [p for p in pids if p not in live])

@@ -5,6 +5,10 @@ under the dataset root) and writes ``<target>/data.yaml`` pointing at the copy. 
 folder (an lmdb/disk store or a ``fastload convert`` output folder) copies it as it is; the
 relative store paths in a copied ``data.yaml`` then point at the copy.
 
+Staging ``s3://bucket/prefix`` (a store uploaded by ``fastload convert --out URL``) downloads the objects its
+manifest lists with parallel ranged reads (:mod:`fastload.store.objects`), each checked against the
+manifest's size and crc32, then checks every record of every store (:func:`~fastload.store.verify.verify_target`).
+
 Free space is checked first (``os.statvfs``); the copy goes into a hidden temporary sibling, every
 file is read back and compared (size + crc32) and only then renamed to the target. A marker file
 ``.fastload-staged.json`` records what was staged; :func:`unstage` refuses to delete a folder
@@ -25,15 +29,18 @@ from typing import Any, Callable, Iterable, Sequence
 import yaml
 from tqdm import tqdm
 
-from fastload.data.checksum import crc32
+from fastload.data.checksum import crc32, file_crc32
 from fastload.data.config import DataConfig, load_data_config
 from fastload.data.index import list_images
 from fastload.data.labels import img2label_path
 from fastload.store import shm
 from fastload.store.base import StoreError
 from fastload.store.kinds import shm_root
+from fastload.store.objects.manifest import fetch, read_manifest
+from fastload.store.objects.urls import is_url
 from fastload.store.packed import replace_dir
 from fastload.store.space import fmt_bytes, free_bytes
+from fastload.store.verify import verify_target
 
 MARKER = ".fastload-staged.json"
 CHUNK = 8 << 20
@@ -57,15 +64,6 @@ def _copy_file(src: Path, dst: Path) -> tuple[int, int]:
             crc = crc32(chunk, crc)
             size += len(chunk)
             fo.write(chunk)
-    return size, crc
-
-
-def _file_crc(path: Path) -> tuple[int, int]:
-    crc, size = 0, 0
-    with open(path, "rb") as f:
-        while chunk := f.read(CHUNK):
-            crc = crc32(chunk, crc)
-            size += len(chunk)
     return size, crc
 
 
@@ -100,7 +98,9 @@ def _dataset_files(cfg: DataConfig, splits: Sequence[str]) -> tuple[list[tuple[P
     return sorted(pairs.items(), key=lambda kv: str(kv[1])), split_values
 
 
-def _store_files(src: Path) -> list[tuple[Path, Path]]:
+def store_files(src: Path) -> list[tuple[Path, Path]]:
+    """(file, path relative to ``src``) of every file a store folder (or a convert output folder) is made of:
+    what staging copies and an upload sends (lock files and the staged marker left out)."""
     return [(p, p.relative_to(src)) for p in sorted(src.rglob("*")) if p.is_file() and p.name not in (".convert.lock", "lock.mdb", MARKER)]
 
 
@@ -114,9 +114,12 @@ def stage(
 ) -> StageResult:
     """Copy a dataset (``data.yaml``) or a store folder to ``to`` and verify the copy."""
     t0 = time.perf_counter()
+    if is_url(source):
+        if splits:
+            raise StoreError(f"splits apply to a data.yaml; the store at {source} is staged whole")
+        return _stage_url(str(source), Path(to).absolute(), progress=progress, log=log, t0=t0)
     source, to = Path(source), Path(to).absolute()
-    if to.exists() and not (to / MARKER).is_file():
-        raise StoreError(f"{to} exists and was not staged by fastload; choose another target or remove it yourself")
+    _check_target(to)
     is_yaml = source.is_file() and source.suffix in (".yaml", ".yml")
     cfg = None
     split_values: dict[str, Any] = {}
@@ -125,7 +128,7 @@ def stage(
         wanted = list(splits) if splits else list(cfg.splits)
         files, split_values = _dataset_files(cfg, wanted)
     elif source.is_dir():
-        files = _store_files(source)
+        files = store_files(source)
     elif not source.exists():
         raise StoreError(f"cannot stage {source}: it does not exist; give a data.yaml or a store folder")
     else:
@@ -134,17 +137,8 @@ def stage(
         raise StoreError(f"nothing to stage in {source}")
 
     total = sum(p.stat().st_size for p, _ in files)
-    free = free_bytes(to.parent)
-    needed = total + (4 << 20)
-    if needed > free:
-        raise StoreError(
-            f"not enough space to stage {source} at {to}: needs {fmt_bytes(needed)}, "
-            f"{fmt_bytes(free)} free on {to.parent}"
-        )
-
-    tmp = to.with_name(f".{to.name}.staging-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    _check_room(source, to, total)
+    tmp = _staging_folder(to)
     try:
         sums: list[tuple[Path, int, int]] = []
         with tqdm(total=total, unit="B", unit_scale=True, desc=f"stage -> {to}", disable=not progress) as bar:
@@ -159,17 +153,13 @@ def stage(
                 bar.update(size)
         os.sync()
         for rel, size, crc in sums:  # read every copy back: a bad RAM disk or a racing writer shows here
-            got = _file_crc(tmp / rel)
+            got = file_crc32(tmp / rel)
             if got != (size, crc):
                 raise StoreError(f"staged copy of {rel} differs from the source (size/crc32 {got} != {(size, crc)})")
         yaml_path = None
         if cfg is not None:
             yaml_path = _write_staged_yaml(cfg, tmp, to, split_values)
-        (tmp / MARKER).write_text(
-            json.dumps({"source": str(source.resolve()), "files": len(files), "bytes": total,
-                        "created": time.strftime("%Y-%m-%dT%H:%M:%S"), "pid": os.getpid()}, indent=1)
-        )
-        replace_dir(tmp, to)
+        _publish(tmp, to, str(source.resolve()), len(files), total)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -179,6 +169,65 @@ def stage(
         yaml_path = to / yaml_path.name
     log(f"staged {len(files)} files ({fmt_bytes(total)}) to {to}; verified" + (f"; data yaml: {yaml_path}" if yaml_path else ""))
     return StageResult(to, yaml_path, len(files), total, time.perf_counter() - t0)
+
+
+def _check_target(to: Path) -> None:
+    if to.exists() and not (to / MARKER).is_file():
+        raise StoreError(f"{to} exists and was not staged by fastload; choose another target or remove it yourself")
+
+
+def _check_room(source: str | Path, to: Path, total: int) -> None:
+    free = free_bytes(to.parent)
+    needed = total + (4 << 20)
+    if needed > free:
+        raise StoreError(
+            f"not enough space to stage {source} at {to}: needs {fmt_bytes(needed)}, "
+            f"{fmt_bytes(free)} free on {to.parent}"
+        )
+
+
+def _staging_folder(to: Path) -> Path:
+    """A fresh hidden sibling of ``to`` that the copy is written into before it is renamed to ``to``."""
+    tmp = to.with_name(f".{to.name}.staging-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    return tmp
+
+
+def _publish(tmp: Path, to: Path, source: str, files: int, total: int) -> None:
+    """Mark the verified copy ``tmp`` as staged from ``source`` and rename it to ``to`` (replacing a staged copy)."""
+    (tmp / MARKER).write_text(
+        json.dumps({"source": source, "files": files, "bytes": total,
+                    "created": time.strftime("%Y-%m-%dT%H:%M:%S"), "pid": os.getpid()}, indent=1)
+    )
+    replace_dir(tmp, to)
+
+
+def _stage_url(url: str, to: Path, *, progress: bool, log: Callable[[str], None], t0: float) -> StageResult:
+    """Stage the store uploaded at ``url``: download every object (parallel ranged reads, each checked against
+    the manifest's size and crc32), check every record of every store in it, then rename into place."""
+    _check_target(to)
+    manifest = read_manifest(url)
+    _check_room(url, to, manifest.nbytes)
+    tmp = _staging_folder(to)
+    try:
+        with tqdm(total=manifest.nbytes, unit="B", unit_scale=True, desc=f"stage -> {to}", disable=not progress) as bar:
+            stats = fetch(manifest, tmp, progress=bar.update)
+        yaml_path = tmp / "data.yaml"
+        damaged = [r for r in verify_target(yaml_path if yaml_path.is_file() else tmp) if not r.ok]
+        if damaged:  # the first failure, its first damaged records, the download's folder named as the URL
+            first = "; ".join(line.strip() for line in damaged[0].format().splitlines()[:3])
+            raise StoreError(f"staging {url}: {first.replace(str(tmp), url)} ({len(damaged)} store(s) failed); "
+                             f"nothing was kept")
+        _publish(tmp, to, url, len(manifest.objects), manifest.nbytes)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    retried = f", {stats.retries} request(s) retried" if stats.retries else ""
+    staged_yaml = to / "data.yaml" if (to / "data.yaml").is_file() else None
+    log(f"staged {len(manifest.objects)} objects ({fmt_bytes(manifest.nbytes)}) from {url} to {to}{retried}; "
+        f"every record verified" + (f"; data yaml: {staged_yaml}" if staged_yaml else ""))
+    return StageResult(to, staged_yaml, len(manifest.objects), manifest.nbytes, time.perf_counter() - t0)
 
 
 def _write_staged_yaml(cfg: DataConfig, tmp: Path, final: Path, split_values: dict[str, Any]) -> Path:

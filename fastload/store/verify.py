@@ -7,6 +7,7 @@ file); an unfinished or unreadable store is reported as a failure rather than ra
 from __future__ import annotations
 
 import dataclasses
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,10 @@ from fastload.data.config import load_data_config
 from fastload.store.base import StoreError
 from fastload.store.factory import open_path
 from fastload.store.kinds import PARTIAL, detect_kind, finish_hint, unfinished_conversions
+from fastload.store.objects.manifest import fetch, read_manifest
+from fastload.store.objects.urls import is_url
 from fastload.store.origin import mixed_sources
+from fastload.store.space import check_space
 
 
 @dataclasses.dataclass
@@ -78,8 +82,11 @@ def verify_target(target: str | Path, *, progress: bool = False) -> list[VerifyR
     """Verify a store directory, or every store a ``data.yaml`` records (each path once).
 
     For a yaml, also one failed result per split whose stores were built from different images, and one per
-    interrupted conversion (``*.partial``) left beside it.
+    interrupted conversion (``*.partial``) left beside it. An ``s3://`` URL is downloaded to a temporary folder
+    first (:func:`verify_url`).
     """
+    if is_url(target):
+        return verify_url(str(target), progress=progress)
     target = Path(target)
     if target.is_file() and target.suffix in (".yaml", ".yml"):
         cfg = load_data_config(target)
@@ -103,6 +110,25 @@ def verify_target(target: str | Path, *, progress: bool = False) -> list[VerifyR
         if unfinished_conversions(target):  # a convert interrupted before it wrote the yaml
             return _unfinished(target)
     return [verify_store(target, progress=progress)]
+
+
+def verify_url(url: str, *, progress: bool = False) -> list[VerifyResult]:
+    """Verify the store uploaded at ``url``: download it into a temporary folder (each object checked against the
+    manifest's size and crc32), verify every record there, and remove the folder. The results name the URL;
+    a missing manifest or object, or a damaged one, is one failed result."""
+    try:
+        manifest = read_manifest(url)
+        with tempfile.TemporaryDirectory(prefix="fastload-verify-") as tmp:
+            folder = Path(tmp).resolve()
+            check_space(folder, manifest.nbytes, f"the download of {url}")
+            fetch(manifest, folder)
+            results = verify_target(folder / "data.yaml" if (folder / "data.yaml").is_file() else folder,
+                                    progress=progress)
+    except StoreError as e:
+        return [VerifyResult(url, None, error=str(e))]
+    for r in results:
+        r.path = r.path.replace(str(folder), str(manifest.url))
+    return results
 
 
 def _unfinished(folder: Path) -> list[VerifyResult]:

@@ -11,7 +11,7 @@ from typing import Sequence
 import numpy as np
 
 from fastload.data.images import LoadRule, ShrinkFilter
-from fastload.store.base import ResidentImages, Sample, Store
+from fastload.store.base import ResidentImages, Sample, Shards, Store
 
 
 class StoreView(Store):
@@ -54,6 +54,10 @@ class StoreView(Store):
 
     def read_image(self, i: int) -> Sample:
         return self.base.read_image(int(self.base_indices[self.check_index(i)]))
+
+    def shards(self) -> Shards | None:
+        layout = self.base.shards()
+        return None if layout is None else Shards(layout.ids[self.base_indices], layout.window)
 
     def read_encoded(self, i: int) -> bytes:
         return self.base.read_encoded(int(self.base_indices[self.check_index(i)]))

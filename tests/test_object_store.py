@@ -1,0 +1,463 @@
+"""Stores in object storage against a local S3 server (moto's server mode, in this process): convert to a URL,
+stage / verify / info from it, a half-finished upload refused, faults injected between the client and the
+server by a small HTTP proxy (a dropped connection and 5xx answers mid-range, retried and resumed; a truncated,
+damaged or missing object named) with nothing wrong delivered, and a loader streaming the store in shards
+through a cache smaller than the dataset: the local store's batches in the same order, the budget kept."""
+from __future__ import annotations
+
+import http.client
+import http.server
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import pytest
+
+from fastload.store import open_store
+from fastload.store.base import StoreError
+from store_helpers import run_cli
+
+moto_server = pytest.importorskip("moto.server", reason="moto[server] (the dev extra) runs the local S3 server")
+pytest.importorskip("boto3", reason="boto3 (the s3 extra) is the S3 client")
+
+REPO = Path(__file__).resolve().parents[1]
+BUCKET = "fastload-test"
+SECRET = "s3cr3t-never-printed"
+
+
+@pytest.fixture(scope="module")
+def s3_env() -> Iterator[dict[str, str]]:
+    """A local S3 server and the AWS_* environment that points boto3 at it, for this module only (undone after)."""
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    env = {"AWS_ENDPOINT_URL": f"http://{host}:{port}", "AWS_ACCESS_KEY_ID": "testing",
+           "AWS_SECRET_ACCESS_KEY": SECRET, "AWS_DEFAULT_REGION": "us-east-1",
+           # no user configuration from this machine's files
+           "AWS_CONFIG_FILE": os.devnull, "AWS_SHARED_CREDENTIALS_FILE": os.devnull}
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in env.items():
+            mp.setenv(k, v)
+        for k in ("AWS_PROFILE", "AWS_SESSION_TOKEN"):
+            mp.delenv(k, raising=False)
+        import boto3
+
+        boto3.client("s3").create_bucket(Bucket=BUCKET)
+        yield env
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory) -> tuple[Path, Path]:
+    """A tiny synthetic dataset and its train split's lmdb + disk stores converted locally: (data.yaml, local
+    stores' yaml)."""
+    from fastload.data.synthetic import make_synthetic_dataset
+    from fastload.store.convert import convert
+
+    root = tmp_path_factory.mktemp("objds")
+    yaml_path = make_synthetic_dataset(root / "ds", n_train=12, n_val=2, nc=3, seed=3, max_size=160)
+    local = convert(yaml_path, "lmdb,disk", out=root / "local", imgsz=64, splits="train", workers=1, progress=False,
+                    log=lambda *_: None)
+    return yaml_path, local.yaml_path
+
+
+@pytest.fixture(scope="module")
+def uploaded(s3_env, dataset) -> str:
+    """The dataset's train split converted to lmdb + disk by `fastload convert --out s3://...`; its URL."""
+    url = f"s3://{BUCKET}/stores/synth"
+    rc = run_cli(["convert", str(dataset[0]), "--to", "lmdb,disk", "--split", "train", "--imgsz", "64", "--workers",
+                  "1", "--out", url, "--no-progress"])
+    assert rc == 0
+    return url
+
+
+def _client():
+    from fastload.store.objects.client import s3_client
+
+    return s3_client()
+
+
+def _keys(prefix: str) -> list[str]:
+    pages = _client().get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=prefix)
+    return sorted(o["Key"] for page in pages for o in page.get("Contents", []))
+
+
+def _copy_prefix(src_url: str, dst: str) -> str:
+    """Copy every object of the store at ``src_url`` under the prefix ``dst``; the copy's URL."""
+    src = src_url.split(f"s3://{BUCKET}/", 1)[1]
+    for key in _keys(src + "/"):
+        _client().copy_object(Bucket=BUCKET, Key=dst + key[len(src):], CopySource={"Bucket": BUCKET, "Key": key})
+    return f"s3://{BUCKET}/{dst}"
+
+
+def _assert_same_records(yaml_a: Path, yaml_b: Path) -> None:
+    for kind in ("lmdb", "disk"):
+        with open_store(yaml_a, "train", kind=kind, imgsz=64) as a, open_store(yaml_b, "train", kind=kind, imgsz=64) as b:
+            assert len(a) == len(b) > 0
+            for i in range(len(a)):
+                np.testing.assert_array_equal(np.asarray(a.read_image(i)), np.asarray(b.read_image(i)))
+                np.testing.assert_array_equal(a.labels[i], b.labels[i])
+
+
+def test_convert_to_url_uploads_a_build_and_the_manifest_last(uploaded):
+    keys = _keys("stores/synth/")
+    manifest = json.loads(_client().get_object(Bucket=BUCKET, Key="stores/synth/fastload-manifest.json")["Body"].read())
+    build = f"stores/synth/builds/{manifest['build']}/"
+    assert sorted(build + o["path"] for o in manifest["objects"]) == [k for k in keys if k.startswith(build)]
+    assert keys == sorted([build + o["path"] for o in manifest["objects"]] + ["stores/synth/fastload-manifest.json"])
+    assert {"data.yaml", "train.lmdb/data.mdb", "train-64.disk/pixels.bin", "train-64.disk/meta.json"} <= {
+        o["path"] for o in manifest["objects"]}
+
+
+def test_stage_from_url_equals_the_local_stores(uploaded, dataset, tmp_path, capsys):
+    target = tmp_path / "staged"
+    assert run_cli(["stage", uploaded, "--to", str(target), "--no-progress"]) == 0
+    assert "every record verified" in capsys.readouterr().out
+    _assert_same_records(target / "data.yaml", dataset[1])
+    assert run_cli(["unstage", str(target)]) == 0 and not target.exists()
+
+
+def test_info_and_verify_accept_the_url(uploaded, dataset, capsys):
+    capsys.readouterr()
+    assert run_cli(["info", uploaded, "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["source"] == uploaded and info["uploaded"]["objects"] > 0
+    with open_store(dataset[1], "train", kind="lmdb") as local:
+        assert info["splits"]["train"]["images"] == len(local)
+        assert info["splits"]["train"]["instances"] == sum(len(lb) for lb in local.labels)
+    assert info["splits"]["train"]["stores"] == {"lmdb": "train.lmdb", "disk": "train-64.disk"}
+    assert run_cli(["info", uploaded, "--split", "train"]) == 0
+    assert "[train]" in capsys.readouterr().out
+    assert run_cli(["info", uploaded, "--split", "val"]) == 2  # the upload holds the train split only
+    assert run_cli(["verify", uploaded, "--no-progress"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 and all(line.startswith(f"OK {uploaded}/") for line in lines), lines
+
+
+def test_a_url_that_already_holds_a_store_is_refused_before_converting(uploaded, dataset, capsys):
+    capsys.readouterr()
+    assert run_cli(["convert", str(dataset[0]), "--to", "lmdb", "--out", uploaded, "--no-progress"]) == 1
+    captured = capsys.readouterr()
+    assert "already holds a fastload store" in captured.err and "--force" in captured.err
+    assert "scanning" not in captured.out  # refused before any work
+    assert run_cli(["convert", str(dataset[0]), "--to", "ram", "--out", uploaded + "-ram", "--no-progress"]) == 1
+    assert "not uploaded" in capsys.readouterr().err
+
+
+def test_a_half_uploaded_store_is_refused_and_cleaned_by_the_next_upload(s3_env, dataset, tmp_path, monkeypatch,
+                                                                        capsys):
+    from fastload.store.objects import manifest as manifest_mod
+    from fastload.store.upload import convert_to_url
+    from fastload.store.objects.manifest import publish
+
+    real_upload = manifest_mod.upload
+
+    def upload_then_die(*args, **kwargs):  # every object is uploaded, the manifest is never written
+        real_upload(*args, **kwargs)
+        raise KeyboardInterrupt
+
+    url = f"s3://{BUCKET}/half"
+    monkeypatch.setattr(manifest_mod, "upload", upload_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        convert_to_url(dataset[0], "lmdb", url, imgsz=64, splits="train", workers=1, progress=False,
+                       log=lambda *_: None)
+    orphans = _keys("half/builds/")
+    assert orphans and not _keys("half/fastload-manifest.json")
+    capsys.readouterr()
+    for argv in (["stage", url, "--to", str(tmp_path / "x"), "--no-progress"], ["info", url],
+                 ["verify", url, "--no-progress"]):
+        assert run_cli(argv) == 1
+        text = " ".join(capsys.readouterr()[:2])
+        assert f"{url} holds no finished fastload store" in text and "interrupted" in text, text
+    assert not (tmp_path / "x").exists()
+    monkeypatch.setattr(manifest_mod, "upload", real_upload)
+    publish([(dataset[0], "data.yaml")], url, info={}, log=lambda *_: None)
+    assert not set(orphans) & set(_keys("half/"))  # the interrupted upload's objects are gone
+    assert len(_keys("half/")) == 2  # the new upload's one object and its manifest
+
+
+def test_an_interrupted_conversion_to_a_url_resumes_and_uploads(s3_env, dataset, monkeypatch, capsys):
+    from fastload.store.lmdb_store import LmdbWriter
+    from fastload.store.upload import work_folder
+
+    url = f"s3://{BUCKET}/resumed"
+    argv = ["convert", str(dataset[0]), "--to", "lmdb", "--split", "train", "--workers", "1", "--out", url,
+            "--no-progress"]
+    real_commit = LmdbWriter.commit
+
+    def interrupted(self, *args, **kwargs):  # Ctrl-C once every record is written, before the store is sealed
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(LmdbWriter, "commit", interrupted)
+    assert run_cli(argv) == 130
+    err = capsys.readouterr().err
+    assert f"nothing was uploaded to {url}" in err and "--resume" in err and not _keys("resumed/")
+    monkeypatch.setattr(LmdbWriter, "commit", real_commit)
+    assert run_cli(argv + ["--resume"]) == 0
+    assert "resumed/fastload-manifest.json" in _keys("resumed/") and not work_folder(url).exists()
+
+
+# ----------------------------------------------------------------------------- faults
+class FaultyProxy:
+    """An HTTP proxy in front of the S3 server that answers ranged GETs of keys containing ``target`` from a
+    plan: ``"drop"`` sends the headers and half the body, then closes the connection; ``"503"`` answers
+    Service Unavailable. Every ranged GET's path and Range header is recorded."""
+
+    def __init__(self, upstream: str, target: str, plan: list[str]) -> None:
+        self.upstream = upstream.split("://", 1)[1]
+        self.target, self.plan, self.ranges = target, list(plan), []
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args) -> None:
+                pass
+
+            def do_HEAD(self) -> None:
+                self._forward(body=False)
+
+            def do_GET(self) -> None:
+                fault = None
+                if "Range" in self.headers and proxy.target in self.path:
+                    with threading.Lock():
+                        proxy.ranges.append((self.path, self.headers["Range"]))
+                        fault = proxy.plan.pop(0) if proxy.plan else None
+                if fault == "503":
+                    payload = b"<Error><Code>ServiceUnavailable</Code><Message>injected</Message></Error>"
+                    self.send_response(503)
+                    self.send_header("Content-Length", str(len(payload)))
+                    self.end_headers()
+                    self.wfile.write(payload)
+                    return
+                self._forward(body=True, cut=fault == "drop")
+
+            def _forward(self, *, body: bool, cut: bool = False) -> None:
+                conn = http.client.HTTPConnection(proxy.upstream, timeout=10)
+                conn.request(self.command, self.path, headers={k: v for k, v in self.headers.items()})
+                resp = conn.getresponse()
+                data = resp.read()
+                self.send_response(resp.status)
+                for k, v in resp.getheaders():
+                    if k.lower() not in ("transfer-encoding", "connection", "server", "date"):
+                        self.send_header(k, v)
+                self.end_headers()
+                if body:
+                    self.wfile.write(data[: len(data) // 2] if cut else data)
+                if cut:
+                    self.wfile.flush()
+                    self.close_connection = True
+                conn.close()
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def proxy_for(s3_env, monkeypatch):
+    proxies: list[FaultyProxy] = []
+
+    def start(target: str, plan: list[str]) -> FaultyProxy:
+        proxy = FaultyProxy(s3_env["AWS_ENDPOINT_URL"], target, plan)
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
+        proxies.append(proxy)
+        return proxy
+
+    yield start
+    for proxy in proxies:
+        proxy.close()
+
+
+def test_a_dropped_connection_and_5xx_mid_range_are_retried_and_resumed(uploaded, dataset, proxy_for, tmp_path):
+    from fastload.store.objects.client import RetryPolicy, s3_client
+    from fastload.store.objects.manifest import read_manifest
+    from fastload.store.objects.transfer import Download, download
+
+    manifest = read_manifest(uploaded)
+    rel = "train-64.disk/pixels.bin"
+    size, crc = next((s, c) for path, s, c in manifest.objects if path == rel)
+    part = 8 << 10
+    assert size > 3 * part  # several ranges, so the faults land mid-object
+    # the second range is cut halfway, then the third answered 503 twice
+    proxy = proxy_for(rel, [None, "drop", None, "503", "503"])
+    dest = tmp_path / "pixels.bin"
+    stats = download(s3_client(), [Download(manifest.object_url(rel), size, crc, dest)], part_bytes=part, parallel=1,
+                     policy=RetryPolicy(attempts=4, base_s=0.01))
+    assert stats.retries == 3
+    ranges = [r for _, r in proxy.ranges]
+    # the dropped range resumed at the byte where the cut came, not at its start
+    assert ranges[:4] == [f"bytes=0-{part - 1}", f"bytes={part}-{2 * part - 1}", f"bytes={part + part // 2}-{2 * part - 1}",
+                          f"bytes={2 * part}-{3 * part - 1}"]
+    assert dest.read_bytes() == (dataset[1].parent / rel).read_bytes()  # decoded pixels: the same in both conversions
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pixels.bin"]  # no temporary file left
+
+
+def test_a_range_that_keeps_failing_gives_up_naming_the_url(uploaded, proxy_for, tmp_path):
+    from fastload.store.objects.client import RetryPolicy, s3_client
+    from fastload.store.objects.manifest import read_manifest
+    from fastload.store.objects.transfer import Download, download
+
+    manifest = read_manifest(uploaded)
+    items = [Download(manifest.object_url(rel), size, crc, tmp_path / rel) for rel, size, crc in manifest.objects
+             if rel.startswith("train-64.disk/")]
+    proxy_for("train-64.disk/pixels.bin", ["503"] * 3)
+    with pytest.raises(StoreError) as info:
+        download(s3_client(), items, policy=RetryPolicy(attempts=3, base_s=0.01))
+    message = str(info.value)
+    assert str(manifest.object_url("train-64.disk/pixels.bin")) in message and "after 3 attempts" in message
+    assert not [p for p in tmp_path.rglob("*") if p.is_file()]  # nothing half-downloaded, no temporary file left
+
+
+@pytest.mark.parametrize("damage", ["truncated", "changed", "missing"])
+def test_a_damaged_object_is_one_error_naming_its_url(uploaded, tmp_path, damage, capsys):
+    url = _copy_prefix(uploaded, f"damaged-{damage}")
+    build = json.loads(_client().get_object(Bucket=BUCKET, Key=f"damaged-{damage}/fastload-manifest.json")["Body"]
+                       .read())["build"]
+    key = f"damaged-{damage}/builds/{build}/train-64.disk/pixels.bin"
+    data = _client().get_object(Bucket=BUCKET, Key=key)["Body"].read()
+    if damage == "missing":
+        _client().delete_object(Bucket=BUCKET, Key=key)
+    else:
+        bad = data[:-100] if damage == "truncated" else data[:50] + bytes([data[50] ^ 1]) + data[51:]
+        _client().put_object(Bucket=BUCKET, Key=key, Body=bad)
+    expected = {"truncated": "truncated or replaced", "changed": "changed or damaged", "missing": "no such object"}
+    capsys.readouterr()
+    assert run_cli(["stage", url, "--to", str(tmp_path / "x"), "--no-progress"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and f"s3://{BUCKET}/{key}" in err and expected[damage] in err, err
+    assert not (tmp_path / "x").exists() and not list(tmp_path.iterdir())  # nothing staged, no staging folder left
+    assert run_cli(["verify", url, "--no-progress"]) == 1
+    assert f"FAILED {url}: s3://{BUCKET}/{key}" in capsys.readouterr().out
+
+
+def test_the_environment_configures_a_fresh_process_and_secrets_are_never_printed(uploaded, s3_env, capsys):
+    code = "import sys; from fastload.cli import main; sys.exit(main(sys.argv[1:]))"
+    env = dict(os.environ, PYTHONPATH=str(REPO), **s3_env)
+    ok = subprocess.run([sys.executable, "-c", code, "info", uploaded], env=env, capture_output=True, text=True,
+                        timeout=60)
+    assert ok.returncode == 0 and "[train]" in ok.stdout, ok.stderr
+    capsys.readouterr()
+    assert run_cli(["verify", f"s3://{BUCKET}-absent/x", "--no-progress"]) == 1
+    assert run_cli(["stage", f"s3://{BUCKET}/absent", "--to", "/nonexistent/x", "--no-progress"]) == 1
+    bad = capsys.readouterr()
+    assert "does not exist" in bad.out and "holds no finished fastload store" in bad.err
+    assert SECRET not in ok.stdout + ok.stderr + bad.out + bad.err
+
+
+def test_urls_are_checked_and_not_opened_as_paths(uploaded):
+    from fastload.store.objects.urls import parse_url
+
+    assert str(parse_url("s3://bkt/a/b/")) == "s3://bkt/a/b"
+    for bad, why in (("gs://bkt/x", "only s3://"), ("s3:///x", "no bucket"), ("s3://bkt/a//b", "empty")):
+        with pytest.raises(StoreError, match=why):
+            parse_url(bad)
+    with pytest.raises(StoreError, match="fastload stage"):
+        open_store(uploaded + "/data.yaml", kind="lmdb")
+    with pytest.raises(StoreError, match="not 640"):  # the upload's disk store was built at 64
+        open_store(uploaded, kind="stream", imgsz=640)
+
+
+# ----------------------------------------------------------------------------- streaming
+def test_a_streamed_loader_gives_the_local_batches_within_its_cache_budget(uploaded, dataset, tmp_path, monkeypatch):
+    import fastload
+    from fastload.store import stream
+
+    with open_store(dataset[1], "train", kind="disk", imgsz=64) as local:
+        record = int(np.diff(local.offsets).max())
+        total = int(local.offsets[-1])
+    # shards of at least two records, a cache of three of them: well under the dataset
+    shard_bytes, budget = 2 * record, 3 * 2 * record
+    assert budget < total
+    stored = open_store(uploaded + "/data.yaml", "train", kind="stream", imgsz=64, cache_dir=tmp_path / "cache",
+                        cache_bytes=budget, shard_bytes=shard_bytes)
+    cache = stored.cache
+    assert len(stored.bounds) - 1 >= 4  # several shards
+    peak = []
+    real_download = stream.download
+
+    def measured(*args, **kwargs):  # the cache's bytes on disk while a shard downloads and once it is in
+        peak.append(cache.used())
+        real_download(*args, **kwargs)
+        peak.append(cache.used())
+
+    monkeypatch.setattr(stream, "download", measured)
+    streamed = fastload.loader(stored, imgsz=64, batch_size=2, workers=0, seed=5)
+    assert streamed.engine.sampler.partners == "batch"  # the default for a streamed store
+    first = streamed.epoch_order(0)[:2]
+    batches = iter(streamed)
+    got = [next(batches)]
+    # the first batch arrived after the shards its images are in, not the whole dataset
+    assert cache.fetched == len(set(stored.shards().ids[first].tolist())) <= 2
+    got += list(batches)
+    got += list(streamed)  # a second epoch: evicted shards are fetched again
+    assert cache.evicted > 0 and cache.fetched > len(stored.bounds) - 1
+    assert max(peak) <= budget and peak, peak
+    layout = stored.shards()
+
+    class LocalInShards(type(local)):  # the local copy of the same store, read in the same shards
+        def shards(self):
+            return layout
+
+    reference = fastload.loader(LocalInShards(local.path), imgsz=64, batch_size=2, workers=0, seed=5)
+    assert reference.engine.sampler.partners == "batch"
+    expected = list(reference) + list(reference)
+    assert len(got) == len(expected) == 2 * len(streamed)
+    for (imgs, targets, paths, _), (ref_imgs, ref_targets, ref_paths, _) in zip(got, expected):
+        assert np.array_equal(np.asarray(imgs), np.asarray(ref_imgs))
+        assert np.array_equal(np.asarray(targets), np.asarray(ref_targets)) and list(paths) == list(ref_paths)
+    streamed.close()
+    reference.close()
+
+
+def test_a_damaged_shard_is_never_served(uploaded, tmp_path):
+    url = _copy_prefix(uploaded, "stream-damaged")
+    build = json.loads(_client().get_object(Bucket=BUCKET, Key="stream-damaged/fastload-manifest.json")["Body"]
+                       .read())["build"]
+    key = f"stream-damaged/builds/{build}/train-64.disk/pixels.bin"
+    data = bytearray(_client().get_object(Bucket=BUCKET, Key=key)["Body"].read())
+    data[10] ^= 0xFF  # a pixel of the first record, same size: only the record checksums can tell
+    _client().put_object(Bucket=BUCKET, Key=key, Body=bytes(data))
+    stored = open_store(url, "train", kind="stream", imgsz=64, cache_dir=tmp_path, cache_bytes=1 << 20,
+                        shard_bytes=len(data) // 4)
+    with pytest.raises(StoreError, match=f"s3://{BUCKET}/{key}: record 0 .* fails its crc32"):
+        stored.read_image(0)
+    assert stored.cache.used() == 0 and not list(stored.cache.folder.glob("shard-*"))
+    assert stored.read_image(len(stored) - 1).shape[2] == 3  # the intact shards still read
+
+
+def test_the_shard_cache_removes_the_least_recently_read_and_dead_downloads(tmp_path):
+    from fastload.store.objects.transfer import partial_path
+    from fastload.store.stream import ShardCache
+
+    def writes(nbytes: int):
+        def into(dest: Path) -> None:  # as a download does: into the reserved partial file, then renamed
+            partial_path(dest).write_bytes(b"x" * nbytes)
+            os.replace(partial_path(dest), dest)
+        return into
+
+    cache = ShardCache(tmp_path, budget=300)
+    for shard in range(3):
+        cache.get(shard, 100, writes(100))
+    for shard, when in ((0, 3), (1, 1), (2, 2)):  # shard 1 read longest ago
+        os.utime(cache.path(shard), (when, when))
+    cache.get(3, 100, writes(100))
+    assert not cache.path(1).exists() and all(cache.path(s).exists() for s in (0, 2, 3))
+    assert cache.used() == 300 and cache.evicted == 1 and cache.fetched == 4
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (tmp_path / f".shard-000009.bin.download-{dead.pid}").write_bytes(b"x" * 250)  # a download killed midway
+    cache.get(4, 100, writes(100))
+    assert cache.used() <= 300 and not list(tmp_path.glob(".shard-000009*"))
+    with pytest.raises(StoreError, match="raise cache_bytes"):
+        cache.get(5, 400, writes(400))
