@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -217,3 +218,24 @@ def test_workers_outlive_a_sigterm_to_the_process_group(data):
         rest = [clone(b) for b in batches]
     with make(data, "cpu", dict(workers=0, engine_options=NO_CACHE)) as loader:
         assert_identical([first, *rest], [clone(b) for b in loader])
+
+
+def test_a_process_that_ends_with_an_open_loader_exits(data, tmp_path, preloaded_python):
+    """Workers that ignore SIGTERM must not hold up the interpreter's exit: multiprocessing SIGTERMs daemonic
+    children at exit and then waits for them without a timeout (an official train_dual.py run never closes its
+    loaders, and hung there)."""
+    script = tmp_path / "open_loader.py"
+    script.write_text("import fastload\n"
+                      f"loader = fastload.loader({str(data)!r}, imgsz={IMGSZ}, batch_size={BATCH}, store='files', "
+                      "workers=2, engine_options={'decode_cache_mb': 0})\n"
+                      "batch = next(iter(loader))\n"
+                      "print('one batch, then the end of the script', flush=True)\n")
+    from preloaded import base_env
+
+    log = tmp_path / "log"
+    proc = preloaded_python.spawn([str(script)], tmp_path, base_env(Path(__file__).resolve().parents[1]), log)
+    try:
+        assert proc.wait(timeout=60) == 0, log.read_text()
+    finally:
+        proc.kill()
+    assert "one batch" in log.read_text()

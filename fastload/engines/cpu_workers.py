@@ -16,6 +16,7 @@ its exit code or signal, and the batch it was rendering.
 from __future__ import annotations
 
 import multiprocessing as mp
+import multiprocessing.util
 import os
 import signal
 import sys
@@ -137,6 +138,11 @@ class WorkerPool:
             self.procs.append(p)
             self.tasks.append(task_w)
             self.results.append(res_r)
+        # At interpreter exit multiprocessing SIGTERMs its daemonic children and then waits for them without a
+        # timeout; ours ignore SIGTERM, so a process that ends with an open loader would wait forever. Its
+        # finalizers of priority >= 0 run first: this one stops the workers (also when the pool is collected).
+        self._stopper = multiprocessing.util.Finalize(self, _stop_workers, args=(self.procs, self.tasks, self.results),
+                                                      exitpriority=10)
 
     @property
     def pids(self) -> list[int]:
@@ -203,21 +209,27 @@ class WorkerPool:
 
     def close(self, timeout: float = 5.0) -> None:
         """Ask every worker to stop, then kill those that do not (they ignore SIGTERM). Idempotent."""
-        for conn in self.tasks:
-            try:
-                conn.send_bytes(msgpack.packb({"stop": 1}))
-            except (BrokenPipeError, OSError):
-                pass
-        deadline = time.monotonic() + timeout
-        for p in self.procs:
-            p.join(timeout=max(0.0, deadline - time.monotonic()))
-            if p.is_alive():
-                p.kill()
-                p.join(timeout=1.0)
-        for conn in self.tasks + self.results:
-            conn.close()
+        self._stopper.cancel()
+        _stop_workers(self.procs, self.tasks, self.results, timeout)
         self.procs, self.tasks, self.results = [], [], []
         self.inflight = [0] * self.n
+
+
+def _stop_workers(procs: list[Any], tasks: list[Connection], results: list[Connection], timeout: float = 5.0) -> None:
+    """Ask the workers to stop, kill those still running after ``timeout`` seconds, close the pipes."""
+    for conn in tasks:
+        try:
+            conn.send_bytes(msgpack.packb({"stop": 1}))
+        except (BrokenPipeError, OSError):
+            pass
+    deadline = time.monotonic() + timeout
+    for p in procs:
+        p.join(timeout=max(0.0, deadline - time.monotonic()))
+        if p.is_alive():
+            p.kill()
+            p.join(timeout=1.0)
+    for conn in tasks + results:
+        conn.close()
 
 
 def default_start_method_ok() -> bool:
