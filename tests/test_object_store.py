@@ -382,7 +382,8 @@ def test_a_streamed_loader_gives_the_local_batches_within_its_cache_budget(uploa
     stored = open_store(uploaded + "/data.yaml", "train", kind="stream", imgsz=64, cache_dir=tmp_path / "cache",
                         cache_bytes=budget, shard_bytes=shard_bytes)
     cache = stored.cache
-    assert len(stored.bounds) - 1 >= 4  # several shards
+    shards = len(stored.bounds) - 1
+    assert shards >= 4 and stored.read_ahead_shards == 2  # several shards; the default read-ahead fits the cache
     peak = []
     real_download = stream.download
 
@@ -392,17 +393,22 @@ def test_a_streamed_loader_gives_the_local_batches_within_its_cache_budget(uploa
         peak.append(cache.used())
 
     monkeypatch.setattr(stream, "download", measured)
+    reached: list[int] = []
+    real_reached = stream.ShardReadAhead.reached
+    monkeypatch.setattr(stream.ShardReadAhead, "reached", lambda self, p: reached.append(p) or real_reached(self, p))
     streamed = fastload.loader(stored, imgsz=64, batch_size=2, workers=0, seed=5)
     assert streamed.engine.sampler.partners == "batch"  # the default for a streamed store
-    first = streamed.epoch_order(0)[:2]
     batches = iter(streamed)
     got = [next(batches)]
-    # the first batch arrived after the shards its images are in, not the whole dataset
-    assert cache.fetched == len(set(stored.shards().ids[first].tolist())) <= 2
+    # the first batch arrived after the first shard (and those read ahead meanwhile), not the whole dataset
+    assert 1 <= cache.fetched <= 1 + stored.read_ahead_shards < shards
     got += list(batches)
+    # read ahead or on demand, every shard came once in the first epoch: none fetched ahead was pushed out
+    assert cache.fetched == shards and cache.evicted > 0
     got += list(streamed)  # a second epoch: evicted shards are fetched again
-    assert cache.evicted > 0 and cache.fetched > len(stored.bounds) - 1
-    assert max(peak) <= budget and peak, peak
+    assert cache.fetched > shards
+    assert reached == 2 * list(range(2, len(stored) + 1, 2))  # the loader told each epoch's read-ahead its place
+    assert max(peak) <= budget and len(peak) == 2 * cache.fetched, peak
     layout = stored.shards()
 
     class LocalInShards(type(local)):  # the local copy of the same store, read in the same shards
@@ -418,6 +424,47 @@ def test_a_streamed_loader_gives_the_local_batches_within_its_cache_budget(uploa
         assert np.array_equal(np.asarray(targets), np.asarray(ref_targets)) and list(paths) == list(ref_paths)
     streamed.close()
     reference.close()
+
+
+def test_read_ahead_fetches_the_next_shards_of_the_order_as_the_consumer_moves(uploaded, tmp_path, monkeypatch):
+    from fastload.order import shard_permutation
+    from fastload.store import stream
+
+    with open_store(uploaded, "train", kind="stream", imgsz=64, cache_dir=tmp_path, read_ahead=0) as plain:
+        record = int(np.diff(plain.offsets).max())
+    stored = open_store(uploaded, "train", kind="stream", imgsz=64, cache_dir=tmp_path, cache_bytes=1 << 20,
+                        shard_bytes=2 * record, read_ahead=2)
+    assert len(stored.bounds) - 1 >= 5
+    fetched: list[int] = []
+    arrived = threading.Semaphore(0)
+    real_fetch = stored._fetch_shard
+
+    def recorded(shard: int, dest: Path) -> None:
+        real_fetch(shard, dest)
+        fetched.append(shard)
+        arrived.release()
+
+    monkeypatch.setattr(stored, "_fetch_shard", recorded)
+    order = shard_permutation(stored.shards().ids, epoch=3, seed=1)
+    need = list(dict.fromkeys(stored.shards().ids[order].tolist()))  # the shards in the order first needed
+    starts = [int(np.flatnonzero(stored.shards().ids[order] == s)[0]) for s in need]
+    size = np.diff(stored.offsets[stored.bounds])
+    # room for the three shards the consumer needs once it reaches the second one, not for a fourth
+    stored.cache.budget = int(size[need[1]] + size[need[2]] + max(size[need[0]], size[need[3]]))
+    ahead = stored.read_ahead(order)
+    for _ in range(3):  # the consumer at position 0: its shard and the next two
+        assert arrived.acquire(timeout=30)
+    stored.read_image(int(order[0]))  # the first shard is read after the others arrived: the most recently used
+    ahead.reached(starts[1])  # the consumer reached the second shard: one more comes, in place of the first
+    assert arrived.acquire(timeout=30)
+    ahead.stop()
+    assert fetched == need[:4]  # in the order's order, never beyond the depth
+    # the first shard, behind the consumer, made room; the second, fetched ahead before the first's last read, stays
+    assert [stored.cache.path(s).exists() for s in need[:4]] == [False, True, True, True]
+    assert stored.read_image(int(order[starts[3]])).shape[2] == 3 and stored.cache.fetched == 4  # read from the cache
+    assert open_store(uploaded, "train", kind="stream", imgsz=64, cache_dir=tmp_path, read_ahead=0).read_ahead(order) is None
+    with pytest.raises(ValueError, match="read_ahead must be >= 0"):
+        open_store(uploaded, "train", kind="stream", imgsz=64, cache_dir=tmp_path, read_ahead=-1)
 
 
 def test_a_damaged_shard_is_never_served(uploaded, tmp_path):
