@@ -508,3 +508,24 @@ def test_the_shard_cache_removes_the_least_recently_read_and_dead_downloads(tmp_
     assert cache.used() <= 300 and not list(tmp_path.glob(".shard-000009*"))
     with pytest.raises(StoreError, match="raise cache_bytes"):
         cache.get(5, 400, writes(400))
+
+
+def test_ray_actors_open_the_streamed_store_into_their_node_cache(uploaded, s3_env, tmp_path, local_ray):
+    # a test that starts Ray (the local_ray fixture): the suite runs it with the Ray tests, last
+    import fastload
+    from fastload.engines.ray_engine import RayOptions
+
+    cache = tmp_path / "cache"
+    stored = open_store(uploaded, "train", kind="stream", imgsz=64, cache_dir=cache, cache_bytes=1 << 20,
+                        shard_bytes=4 << 10)
+    assert stored.description["url"] == uploaded and json.loads(json.dumps(stored.description)) == stored.description
+    # the actors' credentials and endpoint come from their environment, as on a node of a cluster
+    options = RayOptions(actors=1, runtime_env={"env_vars": dict(s3_env)})
+    with fastload.loader(stored, imgsz=64, batch_size=4, engine="ray", seed=2, engine_options=options) as on_ray, \
+            fastload.loader(stored, imgsz=64, batch_size=4, workers=0, seed=2) as reference:
+        got, expected = list(on_ray), list(reference)
+        assert on_ray.stats()["engine"] == "ray" and len(got) == len(expected) == len(on_ray)
+        for (imgs, targets, paths, _), (ref_imgs, ref_targets, ref_paths, _) in zip(got, expected):
+            assert np.array_equal(np.asarray(imgs), np.asarray(ref_imgs)) and list(paths) == list(ref_paths)
+            assert np.array_equal(np.asarray(targets), np.asarray(ref_targets))
+    assert stored.cache.used() <= stored.cache.budget

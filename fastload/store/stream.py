@@ -185,6 +185,12 @@ class StreamingStore(PackedStore):
             raise ValueError(f"read_ahead must be >= 0 shards (0: none), got {read_ahead}")
         url = url[: -len("/data.yaml")] if url.endswith("/data.yaml") else url
         manifest = read_manifest(parse_url(url))
+        # how another process (a Ray actor on any node) opens this store into its own node's cache: small, JSON-able
+        self.description: dict[str, Any] = {
+            "url": str(manifest.url), "split": split, "imgsz": int(imgsz), "build": manifest.build,
+            "cache_dir": None if cache_dir is None else str(cache_dir), "cache_bytes": int(cache_bytes),
+            "shard_bytes": int(shard_bytes), "window": int(window)}
+        self.build = manifest.build
         rel = _disk_store_of(manifest, split, imgsz)
         digest = hashlib.sha1(str(manifest.url).encode()).hexdigest()[:10]
         root = Path(cache_dir or stream_cache_root()) / f"{manifest.url.bucket}-{digest}-{manifest.build}" / rel
