@@ -204,13 +204,14 @@ def test_an_interrupted_conversion_to_a_url_resumes_and_uploads(s3_env, dataset,
 
 # ----------------------------------------------------------------------------- faults
 class FaultyProxy:
-    """An HTTP proxy in front of the S3 server that answers ranged GETs of keys containing ``target`` from a
-    plan: ``"drop"`` sends the headers and half the body, then closes the connection; ``"503"`` answers
-    Service Unavailable. Every ranged GET's path and Range header is recorded."""
+    """An HTTP proxy in front of the S3 server that answers ranged GETs and PUTs of keys containing ``target``
+    from a plan: ``"drop"`` sends the headers and half the body of a GET, then closes the connection (a PUT's
+    connection is closed without an answer); ``"503"`` answers Service Unavailable. Every ranged GET's path and
+    Range header, and every PUT's path, is recorded."""
 
     def __init__(self, upstream: str, target: str, plan: list[str]) -> None:
         self.upstream = upstream.split("://", 1)[1]
-        self.target, self.plan, self.ranges = target, list(plan), []
+        self.target, self.plan, self.ranges, self.puts = target, list(plan), [], []
         proxy = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -222,6 +223,21 @@ class FaultyProxy:
             def do_HEAD(self) -> None:
                 self._forward(body=False)
 
+            def do_PUT(self) -> None:  # an upload: "drop" closes the connection without an answer
+                payload = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                fault = None
+                if proxy.target in self.path:
+                    with threading.Lock():
+                        proxy.puts.append(self.path)
+                        fault = proxy.plan.pop(0) if proxy.plan else None
+                if fault == "drop":
+                    self.close_connection = True
+                    return
+                if fault == "503":
+                    self._unavailable()
+                    return
+                self._forward(body=True, payload=payload)
+
             def do_GET(self) -> None:
                 fault = None
                 if "Range" in self.headers and proxy.target in self.path:
@@ -229,17 +245,20 @@ class FaultyProxy:
                         proxy.ranges.append((self.path, self.headers["Range"]))
                         fault = proxy.plan.pop(0) if proxy.plan else None
                 if fault == "503":
-                    payload = b"<Error><Code>ServiceUnavailable</Code><Message>injected</Message></Error>"
-                    self.send_response(503)
-                    self.send_header("Content-Length", str(len(payload)))
-                    self.end_headers()
-                    self.wfile.write(payload)
+                    self._unavailable()
                     return
                 self._forward(body=True, cut=fault == "drop")
 
-            def _forward(self, *, body: bool, cut: bool = False) -> None:
+            def _unavailable(self) -> None:
+                payload = b"<Error><Code>ServiceUnavailable</Code><Message>injected</Message></Error>"
+                self.send_response(503)
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            def _forward(self, *, body: bool, cut: bool = False, payload: bytes | None = None) -> None:
                 conn = http.client.HTTPConnection(proxy.upstream, timeout=10)
-                conn.request(self.command, self.path, headers={k: v for k, v in self.headers.items()})
+                conn.request(self.command, self.path, body=payload, headers={k: v for k, v in self.headers.items()})
                 resp = conn.getresponse()
                 data = resp.read()
                 self.send_response(resp.status)
@@ -301,6 +320,33 @@ def test_a_dropped_connection_and_5xx_mid_range_are_retried_and_resumed(uploaded
                           f"bytes={2 * part}-{3 * part - 1}"]
     assert dest.read_bytes() == (dataset[1].parent / rel).read_bytes()  # decoded pixels: the same in both conversions
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pixels.bin"]  # no temporary file left
+
+
+def test_an_upload_that_fails_midway_leaves_readers_the_old_store_or_none(uploaded, dataset, proxy_for, monkeypatch,
+                                                                          capsys):
+    from fastload.store.objects import client
+    from fastload.store.objects.manifest import read_manifest
+
+    monkeypatch.setattr(client, "DEFAULT_RETRY", client.RetryPolicy(attempts=2, base_s=0.01))  # botocore's: 2 tries
+    replaced = _copy_prefix(uploaded, "upload-fault")
+    old = read_manifest(replaced)
+    capsys.readouterr()
+    for url, plan in ((replaced, ["drop", "503"]), (f"s3://{BUCKET}/upload-fault-new", ["503", "drop"])):
+        proxy = proxy_for("pixels.bin", plan)  # the disk store's pixels: a dropped connection, then a 503
+        argv = ["convert", str(dataset[0]), "--to", "disk", "--split", "train", "--imgsz", "64", "--workers", "1",
+                "--out", url, "--no-progress", "--force"]
+        assert run_cli(argv) == 1
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(proxy.puts) == 2 and len(err) == 1, err  # tried twice, then one line naming the object
+        assert err[0].startswith(f"fastload convert: {url}/builds/") and "pixels.bin: upload failed" in err[0], err
+        assert f"nothing was published: readers of {url} still see what it held before" in err[0], err
+        proxy.close()
+        monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://{proxy.upstream}")
+    # the replaced store is still what readers get, whole; the new prefix has nothing readers would take
+    assert read_manifest(replaced) == old
+    assert run_cli(["verify", replaced, "--no-progress"]) == 0
+    assert run_cli(["info", f"s3://{BUCKET}/upload-fault-new"]) == 1
+    assert "holds no finished fastload store" in capsys.readouterr().err
 
 
 def test_a_range_that_keeps_failing_gives_up_naming_the_url(uploaded, proxy_for, tmp_path):
