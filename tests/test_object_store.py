@@ -556,15 +556,18 @@ def test_the_shard_cache_removes_the_least_recently_read_and_dead_downloads(tmp_
         cache.get(5, 400, writes(400))
 
 
-def test_ray_actors_open_the_streamed_store_into_their_node_cache(uploaded, s3_env, tmp_path, local_ray):
-    # a test that starts Ray (the local_ray fixture): the suite runs it with the Ray tests, last
+def test_ray_actors_open_the_streamed_store_into_their_node_cache(dataset, s3_env, tmp_path, local_ray):
+    # a test that starts Ray (the local_ray fixture): under xdist it runs with the Ray tests, possibly beside this
+    # module's other tests on another worker, so it uploads under a prefix (and a work folder) of its own
     import fastload
     from fastload.engines.ray_engine import RayOptions
+    from fastload.store.upload import convert_to_url
 
-    cache = tmp_path / "cache"
-    stored = open_store(uploaded, "train", kind="stream", imgsz=64, cache_dir=cache, cache_bytes=1 << 20,
+    url = f"s3://{BUCKET}/stores/ray"
+    convert_to_url(dataset[0], "disk", url, imgsz=64, splits="train", workers=1, progress=False, log=lambda *_: None)
+    stored = open_store(url, "train", kind="stream", imgsz=64, cache_dir=tmp_path / "cache", cache_bytes=1 << 20,
                         shard_bytes=4 << 10)
-    assert stored.description["url"] == uploaded and json.loads(json.dumps(stored.description)) == stored.description
+    assert stored.description["url"] == url and json.loads(json.dumps(stored.description)) == stored.description
     # the actors' credentials and endpoint come from their environment, as on a node of a cluster
     options = RayOptions(actors=1, runtime_env={"env_vars": dict(s3_env)})
     with fastload.loader(stored, imgsz=64, batch_size=4, engine="ray", seed=2, engine_options=options) as on_ray, \
@@ -575,3 +578,36 @@ def test_ray_actors_open_the_streamed_store_into_their_node_cache(uploaded, s3_e
             assert np.array_equal(np.asarray(imgs), np.asarray(ref_imgs)) and list(paths) == list(ref_paths)
             assert np.array_equal(np.asarray(targets), np.asarray(ref_targets))
     assert stored.cache.used() <= stored.cache.budget
+
+
+def test_a_process_forked_during_a_shard_download_does_not_keep_its_lock(tmp_path):
+    import multiprocessing as mp
+
+    from fastload.store.objects.transfer import partial_path
+    from fastload.store.shm import flock_current
+    from fastload.store.stream import ShardCache
+
+    ctx = mp.get_context("fork")
+    started, release = ctx.Event(), ctx.Event()
+    children = []
+
+    def fork_while_downloading(dest: Path) -> None:  # as a loader's workers started while the read-ahead downloads
+        child = ctx.Process(target=_started_then_wait, args=(started, release), daemon=True)
+        child.start()
+        children.append(child)
+        partial_path(dest).write_bytes(b"x")
+        os.replace(partial_path(dest), dest)
+
+    cache = ShardCache(tmp_path, budget=100)
+    cache.get(0, 1, fork_while_downloading)
+    assert started.wait(timeout=30)  # the child runs (its fork handlers ran before its target)
+    try:  # the child still lives: the shard's lock is free all the same
+        os.close(flock_current(tmp_path / ".shard-000000.lock", wait=False))
+    finally:
+        release.set()
+        children[0].join()
+
+
+def _started_then_wait(started, release) -> None:
+    started.set()
+    release.wait()

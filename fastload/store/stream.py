@@ -48,7 +48,15 @@ READ_AHEAD = 2  # shards: one downloading while the next waits its turn keeps th
 # Lock files a shard cache of this process holds now. A process forked meanwhile (a loader's workers started
 # while a read-ahead downloads) would hold the same flock for as long as it lives: it closes its copies.
 _HELD_LOCKS: set[int] = set()
-os.register_at_fork(after_in_child=lambda: [os.close(fd) for fd in _HELD_LOCKS] and _HELD_LOCKS.clear())
+
+
+def _close_inherited_locks() -> None:
+    for fd in _HELD_LOCKS:
+        os.close(fd)
+    _HELD_LOCKS.clear()
+
+
+os.register_at_fork(after_in_child=_close_inherited_locks)
 
 
 def stream_cache_root() -> Path:
@@ -76,6 +84,7 @@ class ShardCache:
         self.budget = int(budget)
         self.folder.mkdir(parents=True, exist_ok=True)
         self.fetched = 0  # shards this process downloaded
+        self._counting = threading.Lock()  # the read-ahead thread and the reads download different shards at once
         self.evicted = 0  # shards this process removed to make room
 
     def path(self, shard: int) -> Path:
@@ -103,7 +112,8 @@ class ShardCache:
             if not path.is_file():
                 self._reserve(path, nbytes)
                 fetch_into(path)
-                self.fetched += 1
+                with self._counting:
+                    self.fetched += 1
         finally:
             _HELD_LOCKS.discard(lock)
             os.close(lock)
