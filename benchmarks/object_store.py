@@ -1,5 +1,6 @@
-"""One store read four ways in one run: from local disk, staged from object storage, and streamed from it in
-shards with a cache that holds the whole dataset and with one that holds a quarter of it.
+"""One store read several ways in one run: from local disk, staged from object storage, and streamed from it in
+shards with a cache that holds the whole dataset and with one that holds a quarter of it, each without and with
+read-ahead (the next shards of the epoch's order downloaded while the loader renders).
 
 A synthetic training set of ``--images`` images is converted to a ``disk`` store at ``--imgsz`` locally and
 uploaded to an S3 server started in this process (moto's server mode: the same machine, no network, its
@@ -56,7 +57,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--workers", type=int, default=2, help="the cpu engine's render processes")
     ap.add_argument("--shard-mb", type=float, default=8.0, help="bytes of one shard of the streamed store, in MiB")
+    ap.add_argument("--read-ahead", type=int, default=2, help="shards read ahead in the rows with read-ahead")
     args = ap.parse_args(argv)
+    load_start = os.getloadavg()  # the machine may be shared: said beside the figures
 
     # moto is only this benchmark's server (the `dev` extra): imported when it runs
     from moto.server import ThreadedMotoServer
@@ -94,16 +97,19 @@ def main(argv: list[str] | None = None) -> int:
             shard_bytes = int(args.shard_mb * 2**20)
             for name, budget in (("streamed, cache holds all", manifest.nbytes + shard_bytes),
                                  ("streamed, cache holds 1/4", max(manifest.nbytes // 4, 2 * shard_bytes))):
-                cache = root / f"cache-{budget}"
-                stored = open_store(url, "train", kind="stream", imgsz=args.imgsz, cache_dir=cache, cache_bytes=budget,
-                                    shard_bytes=shard_bytes)
-                rows[f"{name} ({len(stored.bounds) - 1} shards)"] = run_epochs(stored, args)
-                stored.close()
-                shutil.rmtree(cache)
+                for read_ahead in (0, args.read_ahead):
+                    cache = root / f"cache-{budget}"
+                    stored = open_store(url, "train", kind="stream", imgsz=args.imgsz, cache_dir=cache,
+                                        cache_bytes=budget, shard_bytes=shard_bytes, read_ahead=read_ahead)
+                    ahead = f"read-ahead {stored.read_ahead_shards}" if read_ahead else "no read-ahead"
+                    rows[f"{name} ({len(stored.bounds) - 1} shards), {ahead}"] = run_epochs(stored, args)
+                    stored.close()
+                    shutil.rmtree(cache)
             # the machine's speed drifts: the first row measured again, last
             rows["local disk, again"] = run_epochs(local.yaml_path, args)
     finally:
         server.stop()
+    print(f"load average at the start {load_start[0]:.1f}, at the end {os.getloadavg()[0]:.1f}")
     base = rows["local disk"]
     print("\n| configuration | first batch s | epoch 1 img/s | epoch 2 img/s | epoch 1 / local | epoch 2 / local |")
     print("|---|---:|---:|---:|---:|---:|")

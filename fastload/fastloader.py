@@ -300,7 +300,17 @@ class FastLoader:
         self.engine.expect_next(epoch + 1, self.epoch_order(epoch + 1))
         # a resumed epoch: the engine is given the remaining batches only, so none before them is rendered
         # (every batch is a function of the seed, the epoch and its indices, not of its place in the call)
-        yield from map(progress.delivered, self.engine.iter_batches(epoch, order[progress.position * self.batch_size:]))
+        remaining = order[progress.position * self.batch_size:]
+        # a store streamed from object storage downloads what comes next while these batches render
+        ahead = self.engine.store.read_ahead(image_of(remaining, self.n))
+        try:
+            for k, batch in enumerate(self.engine.iter_batches(epoch, remaining)):
+                yield progress.delivered(batch)
+                if ahead is not None:
+                    ahead.reached((k + 1) * self.batch_size)
+        finally:
+            if ahead is not None:
+                ahead.stop()
         if self._running is progress:
             self._running = None
         if not self._epoch_set:  # plain `for epoch: for batch in loader` loops get a new shuffle each time

@@ -204,13 +204,14 @@ def test_an_interrupted_conversion_to_a_url_resumes_and_uploads(s3_env, dataset,
 
 # ----------------------------------------------------------------------------- faults
 class FaultyProxy:
-    """An HTTP proxy in front of the S3 server that answers ranged GETs of keys containing ``target`` from a
-    plan: ``"drop"`` sends the headers and half the body, then closes the connection; ``"503"`` answers
-    Service Unavailable. Every ranged GET's path and Range header is recorded."""
+    """An HTTP proxy in front of the S3 server that answers ranged GETs and PUTs of keys containing ``target``
+    from a plan: ``"drop"`` sends the headers and half the body of a GET, then closes the connection (a PUT's
+    connection is closed without an answer); ``"503"`` answers Service Unavailable. Every ranged GET's path and
+    Range header, and every PUT's path, is recorded."""
 
     def __init__(self, upstream: str, target: str, plan: list[str]) -> None:
         self.upstream = upstream.split("://", 1)[1]
-        self.target, self.plan, self.ranges = target, list(plan), []
+        self.target, self.plan, self.ranges, self.puts = target, list(plan), [], []
         proxy = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -222,6 +223,21 @@ class FaultyProxy:
             def do_HEAD(self) -> None:
                 self._forward(body=False)
 
+            def do_PUT(self) -> None:  # an upload: "drop" closes the connection without an answer
+                payload = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                fault = None
+                if proxy.target in self.path:
+                    with threading.Lock():
+                        proxy.puts.append(self.path)
+                        fault = proxy.plan.pop(0) if proxy.plan else None
+                if fault == "drop":
+                    self.close_connection = True
+                    return
+                if fault == "503":
+                    self._unavailable()
+                    return
+                self._forward(body=True, payload=payload)
+
             def do_GET(self) -> None:
                 fault = None
                 if "Range" in self.headers and proxy.target in self.path:
@@ -229,17 +245,20 @@ class FaultyProxy:
                         proxy.ranges.append((self.path, self.headers["Range"]))
                         fault = proxy.plan.pop(0) if proxy.plan else None
                 if fault == "503":
-                    payload = b"<Error><Code>ServiceUnavailable</Code><Message>injected</Message></Error>"
-                    self.send_response(503)
-                    self.send_header("Content-Length", str(len(payload)))
-                    self.end_headers()
-                    self.wfile.write(payload)
+                    self._unavailable()
                     return
                 self._forward(body=True, cut=fault == "drop")
 
-            def _forward(self, *, body: bool, cut: bool = False) -> None:
+            def _unavailable(self) -> None:
+                payload = b"<Error><Code>ServiceUnavailable</Code><Message>injected</Message></Error>"
+                self.send_response(503)
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            def _forward(self, *, body: bool, cut: bool = False, payload: bytes | None = None) -> None:
                 conn = http.client.HTTPConnection(proxy.upstream, timeout=10)
-                conn.request(self.command, self.path, headers={k: v for k, v in self.headers.items()})
+                conn.request(self.command, self.path, body=payload, headers={k: v for k, v in self.headers.items()})
                 resp = conn.getresponse()
                 data = resp.read()
                 self.send_response(resp.status)
@@ -301,6 +320,33 @@ def test_a_dropped_connection_and_5xx_mid_range_are_retried_and_resumed(uploaded
                           f"bytes={2 * part}-{3 * part - 1}"]
     assert dest.read_bytes() == (dataset[1].parent / rel).read_bytes()  # decoded pixels: the same in both conversions
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pixels.bin"]  # no temporary file left
+
+
+def test_an_upload_that_fails_midway_leaves_readers_the_old_store_or_none(uploaded, dataset, proxy_for, monkeypatch,
+                                                                          capsys):
+    from fastload.store.objects import client
+    from fastload.store.objects.manifest import read_manifest
+
+    monkeypatch.setattr(client, "DEFAULT_RETRY", client.RetryPolicy(attempts=2, base_s=0.01))  # botocore's: 2 tries
+    replaced = _copy_prefix(uploaded, "upload-fault")
+    old = read_manifest(replaced)
+    capsys.readouterr()
+    for url, plan in ((replaced, ["drop", "503"]), (f"s3://{BUCKET}/upload-fault-new", ["503", "drop"])):
+        proxy = proxy_for("pixels.bin", plan)  # the disk store's pixels: a dropped connection, then a 503
+        argv = ["convert", str(dataset[0]), "--to", "disk", "--split", "train", "--imgsz", "64", "--workers", "1",
+                "--out", url, "--no-progress", "--force"]
+        assert run_cli(argv) == 1
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(proxy.puts) == 2 and len(err) == 1, err  # tried twice, then one line naming the object
+        assert err[0].startswith(f"fastload convert: {url}/builds/") and "pixels.bin: upload failed" in err[0], err
+        assert f"nothing was published: readers of {url} still see what it held before" in err[0], err
+        proxy.close()
+        monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://{proxy.upstream}")
+    # the replaced store is still what readers get, whole; the new prefix has nothing readers would take
+    assert read_manifest(replaced) == old
+    assert run_cli(["verify", replaced, "--no-progress"]) == 0
+    assert run_cli(["info", f"s3://{BUCKET}/upload-fault-new"]) == 1
+    assert "holds no finished fastload store" in capsys.readouterr().err
 
 
 def test_a_range_that_keeps_failing_gives_up_naming_the_url(uploaded, proxy_for, tmp_path):
@@ -382,7 +428,8 @@ def test_a_streamed_loader_gives_the_local_batches_within_its_cache_budget(uploa
     stored = open_store(uploaded + "/data.yaml", "train", kind="stream", imgsz=64, cache_dir=tmp_path / "cache",
                         cache_bytes=budget, shard_bytes=shard_bytes)
     cache = stored.cache
-    assert len(stored.bounds) - 1 >= 4  # several shards
+    shards = len(stored.bounds) - 1
+    assert shards >= 4 and stored.read_ahead_shards == 2  # several shards; the default read-ahead fits the cache
     peak = []
     real_download = stream.download
 
@@ -392,17 +439,22 @@ def test_a_streamed_loader_gives_the_local_batches_within_its_cache_budget(uploa
         peak.append(cache.used())
 
     monkeypatch.setattr(stream, "download", measured)
+    reached: list[int] = []
+    real_reached = stream.ShardReadAhead.reached
+    monkeypatch.setattr(stream.ShardReadAhead, "reached", lambda self, p: reached.append(p) or real_reached(self, p))
     streamed = fastload.loader(stored, imgsz=64, batch_size=2, workers=0, seed=5)
     assert streamed.engine.sampler.partners == "batch"  # the default for a streamed store
-    first = streamed.epoch_order(0)[:2]
     batches = iter(streamed)
     got = [next(batches)]
-    # the first batch arrived after the shards its images are in, not the whole dataset
-    assert cache.fetched == len(set(stored.shards().ids[first].tolist())) <= 2
+    # the first batch arrived after the first shard (and those read ahead meanwhile), not the whole dataset
+    assert 1 <= cache.fetched <= 1 + stored.read_ahead_shards < shards
     got += list(batches)
+    # read ahead or on demand, every shard came once in the first epoch: none fetched ahead was pushed out
+    assert cache.fetched == shards and cache.evicted > 0
     got += list(streamed)  # a second epoch: evicted shards are fetched again
-    assert cache.evicted > 0 and cache.fetched > len(stored.bounds) - 1
-    assert max(peak) <= budget and peak, peak
+    assert cache.fetched > shards
+    assert reached == 2 * list(range(2, len(stored) + 1, 2))  # the loader told each epoch's read-ahead its place
+    assert max(peak) <= budget and len(peak) == 2 * cache.fetched, peak
     layout = stored.shards()
 
     class LocalInShards(type(local)):  # the local copy of the same store, read in the same shards
@@ -418,6 +470,47 @@ def test_a_streamed_loader_gives_the_local_batches_within_its_cache_budget(uploa
         assert np.array_equal(np.asarray(targets), np.asarray(ref_targets)) and list(paths) == list(ref_paths)
     streamed.close()
     reference.close()
+
+
+def test_read_ahead_fetches_the_next_shards_of_the_order_as_the_consumer_moves(uploaded, tmp_path, monkeypatch):
+    from fastload.order import shard_permutation
+    from fastload.store import stream
+
+    with open_store(uploaded, "train", kind="stream", imgsz=64, cache_dir=tmp_path, read_ahead=0) as plain:
+        record = int(np.diff(plain.offsets).max())
+    stored = open_store(uploaded, "train", kind="stream", imgsz=64, cache_dir=tmp_path, cache_bytes=1 << 20,
+                        shard_bytes=2 * record, read_ahead=2)
+    assert len(stored.bounds) - 1 >= 5
+    fetched: list[int] = []
+    arrived = threading.Semaphore(0)
+    real_fetch = stored._fetch_shard
+
+    def recorded(shard: int, dest: Path) -> None:
+        real_fetch(shard, dest)
+        fetched.append(shard)
+        arrived.release()
+
+    monkeypatch.setattr(stored, "_fetch_shard", recorded)
+    order = shard_permutation(stored.shards().ids, epoch=3, seed=1)
+    need = list(dict.fromkeys(stored.shards().ids[order].tolist()))  # the shards in the order first needed
+    starts = [int(np.flatnonzero(stored.shards().ids[order] == s)[0]) for s in need]
+    size = np.diff(stored.offsets[stored.bounds])
+    # room for the three shards the consumer needs once it reaches the second one, not for a fourth
+    stored.cache.budget = int(size[need[1]] + size[need[2]] + max(size[need[0]], size[need[3]]))
+    ahead = stored.read_ahead(order)
+    for _ in range(3):  # the consumer at position 0: its shard and the next two
+        assert arrived.acquire(timeout=30)
+    stored.read_image(int(order[0]))  # the first shard is read after the others arrived: the most recently used
+    ahead.reached(starts[1])  # the consumer reached the second shard: one more comes, in place of the first
+    assert arrived.acquire(timeout=30)
+    ahead.stop()
+    assert fetched == need[:4]  # in the order's order, never beyond the depth
+    # the first shard, behind the consumer, made room; the second, fetched ahead before the first's last read, stays
+    assert [stored.cache.path(s).exists() for s in need[:4]] == [False, True, True, True]
+    assert stored.read_image(int(order[starts[3]])).shape[2] == 3 and stored.cache.fetched == 4  # read from the cache
+    assert open_store(uploaded, "train", kind="stream", imgsz=64, cache_dir=tmp_path, read_ahead=0).read_ahead(order) is None
+    with pytest.raises(ValueError, match="read_ahead must be >= 0"):
+        open_store(uploaded, "train", kind="stream", imgsz=64, cache_dir=tmp_path, read_ahead=-1)
 
 
 def test_a_damaged_shard_is_never_served(uploaded, tmp_path):
@@ -461,3 +554,60 @@ def test_the_shard_cache_removes_the_least_recently_read_and_dead_downloads(tmp_
     assert cache.used() <= 300 and not list(tmp_path.glob(".shard-000009*"))
     with pytest.raises(StoreError, match="raise cache_bytes"):
         cache.get(5, 400, writes(400))
+
+
+def test_ray_actors_open_the_streamed_store_into_their_node_cache(dataset, s3_env, tmp_path, local_ray):
+    # a test that starts Ray (the local_ray fixture): under xdist it runs with the Ray tests, possibly beside this
+    # module's other tests on another worker, so it uploads under a prefix (and a work folder) of its own
+    import fastload
+    from fastload.engines.ray_engine import RayOptions
+    from fastload.store.upload import convert_to_url
+
+    url = f"s3://{BUCKET}/stores/ray"
+    convert_to_url(dataset[0], "disk", url, imgsz=64, splits="train", workers=1, progress=False, log=lambda *_: None)
+    stored = open_store(url, "train", kind="stream", imgsz=64, cache_dir=tmp_path / "cache", cache_bytes=1 << 20,
+                        shard_bytes=4 << 10)
+    assert stored.description["url"] == url and json.loads(json.dumps(stored.description)) == stored.description
+    # the actors' credentials and endpoint come from their environment, as on a node of a cluster
+    options = RayOptions(actors=1, runtime_env={"env_vars": dict(s3_env)})
+    with fastload.loader(stored, imgsz=64, batch_size=4, engine="ray", seed=2, engine_options=options) as on_ray, \
+            fastload.loader(stored, imgsz=64, batch_size=4, workers=0, seed=2) as reference:
+        got, expected = list(on_ray), list(reference)
+        assert on_ray.stats()["engine"] == "ray" and len(got) == len(expected) == len(on_ray)
+        for (imgs, targets, paths, _), (ref_imgs, ref_targets, ref_paths, _) in zip(got, expected):
+            assert np.array_equal(np.asarray(imgs), np.asarray(ref_imgs)) and list(paths) == list(ref_paths)
+            assert np.array_equal(np.asarray(targets), np.asarray(ref_targets))
+    assert stored.cache.used() <= stored.cache.budget
+
+
+def test_a_process_forked_during_a_shard_download_does_not_keep_its_lock(tmp_path):
+    import multiprocessing as mp
+
+    from fastload.store.objects.transfer import partial_path
+    from fastload.store.shm import flock_current
+    from fastload.store.stream import ShardCache
+
+    ctx = mp.get_context("fork")
+    started, release = ctx.Event(), ctx.Event()
+    children = []
+
+    def fork_while_downloading(dest: Path) -> None:  # as a loader's workers started while the read-ahead downloads
+        child = ctx.Process(target=_started_then_wait, args=(started, release), daemon=True)
+        child.start()
+        children.append(child)
+        partial_path(dest).write_bytes(b"x")
+        os.replace(partial_path(dest), dest)
+
+    cache = ShardCache(tmp_path, budget=100)
+    cache.get(0, 1, fork_while_downloading)
+    assert started.wait(timeout=30)  # the child runs (its fork handlers ran before its target)
+    try:  # the child still lives: the shard's lock is free all the same
+        os.close(flock_current(tmp_path / ".shard-000000.lock", wait=False))
+    finally:
+        release.set()
+        children[0].join()
+
+
+def _started_then_wait(started, release) -> None:
+    started.set()
+    release.wait()

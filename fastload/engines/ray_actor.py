@@ -37,7 +37,7 @@ from fastload.engines.cpu_render import BatchRenderer, batch_view
 from fastload.engines.ray_slots import SlotFile, map_slot_file
 from fastload.engines.shm_cache import open_decode_cache
 from fastload.store.base import DamagedRecordError, Store, StoreError, split_labels
-from fastload.store.factory import open_path
+from fastload.store.factory import open_path, open_store
 from fastload.store.files import FileStore
 from fastload.store.view import StoreView
 
@@ -60,6 +60,8 @@ class StoreSpec:
         shapes: ``int32 [n, 2]`` original ``(h0, w0)`` of every loader index (checked against the opened store).
         im_files: the image file of every loader index (what a ``files`` store reads; else only for paths).
         names: class names.
+        stream: a store streamed from object storage: its ``description`` (URL, split, build, cache settings),
+            from which each actor opens it into its own node's cache; None for a store opened from ``path``.
     """
 
     kind: str
@@ -72,6 +74,7 @@ class StoreSpec:
     shapes: np.ndarray
     im_files: tuple[str, ...]
     names: tuple[str, ...]
+    stream: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -129,9 +132,12 @@ def open_view(spec: StoreSpec) -> Store:
                 raise
             # one unreadable image: the renderer's to skip (or to raise under strict), not the actor's start
         return store
-    if spec.path is None:
+    if spec.stream is not None:
+        base = _open_stream(spec.stream)
+    elif spec.path is None:
         raise StoreError(f"the loader's {spec.kind} store has no path to open")
-    base = open_path(spec.path, kind="auto", imgsz=spec.imgsz)
+    else:
+        base = open_path(spec.path, kind="auto", imgsz=spec.imgsz)
     try:
         if base.decoded != (spec.imgsz is not None) or len(base) != spec.n_base:
             raise StoreError(f"it holds {len(base)} {'decoded' if base.decoded else 'encoded'} samples, the loader's "
@@ -147,6 +153,19 @@ def open_view(spec: StoreSpec) -> Store:
     except BaseException:
         base.close()
         raise
+
+
+def _open_stream(description: dict[str, Any]) -> Store:
+    """A streamed store opened as the loader opened it (into this node's cache; the loader's process reads
+    ahead on its own node, an actor reads on demand), refused when the URL now holds another upload."""
+    opts = {k: v for k, v in description.items() if k not in ("url", "split", "imgsz", "build")}
+    store = open_store(description["url"], description["split"], kind="stream", imgsz=description["imgsz"],
+                       read_ahead=0, **opts)
+    if store.build != description["build"]:
+        store.close()
+        raise StoreError(f"{description['url']} now holds another upload (build {store.build}) than the loader "
+                         f"opened (build {description['build']}); build the loader again")
+    return store
 
 
 class RenderActor:

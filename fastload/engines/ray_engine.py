@@ -75,7 +75,9 @@ class RayOptions(HostRenderOptions):
             process (a per-node staged copy, e.g. ``fastload stage DATA --to /dev/shm/set`` run on every
             node). ``None``: the loader's store path, which every node must then be able to read (a
             shared filesystem, or a copy at the same path on every node). Not for ``store="files"``
-            (its images are read by their own paths).
+            (its images are read by their own paths). A store streamed from object storage (``s3://``) is
+            opened by each actor from its URL into its own node's cache (the loader's ``cache_dir``, or that
+            node's default; its credentials from that node's environment or ``runtime_env``).
         max_restarts: how many times an actor that dies is replaced (its unfinished batches are rendered
             again by the new one); one more death raises :class:`~fastload.engines.base.WorkerError`.
         timeout: seconds to wait for one batch before raising (0: as long as it takes; Ray reports dead
@@ -216,7 +218,9 @@ def store_spec(store: Store, store_path: str | None) -> StoreSpec:
     """What an actor needs to open ``store`` (the loader's view) by itself."""
     base, indices = (store.base, store.base_indices) if isinstance(store, StoreView) else (store, np.arange(len(store)))
     rows, counts = join_labels(list(store.labels))
-    return StoreSpec(kind=store.kind, path=str(store_path) if store_path is not None else store.path,
+    # a streamed store is opened by each actor from its description, unless store_path names a staged copy
+    stream = base.description if store_path is None and base.kind == "stream" else None
+    return StoreSpec(kind=store.kind, path=str(store_path) if store_path is not None else store.path, stream=stream,
                      imgsz=store.imgsz if store.decoded else None, n_base=len(base),
                      base_indices=np.asarray(indices, np.int64), label_rows=rows, label_counts=counts,
                      shapes=np.asarray(store.shapes, np.int32).reshape(-1, 2), im_files=tuple(store.im_files),

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import abc
 import os
-from typing import TYPE_CHECKING, Any, Callable, Iterable, NamedTuple, Union
+from typing import TYPE_CHECKING, Any, Callable, Iterable, NamedTuple, Protocol, Union
 
 import numpy as np
 
@@ -168,6 +168,16 @@ class Shards(NamedTuple):
     window: int
 
 
+class ReadAhead(Protocol):
+    """Fetches what an epoch's order needs next while the loader renders (:meth:`Store.read_ahead`)."""
+
+    def reached(self, position: int) -> None:
+        """The consumer has been handed the first ``position`` samples of the order."""
+
+    def stop(self) -> None:
+        """End the fetching (the epoch ended or was abandoned); returns once nothing is being fetched."""
+
+
 class Store(abc.ABC):
     """One split of a dataset, readable by index.
 
@@ -218,6 +228,11 @@ class Store(abc.ABC):
     def shards(self) -> Shards | None:
         """The shard layout of a store read in shards (``stream``), else None (the default: any order costs
         the same)."""
+        return None
+
+    def read_ahead(self, indices: np.ndarray) -> ReadAhead | None:
+        """Start fetching the samples ``indices`` (an epoch's order) ahead of the reads, for a store whose reads
+        wait on a download (``stream``); None (the default): the store has nothing to fetch."""
         return None
 
     # -- helpers shared by all backends ----------------------------------------------------------

@@ -104,7 +104,7 @@ STORE_KINDS: dict[str, StoreKind] = {k.name: k for k in (
               open_keywords=("device", "share", "chunk_bytes", "base")),
     # a disk store in object storage, read in shards into a node-local cache (open_store of an s3:// URL)
     StoreKind("stream", "fastload.store.stream:StreamingStore", decoded=True, remote=True,
-              open_keywords=("cache_dir", "cache_bytes", "shard_bytes", "window")),
+              open_keywords=("cache_dir", "cache_bytes", "shard_bytes", "window", "read_ahead")),
 )}
 # Every kind open_store() knows.
 KINDS = tuple(STORE_KINDS)

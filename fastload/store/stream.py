@@ -15,7 +15,9 @@ the others wait for it (a lock file per shard).
 
 The loader visits a streamed store shard by shard (:func:`fastload.order.shard_permutation`, through
 :meth:`StreamingStore.shards`), so an epoch needs about ``window`` shards at a time and reads each one once
-when the cache holds ``window + 1`` of them; the first batch needs the first ``window`` shards.
+when the cache holds ``window + 1`` of them; the first batch needs the first ``window`` shards. While the
+loader renders, :class:`ShardReadAhead` downloads the next ``read_ahead`` shards of the epoch's order into the
+cache, so a worker finds them there instead of waiting on their download.
 """
 from __future__ import annotations
 
@@ -23,13 +25,15 @@ import contextlib
 import hashlib
 import os
 import tempfile
+import threading
+import time
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 
 from fastload.data.checksum import file_crc32, record_checksum
-from fastload.store.base import Shards, StoreError
+from fastload.store.base import ReadAhead, Shards, StoreError
 from fastload.store.objects.client import s3_client
 from fastload.store.objects.manifest import MANIFEST, Manifest, fetch, read_manifest
 from fastload.store.objects.transfer import Download, download, partial_path
@@ -39,6 +43,20 @@ from fastload.store.shm import flock_current, pid_alive
 
 SHARD_BYTES = 64 << 20
 CACHE_BYTES = 4 << 30
+READ_AHEAD = 2  # shards: one downloading while the next waits its turn keeps the connection busy
+
+# Lock files a shard cache of this process holds now. A process forked meanwhile (a loader's workers started
+# while a read-ahead downloads) would hold the same flock for as long as it lives: it closes its copies.
+_HELD_LOCKS: set[int] = set()
+
+
+def _close_inherited_locks() -> None:
+    for fd in _HELD_LOCKS:
+        os.close(fd)
+    _HELD_LOCKS.clear()
+
+
+os.register_at_fork(after_in_child=_close_inherited_locks)
 
 
 def stream_cache_root() -> Path:
@@ -66,6 +84,7 @@ class ShardCache:
         self.budget = int(budget)
         self.folder.mkdir(parents=True, exist_ok=True)
         self.fetched = 0  # shards this process downloaded
+        self._counting = threading.Lock()  # the read-ahead thread and the reads download different shards at once
         self.evicted = 0  # shards this process removed to make room
 
     def path(self, shard: int) -> Path:
@@ -84,17 +103,26 @@ class ShardCache:
         marked as just used. Another process may remove it once this returns: reopen through ``get``."""
         path = self.path(shard)
         with contextlib.suppress(FileNotFoundError):
-            os.utime(path)
+            _mark_used(path)
             return path
-        lock = flock_current(self.folder / f".shard-{shard:06d}.lock")  # one process downloads it, others wait
+        # one process (or the read-ahead thread) downloads it, the others wait
+        lock = flock_current(self.folder / f".shard-{shard:06d}.lock")
+        _HELD_LOCKS.add(lock)
         try:
             if not path.is_file():
                 self._reserve(path, nbytes)
                 fetch_into(path)
-                self.fetched += 1
+                with self._counting:
+                    self.fetched += 1
         finally:
+            _HELD_LOCKS.discard(lock)
             os.close(lock)
         return path
+
+    def touch(self, shard: int) -> None:
+        """Mark ``shard`` as just used, when it is in the cache (the least recently used are removed first)."""
+        with contextlib.suppress(FileNotFoundError):
+            _mark_used(self.path(shard))
 
     def _reserve(self, path: Path, nbytes: int) -> None:
         """Remove least recently used shards until ``nbytes`` more fit the budget, then take them: the download's
@@ -103,6 +131,7 @@ class ShardCache:
             raise StoreError(f"the stream cache {self.folder} ({self.budget} bytes) cannot hold a shard of {nbytes} "
                              f"bytes; raise cache_bytes")
         lock = flock_current(self.folder / ".budget.lock")
+        _HELD_LOCKS.add(lock)
         try:
             self._drop_dead_downloads()
             used = self.used()
@@ -121,6 +150,7 @@ class ShardCache:
             with open(partial_path(path), "wb") as f:
                 f.truncate(nbytes)
         finally:
+            _HELD_LOCKS.discard(lock)
             os.close(lock)
 
     def _drop_dead_downloads(self) -> None:
@@ -129,6 +159,13 @@ class ShardCache:
             pid = partial.name.rsplit("-", 1)[-1]
             if pid.isdigit() and not pid_alive(int(pid)):
                 partial.unlink(missing_ok=True)
+
+
+def _mark_used(path: Path) -> None:
+    """Set ``path``'s modification time to now, to the nanosecond: the kernel's own clock for file times ticks
+    in milliseconds, and uses a millisecond apart must still be told apart by the least-recently-used rule."""
+    now = time.time_ns()
+    os.utime(path, ns=(now, now))
 
 
 class StreamingStore(PackedStore):
@@ -142,16 +179,28 @@ class StreamingStore(PackedStore):
       cache_bytes: the most bytes of shards the cache holds; at least ``window + 1`` shards.
       shard_bytes: about how many bytes one shard (one ranged read) holds.
       window: how many consecutive shards an epoch shuffles together (:func:`fastload.order.shard_permutation`).
+      read_ahead: how many shards beyond those being read the loader downloads in the background
+        (:class:`ShardReadAhead`); at most as many as the cache holds beside ``window`` shards; 0: none, each
+        shard is downloaded when a read first needs it.
     """
 
     kind = "stream"
 
     def __init__(self, url: str, split: str = "train", imgsz: int = 640, *, cache_dir: str | Path | None = None,
-                 cache_bytes: int = CACHE_BYTES, shard_bytes: int = SHARD_BYTES, window: int = 1) -> None:
+                 cache_bytes: int = CACHE_BYTES, shard_bytes: int = SHARD_BYTES, window: int = 1,
+                 read_ahead: int = READ_AHEAD) -> None:
         if int(window) < 1:
             raise ValueError(f"window must be >= 1 shard, got {window}")
+        if int(read_ahead) < 0:
+            raise ValueError(f"read_ahead must be >= 0 shards (0: none), got {read_ahead}")
         url = url[: -len("/data.yaml")] if url.endswith("/data.yaml") else url
         manifest = read_manifest(parse_url(url))
+        # how another process (a Ray actor on any node) opens this store into its own node's cache: small, JSON-able
+        self.description: dict[str, Any] = {
+            "url": str(manifest.url), "split": split, "imgsz": int(imgsz), "build": manifest.build,
+            "cache_dir": None if cache_dir is None else str(cache_dir), "cache_bytes": int(cache_bytes),
+            "shard_bytes": int(shard_bytes), "window": int(window)}
+        self.build = manifest.build
         rel = _disk_store_of(manifest, split, imgsz)
         digest = hashlib.sha1(str(manifest.url).encode()).hexdigest()[:10]
         root = Path(cache_dir or stream_cache_root()) / f"{manifest.url.bucket}-{digest}-{manifest.build}" / rel
@@ -168,6 +217,9 @@ class StreamingStore(PackedStore):
         if cache_bytes < (self.window + 1) * largest:
             raise StoreError(f"cache_bytes={cache_bytes} cannot hold window + 1 = {self.window + 1} shards of up to "
                              f"{largest} bytes of {self.path}; raise cache_bytes or lower shard_bytes")
+        # the shards being read (window) and those fetched ahead fit the cache together: nothing fetched ahead
+        # pushes out a shard still being read
+        self.read_ahead_shards = min(int(read_ahead), int(cache_bytes) // max(largest, 1) - self.window)
         self.pixels_url = manifest.object_url(f"{rel}/{PIXELS}")
         self.cache = ShardCache(root.parent / f"{root.name}-shards-{int(shard_bytes)}", int(cache_bytes))
         self._mm: np.ndarray | None = None
@@ -175,6 +227,15 @@ class StreamingStore(PackedStore):
 
     def shards(self) -> Shards:
         return Shards(self._shard_of, self.window)
+
+    def read_ahead(self, indices: np.ndarray) -> ReadAhead | None:
+        if self.read_ahead_shards < 1 or len(indices) == 0:
+            return None
+        return ShardReadAhead(self, self._shard_of[np.asarray(indices, np.int64)], self.read_ahead_shards)
+
+    def cached_shard(self, shard: int) -> Path:
+        """The cache's file of ``shard``, downloaded (and checked) first when it is not there."""
+        return self.cache.get(shard, self._shard_nbytes(shard), lambda dest: self._fetch_shard(shard, dest))
 
     def _view(self, i: int) -> np.ndarray:
         if self._checked is None or self._forked():
@@ -184,7 +245,7 @@ class StreamingStore(PackedStore):
         first = int(self.offsets[self.bounds[shard]])
         h, w = int(self.hw[i, 0]), int(self.hw[i, 1])
         while True:
-            path = self.cache.get(shard, self._shard_nbytes(shard), lambda dest: self._fetch_shard(shard, dest))
+            path = self.cached_shard(shard)
             try:
                 with open(path, "rb") as f:
                     data = os.pread(f.fileno(), h * w * 3, int(self.offsets[i]) - first)
@@ -211,6 +272,74 @@ class StreamingStore(PackedStore):
 
         download(s3_client(), [Download(self.pixels_url, self._shard_nbytes(shard), None, dest, start=first,
                                         object_size=int(self.offsets[-1]), check=check)])
+
+
+class ShardReadAhead:
+    """Downloads the shards an epoch's order needs next into the cache, in one background thread, while the
+    loader renders the shards before them.
+
+    Deliberately simple: one thread, one shard at a time (a shard is already one ranged read of 16 parallel
+    GETs), in the order the epoch first needs them, at most ``depth`` shards beyond those the consumer has
+    reached. The consumer's position (:meth:`reached`, from the loader after each batch) is the signal because
+    it is known in this process and every shard the order needs only before it is finished with: the workers
+    render at or after it. Before each download the shards still needed from that position on are marked as
+    just used, so the cache's least-recently-used rule removes shards behind the consumer, never one fetched
+    ahead and not read yet. The download goes through :meth:`ShardCache.get` like any read: checked before it
+    is kept, within the budget, once per node (a worker that needs the shard meanwhile waits for it). A shard
+    it cannot fetch is left to the read that needs it, which downloads it again and reports the error.
+
+    Args:
+      store: the streamed store.
+      shards: the shard of every sample of the order, in order.
+      depth: shards fetched beyond those the consumer has reached (>= 1).
+    """
+
+    def __init__(self, store: StreamingStore, shards: np.ndarray, depth: int) -> None:
+        ids, first = np.unique(shards, return_index=True)
+        last = len(shards) - 1 - np.unique(shards[::-1], return_index=True)[1]
+        need = np.argsort(first, kind="stable")
+        self.store = store
+        self.depth = int(depth)
+        self.sequence = ids[need]  # the shards in the order the epoch first needs them
+        self.first, self.last = first[need], last[need]  # the positions where each is needed first and last
+        self._position = 0
+        self._stopped = False
+        self._changed = threading.Condition()
+        self._thread = threading.Thread(target=self._run, name="fastload-read-ahead", daemon=True)
+        self._thread.start()
+
+    def reached(self, position: int) -> None:
+        with self._changed:
+            self._position = int(position)
+            self._changed.notify()
+
+    def stop(self) -> None:
+        with self._changed:
+            self._stopped = True
+            self._changed.notify()
+        self._thread.join()  # a download in progress finishes (it is one shard)
+
+    def _horizon(self, position: int) -> int:
+        """How many shards of :attr:`sequence` may be in the cache once the consumer is at ``position``."""
+        return int(np.searchsorted(self.first, position, side="right")) + self.depth
+
+    def _run(self) -> None:
+        for k, shard in enumerate(self.sequence.tolist()):
+            with self._changed:
+                while not self._stopped and k >= self._horizon(self._position):
+                    self._changed.wait()
+                if self._stopped:
+                    return
+                position = self._position
+            if self.last[k] < position:  # the consumer is past it already (read on demand)
+                continue
+            for later in reversed(range(k)):  # the shards still needed: newer than any behind the consumer
+                if self.last[later] >= position:
+                    self.store.cache.touch(int(self.sequence[later]))
+            try:
+                self.store.cached_shard(shard)
+            except StoreError:
+                pass  # the read that needs it fetches it again and raises this error there
 
 
 def _disk_store_of(manifest: Manifest, split: str, imgsz: int) -> str:

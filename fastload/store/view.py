@@ -11,7 +11,7 @@ from typing import Sequence
 import numpy as np
 
 from fastload.data.images import LoadRule, ShrinkFilter
-from fastload.store.base import ResidentImages, Sample, Shards, Store
+from fastload.store.base import ReadAhead, ResidentImages, Sample, Shards, Store
 
 
 class StoreView(Store):
@@ -58,6 +58,9 @@ class StoreView(Store):
     def shards(self) -> Shards | None:
         layout = self.base.shards()
         return None if layout is None else Shards(layout.ids[self.base_indices], layout.window)
+
+    def read_ahead(self, indices: np.ndarray) -> ReadAhead | None:
+        return self.base.read_ahead(self.base_indices[np.asarray(indices, np.int64)])
 
     def read_encoded(self, i: int) -> bytes:
         return self.base.read_encoded(int(self.base_indices[self.check_index(i)]))

@@ -119,7 +119,11 @@ def publish(files: Sequence[tuple[Path, str]], url: str, *, info: dict[str, Any]
     build = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + secrets.token_hex(4)
     objects = tuple((rel, *file_crc32(path)) for path, rel in files)
     manifest = Manifest(prefix, build, objects, info, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
-    stats = upload(writer, [(path, manifest.object_url(rel)) for path, rel in files], parallel=parallel)
+    try:
+        stats = upload(writer, [(path, manifest.object_url(rel)) for path, rel in files], parallel=parallel)
+    except StoreError as exc:  # the manifest was not written: say what readers see, not only what failed
+        raise StoreError(f"{exc}; nothing was published: readers of {prefix} still see what it held before (the "
+                         f"upload's manifest was not written); run the command again") from exc
     where = prefix.child(MANIFEST)
     try:  # the commit: from here on readers see the new build
         writer.put_object(Bucket=where.bucket, Key=where.key, Body=manifest.as_json().encode(),
