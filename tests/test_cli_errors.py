@@ -60,7 +60,7 @@ CASES = [
     Case("convert-missing-train-folder", [*FASTLOAD, "convert", "{notrain}", "--out", "{tmp}/o7"], 1,
          ("'train' source", "images/nope does not exist")),
     Case("convert-unknown-kind", [*FASTLOAD, "convert", "{good}", "--to", "tape", "--out", "{tmp}/o8"], 2,
-         ("--to 'tape'", "unknown store kind", "lmdb, disk, ram")),
+         ("--to 'tape'", "unknown store kind", "lmdb, encoded, disk, ram")),
     Case("convert-quality-out-of-range", [*FASTLOAD, "convert", "{good}", "--quality", "0"], 2, ("--quality", "1..100")),
     Case("convert-unknown-option", [*FASTLOAD, "convert", "{good}", "--bogus"], 2, ("unrecognized arguments: --bogus", "--help")),
     Case("convert-into-another-datasets-folder", [*FASTLOAD, "convert", "{other}", "--to", "lmdb", "--out", "{stores}"], 1,

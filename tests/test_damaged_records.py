@@ -17,6 +17,7 @@ from fastload.engines.base import DamagedRecordWarning
 from fastload.store.base import DamagedRecordError, StoreError
 from fastload.data.checksum import record_checksum
 from fastload.store.lmdb_store import INDEX_KEY, LmdbStore
+from fastload.store.encoded import IMAGES, EncodedStore
 from fastload.store.packed import PIXELS, PackedStore
 
 IMGSZ = 64
@@ -25,18 +26,19 @@ RECORD = 3  # the record each test damages
 
 @pytest.fixture(scope="module")
 def stores(tmp_path_factory) -> dict[str, Path]:
-    """A 10-image synthetic dataset and its lmdb and disk stores at imgsz 64 (copied per test before damage)."""
+    """A 10-image synthetic dataset and its lmdb, encoded and disk stores at imgsz 64 (copied per test before damage)."""
     from fastload.data.synthetic import make_synthetic_dataset
     from fastload.store.convert import convert
 
     root = tmp_path_factory.mktemp("damage")
     yaml_path = make_synthetic_dataset(root / "data", n_train=10, n_val=2, nc=3, seed=3, min_size=64, max_size=128)
-    res = convert(yaml_path, to="lmdb,disk", out=root / "stores", imgsz=IMGSZ, splits="train", progress=False,
+    res = convert(yaml_path, to="lmdb,encoded,disk", out=root / "stores", imgsz=IMGSZ, splits="train", progress=False,
                   log=lambda *_: None)
     found = {p.name: p for p in (root / "stores").iterdir() if p.is_dir()}
     return {"yaml": yaml_path, "data": root / "data", "stores": res.yaml_path.parent,
             "lmdb": next(p for n, p in found.items() if n.endswith("lmdb")),
-            "disk": next(p for n, p in found.items() if "disk" in n)}
+            "disk": next(p for n, p in found.items() if "disk" in n),
+            "encoded": next(p for n, p in found.items() if n.endswith("encoded"))}
 
 
 # -- planting damage ----------------------------------------------------------------------------------------------
@@ -67,11 +69,11 @@ def _flip(buf: bytes) -> bytes:
     return bytes(b)
 
 
-def _flip_pixels(path: Path, record: int) -> None:
-    store = PackedStore(path)
-    start = int(store.offsets[record]) + store.nbytes(record) // 3
-    store.close()
-    with open(path / PIXELS, "r+b") as f:
+def _flip_record(path: Path, record: int) -> None:
+    """Flip 16 bytes inside record ``record`` of a disk, ram or encoded store (its records file, same size)."""
+    offsets = np.load(path / "offsets.npy")
+    start = int(offsets[record]) + int(offsets[record + 1] - offsets[record]) // 3
+    with open(path / (PIXELS if (path / PIXELS).is_file() else IMAGES), "r+b") as f:
         f.seek(start)
         data = f.read(16)
         f.seek(start)
@@ -98,8 +100,12 @@ def damaged_loader_source(kind: str, stores: dict[str, Path], tmp_path: Path) ->
         return {"data": LmdbStore(path)}, str(path), record, "decode"
     if kind == "disk":
         path = shutil.copytree(stores["disk"], tmp_path / "train-disk")
-        _flip_pixels(path, RECORD)
+        _flip_record(path, RECORD)
         return {"data": PackedStore(path)}, str(path), RECORD, "checksum"
+    if kind == "encoded":
+        path = shutil.copytree(stores["encoded"], tmp_path / "train.encoded")
+        _flip_record(path, RECORD)
+        return {"data": EncodedStore(path)}, str(path), RECORD, "checksum"
     raise ValueError(kind)
 
 
@@ -146,7 +152,7 @@ def _check(stats: dict, messages: list[str], path: str, record: int, file: str, 
     assert stats["replaced_samples"] >= 1
 
 
-@pytest.mark.parametrize("kind", ["lmdb_crc", "lmdb_truncated", "disk"])
+@pytest.mark.parametrize("kind", ["lmdb_crc", "lmdb_truncated", "disk", "encoded"])
 def test_damaged_record_skipped_same_for_any_worker_count(kind, stores, tmp_path, shm_root):
     kw, path, record, damage = damaged_loader_source(kind, stores, tmp_path)
     file = kw["data"].im_files[record]
@@ -172,7 +178,7 @@ def test_ram_record_flipped(stores, tmp_path, shm_root):
                   log=lambda *_: None)
     store = open_store(res.yaml_path, "train", kind="ram", imgsz=IMGSZ)
     try:
-        _flip_pixels(Path(store.path), RECORD)
+        _flip_record(Path(store.path), RECORD)
         kw = {"data": store}
         inline, stats0, msgs0 = _epoch(kw, 0)
         forked, stats2, msgs2 = _epoch(kw, 2)

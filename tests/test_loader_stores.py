@@ -1,4 +1,4 @@
-"""The loader reads every store kind (files, lmdb, disk, ram) and gives the same batches from each."""
+"""The loader reads every store kind (files, lmdb, encoded, disk, ram) and gives the same batches from each."""
 from __future__ import annotations
 
 import os
@@ -11,19 +11,19 @@ import torch
 from fastload.fastloader import loader
 
 IMGSZ = 128
-KINDS = ("files", "lmdb", "disk", "ram")
+KINDS = ("files", "lmdb", "encoded", "disk", "ram")
 
 
 @pytest.fixture(scope="module")
 def converted(synth_yaml, tmp_path_factory):
-    """The synthetic set converted to lmdb, disk and ram stores (ram under a private shm root)."""
+    """The synthetic set converted to lmdb, encoded, disk and ram stores (ram under a private shm root)."""
     from fastload.store.convert import convert
 
     root = Path("/dev/shm" if os.path.isdir("/dev/shm") else tmp_path_factory.mktemp("shm")) / f"fastload-test-loader-{os.getpid()}"
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("FASTLOAD_SHM_DIR", str(root))
         out = tmp_path_factory.mktemp("stores")
-        res = convert(synth_yaml, to="lmdb,disk,ram", out=out, imgsz=IMGSZ, progress=False, log=lambda *_: None)
+        res = convert(synth_yaml, to="lmdb,encoded,disk,ram", out=out, imgsz=IMGSZ, progress=False, log=lambda *_: None)
         yield res.yaml_path
     shutil.rmtree(root, ignore_errors=True)
 
@@ -48,6 +48,8 @@ def test_store_gives_same_batches_as_files(converted, from_files, kind):
     for a, b in zip(from_files, got):
         assert a[2] == b[2] and a[3] == b[3]
         torch.testing.assert_close(a[1], b[1])
+        if kind in ("lmdb", "encoded"):  # the source files' own bytes: decoded and resized as from the files
+            assert torch.equal(a[0], b[0])
         diff = (a[0].int() - b[0].int()).abs()
         assert diff.float().mean() < 1.0  # same pixels up to resize rounding of the packed stores
 

@@ -54,23 +54,23 @@ def s3_env() -> Iterator[dict[str, str]]:
 
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory) -> tuple[Path, Path]:
-    """A tiny synthetic dataset and its train split's lmdb + disk stores converted locally: (data.yaml, local
-    stores' yaml)."""
+    """A tiny synthetic dataset and its train split's lmdb, encoded and disk stores converted locally: (data.yaml,
+    local stores' yaml)."""
     from fastload.data.synthetic import make_synthetic_dataset
     from fastload.store.convert import convert
 
     root = tmp_path_factory.mktemp("objds")
     yaml_path = make_synthetic_dataset(root / "ds", n_train=12, n_val=2, nc=3, seed=3, max_size=160)
-    local = convert(yaml_path, "lmdb,disk", out=root / "local", imgsz=64, splits="train", workers=1, progress=False,
+    local = convert(yaml_path, "lmdb,encoded,disk", out=root / "local", imgsz=64, splits="train", workers=1, progress=False,
                     log=lambda *_: None)
     return yaml_path, local.yaml_path
 
 
 @pytest.fixture(scope="module")
 def uploaded(s3_env, dataset) -> str:
-    """The dataset's train split converted to lmdb + disk by `fastload convert --out s3://...`; its URL."""
+    """The dataset's train split converted to lmdb, encoded and disk by `fastload convert --out s3://...`; its URL."""
     url = f"s3://{BUCKET}/stores/synth"
-    rc = run_cli(["convert", str(dataset[0]), "--to", "lmdb,disk", "--split", "train", "--imgsz", "64", "--workers",
+    rc = run_cli(["convert", str(dataset[0]), "--to", "lmdb,encoded,disk", "--split", "train", "--imgsz", "64", "--workers",
                   "1", "--out", url, "--no-progress"])
     assert rc == 0
     return url
@@ -96,7 +96,7 @@ def _copy_prefix(src_url: str, dst: str) -> str:
 
 
 def _assert_same_records(yaml_a: Path, yaml_b: Path) -> None:
-    for kind in ("lmdb", "disk"):
+    for kind in ("lmdb", "encoded", "disk"):
         with open_store(yaml_a, "train", kind=kind, imgsz=64) as a, open_store(yaml_b, "train", kind=kind, imgsz=64) as b:
             assert len(a) == len(b) > 0
             for i in range(len(a)):
@@ -130,13 +130,13 @@ def test_info_and_verify_accept_the_url(uploaded, dataset, capsys):
     with open_store(dataset[1], "train", kind="lmdb") as local:
         assert info["splits"]["train"]["images"] == len(local)
         assert info["splits"]["train"]["instances"] == sum(len(lb) for lb in local.labels)
-    assert info["splits"]["train"]["stores"] == {"lmdb": "train.lmdb", "disk": "train-64.disk"}
+    assert info["splits"]["train"]["stores"] == {"lmdb": "train.lmdb", "encoded": "train.encoded", "disk": "train-64.disk"}
     assert run_cli(["info", uploaded, "--split", "train"]) == 0
     assert "[train]" in capsys.readouterr().out
     assert run_cli(["info", uploaded, "--split", "val"]) == 2  # the upload holds the train split only
     assert run_cli(["verify", uploaded, "--no-progress"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert len(lines) == 2 and all(line.startswith(f"OK {uploaded}/") for line in lines), lines
+    assert len(lines) == 3 and all(line.startswith(f"OK {uploaded}/") for line in lines), lines
 
 
 def test_a_url_that_already_holds_a_store_is_refused_before_converting(uploaded, dataset, capsys):
@@ -411,7 +411,9 @@ def test_urls_are_checked_and_not_opened_as_paths(uploaded):
     with pytest.raises(StoreError, match="fastload stage"):
         open_store(uploaded + "/data.yaml", kind="lmdb")
     with pytest.raises(StoreError, match="not 640"):  # the upload's disk store was built at 64
-        open_store(uploaded, kind="stream", imgsz=640)
+        open_store(uploaded, kind="stream", imgsz=640, upload_kind="disk")
+    with pytest.raises(ValueError, match="upload_kind must be one of auto, disk, encoded, got 'lmdb'"):
+        open_store(uploaded, kind="stream", upload_kind="lmdb")
 
 
 # ----------------------------------------------------------------------------- streaming
@@ -513,20 +515,52 @@ def test_read_ahead_fetches_the_next_shards_of_the_order_as_the_consumer_moves(u
         open_store(uploaded, "train", kind="stream", imgsz=64, cache_dir=tmp_path, read_ahead=-1)
 
 
-def test_a_damaged_shard_is_never_served(uploaded, tmp_path):
-    url = _copy_prefix(uploaded, "stream-damaged")
-    build = json.loads(_client().get_object(Bucket=BUCKET, Key="stream-damaged/fastload-manifest.json")["Body"]
-                       .read())["build"]
-    key = f"stream-damaged/builds/{build}/train-64.disk/pixels.bin"
+@pytest.mark.parametrize("upload_kind,records", [("disk", "train-64.disk/pixels.bin"),
+                                                 ("encoded", "train.encoded/images.bin")])
+def test_a_damaged_shard_is_never_served(uploaded, tmp_path, upload_kind, records):
+    url = _copy_prefix(uploaded, f"stream-damaged-{upload_kind}")
+    build = json.loads(_client().get_object(Bucket=BUCKET, Key=f"stream-damaged-{upload_kind}/fastload-manifest.json")
+                       ["Body"].read())["build"]
+    key = f"stream-damaged-{upload_kind}/builds/{build}/{records}"
     data = bytearray(_client().get_object(Bucket=BUCKET, Key=key)["Body"].read())
-    data[10] ^= 0xFF  # a pixel of the first record, same size: only the record checksums can tell
+    data[10] ^= 0xFF  # a byte of the first record, same size: only the record checksums can tell
     _client().put_object(Bucket=BUCKET, Key=key, Body=bytes(data))
-    stored = open_store(url, "train", kind="stream", imgsz=64, cache_dir=tmp_path, cache_bytes=1 << 20,
-                        shard_bytes=len(data) // 4)
+    stored = open_store(url, "train", kind="stream", imgsz=64, cache_dir=tmp_path, cache_bytes=2 * len(data),
+                        shard_bytes=len(data) // 4, upload_kind=upload_kind)
+    assert stored.upload_kind == upload_kind and stored.decoded == (upload_kind == "disk")
     with pytest.raises(StoreError, match=f"s3://{BUCKET}/{key}: record 0 .* fails its crc32"):
         stored.read_image(0)
     assert stored.cache.used() == 0 and not list(stored.cache.folder.glob("shard-*"))
-    assert stored.read_image(len(stored) - 1).shape[2] == 3  # the intact shards still read
+    assert len(stored.read_image(len(stored) - 1)) > 0  # the intact shards still read
+
+
+def test_a_streamed_encoded_store_gives_the_local_encoded_batches_with_workers(uploaded, dataset, tmp_path):
+    import fastload
+
+    # auto: the upload's disk store is at imgsz 64, so at 96 the encoded store (the JPEGs, any imgsz) is streamed
+    stored = open_store(uploaded, "train", kind="stream", imgsz=96, cache_dir=tmp_path, cache_bytes=8 << 20,
+                        shard_bytes=1)  # a shard per record
+    assert (stored.upload_kind, stored.decoded, stored.imgsz) == ("encoded", False, None)
+    assert stored.description["upload_kind"] == "encoded" and len(stored.bounds) - 1 == len(stored)
+    with open_store(uploaded, "train", kind="stream", imgsz=64, cache_dir=tmp_path) as auto_at_64:
+        assert auto_at_64.upload_kind == "disk"  # a disk store at the loader's imgsz: nothing to decode
+    layout = stored.shards()
+    with open_store(dataset[1], "train", kind="encoded") as local:
+        assert [stored.read_image(i) for i in range(len(local))] == [local.read_image(i) for i in range(len(local))]
+
+        class LocalInShards(type(local)):  # the local copy of the same store, read in the same shards
+            def shards(self):
+                return layout
+
+        with fastload.loader(LocalInShards(local.path), imgsz=96, batch_size=3, workers=0, seed=2) as reference:
+            expected = list(reference)
+    with fastload.loader(stored, imgsz=96, batch_size=3, workers=2, seed=2) as streamed:
+        assert streamed.engine.sampler.partners == "batch"
+        got = list(streamed)
+    assert len(got) == len(expected) > 0
+    for (imgs, targets, paths, _), (ref_imgs, ref_targets, ref_paths, _) in zip(got, expected):
+        assert np.array_equal(np.asarray(imgs), np.asarray(ref_imgs))
+        assert np.array_equal(np.asarray(targets), np.asarray(ref_targets)) and list(paths) == list(ref_paths)
 
 
 def test_the_shard_cache_removes_the_least_recently_read_and_dead_downloads(tmp_path):
@@ -564,20 +598,22 @@ def test_ray_actors_open_the_streamed_store_into_their_node_cache(dataset, s3_en
     from fastload.store.upload import convert_to_url
 
     url = f"s3://{BUCKET}/stores/ray"
-    convert_to_url(dataset[0], "disk", url, imgsz=64, splits="train", workers=1, progress=False, log=lambda *_: None)
-    stored = open_store(url, "train", kind="stream", imgsz=64, cache_dir=tmp_path / "cache", cache_bytes=1 << 20,
-                        shard_bytes=4 << 10)
-    assert stored.description["url"] == url and json.loads(json.dumps(stored.description)) == stored.description
+    convert_to_url(dataset[0], "disk,encoded", url, imgsz=64, splits="train", workers=1, progress=False,
+                   log=lambda *_: None)
     # the actors' credentials and endpoint come from their environment, as on a node of a cluster
     options = RayOptions(actors=1, runtime_env={"env_vars": dict(s3_env)})
-    with fastload.loader(stored, imgsz=64, batch_size=4, engine="ray", seed=2, engine_options=options) as on_ray, \
-            fastload.loader(stored, imgsz=64, batch_size=4, workers=0, seed=2) as reference:
-        got, expected = list(on_ray), list(reference)
-        assert on_ray.stats()["engine"] == "ray" and len(got) == len(expected) == len(on_ray)
-        for (imgs, targets, paths, _), (ref_imgs, ref_targets, ref_paths, _) in zip(got, expected):
-            assert np.array_equal(np.asarray(imgs), np.asarray(ref_imgs)) and list(paths) == list(ref_paths)
-            assert np.array_equal(np.asarray(targets), np.asarray(ref_targets))
-    assert stored.cache.used() <= stored.cache.budget
+    for upload_kind in ("disk", "encoded"):  # decoded records, and JPEGs the actor decodes
+        stored = open_store(url, "train", kind="stream", imgsz=64, cache_dir=tmp_path / "cache", cache_bytes=8 << 20,
+                            shard_bytes=4 << 10, upload_kind=upload_kind)
+        assert stored.description["url"] == url and json.loads(json.dumps(stored.description)) == stored.description
+        with fastload.loader(stored, imgsz=64, batch_size=4, engine="ray", seed=2, engine_options=options) as on_ray, \
+                fastload.loader(stored, imgsz=64, batch_size=4, workers=0, seed=2) as reference:
+            got, expected = list(on_ray), list(reference)
+            assert on_ray.stats()["engine"] == "ray" and len(got) == len(expected) == len(on_ray)
+            for (imgs, targets, paths, _), (ref_imgs, ref_targets, ref_paths, _) in zip(got, expected):
+                assert np.array_equal(np.asarray(imgs), np.asarray(ref_imgs)) and list(paths) == list(ref_paths)
+                assert np.array_equal(np.asarray(targets), np.asarray(ref_targets))
+        assert stored.cache.used() <= stored.cache.budget
 
 
 def test_a_process_forked_during_a_shard_download_does_not_keep_its_lock(tmp_path):

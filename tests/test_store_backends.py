@@ -1,4 +1,4 @@
-"""Store backends on a small synthetic set: files/lmdb/disk agree, pickling, concurrent readers, options."""
+"""Store backends on a small synthetic set: files/lmdb/encoded/disk agree, pickling, concurrent readers, options."""
 from __future__ import annotations
 
 import multiprocessing
@@ -24,7 +24,7 @@ QUIET = dict(progress=False, log=lambda s: None)
 @pytest.fixture(scope="module")
 def stores(synth_yaml, tmp_path_factory):
     out = tmp_path_factory.mktemp("synth_stores")
-    result = convert(synth_yaml, "lmdb,disk", out=out, imgsz=128, workers=2, **QUIET)
+    result = convert(synth_yaml, "lmdb,encoded,disk", out=out, imgsz=128, workers=2, **QUIET)
     return result
 
 
@@ -33,16 +33,18 @@ def test_files_lmdb_disk_agree(stores, synth_yaml):
     files = open_store(synth_yaml, "train", kind="files")
     lmdb = open_store(stores.yaml_path, "train", kind="lmdb", imgsz=128)
     disk = open_store(stores.yaml_path, "train", kind="disk", imgsz=128)
-    assert len(files) == len(lmdb) == len(disk) == len(index) > 0
+    encoded = open_store(stores.yaml_path, "train", kind="encoded")
+    assert len(files) == len(lmdb) == len(disk) == len(encoded) == len(index) > 0
     for i in range(len(files)):
-        assert files.read_image(i) == lmdb.read_image(i)
+        assert files.read_image(i) == lmdb.read_image(i) == encoded.read_image(i)
         expect = resize_long_side(decode_image(files.read_image(i)), 128)
         np.testing.assert_array_equal(disk.read_image(i), expect)
         np.testing.assert_array_equal(lmdb.load(i, 128), expect)
-        for s in (files, lmdb, disk):
+        for s in (files, lmdb, disk, encoded):
             np.testing.assert_array_equal(s.labels[i], index.labels[i])
+            np.testing.assert_array_equal(s.shapes[i], index.shapes[i])
     assert any(len(lb) == 0 for lb in disk.labels)  # backgrounds survive the round trip
-    for s in (files, lmdb, disk):
+    for s in (files, lmdb, disk, encoded):
         s.close()
 
 
@@ -53,7 +55,7 @@ def test_negative_and_out_of_range_index(stores):
             s.read_image(len(s))
 
 
-@pytest.mark.parametrize("kind", ["lmdb", "disk"])
+@pytest.mark.parametrize("kind", ["lmdb", "encoded", "disk"])
 def test_store_sent_to_a_spawned_process_reopens_its_handles(stores, kind):
     """Spawned workers (DALI's, a spawn-context DataLoader) receive the store serialised: its open handles are
     dropped on the way and reopened lazily in the child, which reads the same samples."""
@@ -101,6 +103,23 @@ def test_incomplete_packed_store_refused(stores, tmp_path):
         PackedStore(broken)
 
 
+def test_an_encoded_store_without_its_marker_or_with_bytes_missing_is_refused(stores, tmp_path):
+    import shutil
+
+    from fastload.store.encoded import EncodedStore
+
+    src = Path(stores.stores["val"]["encoded"])
+    unfinished = shutil.copytree(src, tmp_path / "unfinished.encoded")
+    (unfinished / "meta.json").unlink()
+    with pytest.raises(IncompleteStoreError, match="unfinished.encoded is an unfinished store"):
+        open_store(unfinished)
+    cut = shutil.copytree(src, tmp_path / "cut.encoded")
+    data = (cut / "images.bin").read_bytes()
+    (cut / "images.bin").write_bytes(data[:-10])
+    with pytest.raises(StoreError, match=f"images.bin holds {len(data) - 10} bytes, the index expects {len(data)}"):
+        EncodedStore(cut)
+
+
 def test_packed_store_records_its_shrink_filter_and_old_schema_is_refused(stores, tmp_path):
     """Decoded stores say how their pixels were made; one written before loaded sizes followed YOLOv9's
     truncation (schema 1) is refused with a rebuild message instead of being read with wrong sizes."""
@@ -121,9 +140,11 @@ def test_packed_store_records_its_shrink_filter_and_old_schema_is_refused(stores
 
 def test_max_side_reencode(synth_yaml, tmp_path):
     out = tmp_path / "small"
-    res = convert(synth_yaml, "lmdb", out=out, splits="val", max_side=64, quality=80, **QUIET)
+    res = convert(synth_yaml, "lmdb,encoded", out=out, splits="val", max_side=64, quality=80, **QUIET)
     index = build_index(synth_yaml, "val", progress=False)
-    with open_store(res.yaml_path, "val", kind="lmdb") as s:
+    with open_store(res.yaml_path, "val", kind="lmdb") as s, open_store(res.yaml_path, "val", kind="encoded") as e:
+        assert e.meta["options"] == {"max_side": 64, "quality": 80}
+        assert [e.read_image(i) for i in range(len(e))] == [s.read_image(i) for i in range(len(s))]
         assert s.meta["options"] == {"max_side": 64, "quality": 80}
         np.testing.assert_array_equal(s.shapes, index.shapes)  # shapes stay the originals
         for i in range(len(s)):
@@ -131,6 +152,10 @@ def test_max_side_reencode(synth_yaml, tmp_path):
             assert max(img.shape[:2]) <= max(64, 0) or max(index.shapes[i]) <= 64
             h0, w0 = index.shapes[i]
             assert s.load(i, 48).shape[:2] == loaded_shape(h0, w0, 48)  # planned shape, exactly
+    with pytest.raises(StoreError, match="max_side=64 re-encodes the images of lmdb and encoded stores, and disk "
+                                         "stores hold decoded images at imgsz=640; drop max_side"):
+        convert(synth_yaml, "disk", out=tmp_path / "decoded", splits="val", max_side=64, **QUIET)
+    assert not (tmp_path / "decoded").exists()  # refused before any work
 
 
 def test_convert_again_merges_yaml_key(synth_yaml, tmp_path):

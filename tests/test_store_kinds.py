@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from fastload.store import open_store
-from fastload.store.kinds import AUTO_ORDER, CONVERT_KINDS, KINDS, REMOTE_KINDS, RESUMABLE_KINDS, STORE_KINDS, store_kind
+from fastload.store.kinds import AUTO_ORDER, CONVERT_KINDS, ENCODED_KINDS, KINDS, REMOTE_KINDS, RESUMABLE_KINDS, STORE_KINDS, store_kind
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -18,10 +18,11 @@ def test_every_kind_declares_its_reader_writer_and_place():
     for name, kind in STORE_KINDS.items():
         assert kind.reader_class().kind == name  # the reader is the Store class of that kind
         assert (kind.writer is not None) == (kind.path is not None)  # convert writes what it can place
-    assert AUTO_ORDER == ("ram", "disk", "lmdb", "files")  # fastest first; gpu only when asked for
-    assert CONVERT_KINDS == ("lmdb", "disk", "ram") and RESUMABLE_KINDS == ("lmdb",) and REMOTE_KINDS == ("stream",)
+    assert AUTO_ORDER == ("ram", "disk", "lmdb", "encoded", "files")  # fastest first; gpu only when asked for
+    assert CONVERT_KINDS == ("lmdb", "encoded", "disk", "ram") and RESUMABLE_KINDS == ("lmdb",)
+    assert REMOTE_KINDS == ("stream",) and ENCODED_KINDS == ("lmdb", "encoded")
     assert [k for k in KINDS if not store_kind(k).on_host] == ["gpu"]
-    assert [k for k in KINDS if store_kind(k).decoded] == ["disk", "ram", "gpu", "stream"]
+    assert [k for k in KINDS if store_kind(k).decoded] == ["disk", "ram", "gpu"]  # a stream: as its upload
     with pytest.raises(ValueError, match="unknown store kind 'tape'; choose auto or one of files, lmdb"):
         store_kind("tape")
 

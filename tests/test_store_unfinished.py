@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from fastload.data.synthetic import make_synthetic_dataset
+from fastload.store.encoded import EncodedWriter
 from fastload.store.packed import PackedWriter
 from fastload.store.verify import verify_target
 from store_helpers import run_cli
@@ -105,9 +106,13 @@ def test_ctrl_c_names_the_partial_and_verify_info_say_how_to_finish(data_yaml, t
     assert sorted(p.name for p in out.iterdir()) == ["data.yaml", "train-64.disk", "train.lmdb"]  # no note left
 
 
-def test_unfinished_disk_conversion_says_it_starts_over(data_yaml, tmp_path, monkeypatch, capsys):
-    """A disk store killed half-way (SIGKILL: nothing can clean up) next to finished ones: verify and info name it
-    and give the command without --resume; that command replaces it."""
+@pytest.mark.parametrize("kind,partial_name,options", [("disk", "train-64.disk.partial", ["--imgsz", "64"]),
+                                                       ("encoded", "train.encoded.partial", [])])
+def test_unfinished_disk_conversion_says_it_starts_over(data_yaml, tmp_path, monkeypatch, capsys, kind, partial_name,
+                                                        options):
+    """A disk (or encoded) store killed half-way (SIGKILL: nothing can clean up) next to finished ones: verify and
+    info name it and give the command without --resume; that command replaces it."""
+    writer = EncodedWriter if kind == "encoded" else PackedWriter
     out = tmp_path / "o"
     assert run_cli(["convert", str(data_yaml), "--to", "lmdb", "--out", str(out), "--no-progress"]) == 0
 
@@ -115,21 +120,21 @@ def test_unfinished_disk_conversion_says_it_starts_over(data_yaml, tmp_path, mon
         raise SystemExit(137)
 
     with monkeypatch.context() as m:  # a kill -9 mid-write: neither the writer nor convert gets to clean up
-        m.setattr(PackedWriter, "add", killed)
-        m.setattr(PackedWriter, "abort", lambda self: None)
+        m.setattr(writer, "add", killed)
+        m.setattr(writer, "abort", lambda self: None)
         with pytest.raises(SystemExit):
-            run_cli(["convert", str(data_yaml), "--to", "disk", "--imgsz", "64", "--out", str(out), "--no-progress"])
-    partial = out / "train-64.disk.partial"
+            run_cli(["convert", str(data_yaml), "--to", kind, *options, "--out", str(out), "--no-progress"])
+    partial = out / partial_name
     assert partial.is_dir()
     capsys.readouterr()
     assert run_cli(["verify", str(out), "--no-progress"]) == 1
     verified = capsys.readouterr().out
     assert f"OK {out / 'train.lmdb'}" in verified
     failed = [ln for ln in verified.splitlines() if ln.startswith("FAILED")]
-    assert len(failed) == 1 and failed[0].startswith(f"FAILED {partial}: an interrupted conversion (disk store")
-    assert "disk/ram conversions start over" in failed[0]
+    assert len(failed) == 1 and failed[0].startswith(f"FAILED {partial}: an interrupted conversion ({kind} store")
+    assert "encoded/disk/ram conversions start over" in failed[0]
     command = _finish_command(failed[0])
-    assert command == ["convert", str(data_yaml), "--to", "disk", "--out", str(out), "--imgsz", "64"]
+    assert command == ["convert", str(data_yaml), "--to", kind, "--out", str(out), *options]
     assert run_cli(["info", str(out)]) == 0  # the yaml's stores are reported, and the unfinished one named
     assert f"UNFINISHED {partial}: an interrupted conversion" in capsys.readouterr().out
     assert run_cli([*command, "--no-progress"]) == 0

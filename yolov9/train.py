@@ -101,7 +101,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--close-mosaic", type=int, default=0, help="switch mosaic off for the last N epochs")
     # fastload additions
     p.add_argument("--loader", choices=("cpu", "gpu", "dali"), default="cpu", help="fastload augmentation engine")
-    p.add_argument("--store", default=None, help="fastload store: auto, files, lmdb, disk, ram (default auto)")
+    p.add_argument("--store", default=None, help="fastload store: auto, files, lmdb, encoded, disk, ram (default auto)")
     p.add_argument("--data-seed", type=int, default=None,
                    help="seed of the epoch order and augmentation (default: --seed); the official trainer's data "
                         "stream does not depend on its --seed, so fix this to compare seeds as it does")

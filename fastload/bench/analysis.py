@@ -21,10 +21,10 @@ from dataclasses import asdict, dataclass
 from typing import Any, Sequence
 
 from fastload.bench.stages import Measurement
+from fastload.store.kinds import AUTO_ORDER
 from fastload.store.space import fmt_bytes
 
 EFFICIENT = 0.6
-PREFERENCE = ("ram", "disk", "lmdb", "files")  # the order `store="auto"` picks in
 
 
 @dataclass
@@ -136,7 +136,7 @@ def analyse(
     aug = _find(ms, "augment", "cpu")
     reads = float(aug.extra["reads_per_sample"]) if aug and aug.extra.get("reads_per_sample") else expected_reads(hyp)
     configs: dict[str, dict[str, Any]] = {}
-    for kind in sorted(stores, key=lambda k: PREFERENCE.index(k) if k in PREFERENCE else 99):
+    for kind in sorted(stores, key=lambda k: AUTO_ORDER.index(k) if k in AUTO_ORDER else 99):
         loader = _find(ms, "loader", f"cpu/{kind}")
         ceil = _config_ceilings(
             kind, ms, stores[kind], parallel=parallel, reads=reads, ram_available=ram_available,
@@ -156,7 +156,7 @@ def analyse(
             if loader is not None and math.isfinite(entry["limit_samples_per_s"]):
                 entry["efficiency"] = loader.samples_per_s / entry["limit_samples_per_s"]
         configs[kind] = entry
-    primary = next((k for k in PREFERENCE if k in configs and configs[k].get("limit")), None)
+    primary = next((k for k in AUTO_ORDER if k in configs and configs[k].get("limit")), None)
     result: dict[str, Any] = {
         "reads_per_sample": reads,
         "parallel_workers": parallel,

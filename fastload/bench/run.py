@@ -176,7 +176,7 @@ def _resolve_sources(
     missing = [k for k in wanted if k in CONVERT_KINDS and k not in recorded]
     data_for: dict[str, Any] = {k: data for k in wanted}
     if missing and convert:
-        disk_kinds = [k for k in missing if k in ("lmdb", "disk")]
+        disk_kinds = [k for k in missing if k != "ram"]
         if "ram" in missing and "disk" not in recorded and "disk" not in disk_kinds:
             disk_kinds.append("disk")  # the ram store is then a copy of it (no second decode)
         if disk_kinds:
@@ -269,7 +269,7 @@ def run_bench(
       decoders: decoders for the decode stage (default: all; unavailable ones are skipped rows).
       batch, workers: loader batch size and worker processes (default workers: usable cores, at most 8).
       seconds: wall-time budget of each measurement.
-      convert: build missing lmdb/disk/ram stores in a temporary folder instead of skipping them.
+      convert: build missing lmdb/encoded/disk/ram stores in a temporary folder instead of skipping them.
       log: progress lines (None: silent).
     """
     say: Log = log or (lambda m: None)

@@ -23,12 +23,12 @@ def register(sub: Any, help_text: str) -> argparse.ArgumentParser:
     p.add_argument("data", help="a data.yaml (as written by `fastload convert` to include its stores) or a store directory")
     p.add_argument("--split", default="train", help="split to measure (default train)")
     p.add_argument("--stages", help="comma list of read,decode,augment,loader (default: all)")
-    p.add_argument("--stores", help="comma list of files,lmdb,disk,ram (default: files + the stores the yaml records)")
+    p.add_argument("--stores", help="comma list of files,lmdb,encoded,disk,ram (default: files + the stores the yaml records)")
     p.add_argument("--engines", help="comma list of cpu,gpu,dali,ray (default: cpu, plus gpu/dali where CUDA is present, "
                                      "plus ray where Ray is installed)")
     p.add_argument("--decoders", help="comma list of fastload,reduced,cv2,pil,torchvision,turbojpeg (default: all)")
     p.add_argument("--convert", action="store_true",
-                   help="build missing lmdb/disk/ram stores in a temporary folder (removed afterwards) instead of skipping them")
+                   help="build missing lmdb/encoded/disk/ram stores in a temporary folder (removed afterwards) instead of skipping them")
     p.add_argument("--batch", type=whole(1), default=64, help="loader batch size (default 64)")
     p.add_argument("--workers", type=whole(0), help="loader workers (default: usable cores, at most 8)")
     p.add_argument("--imgsz", type=image_size, default=640, help="training image size (default 640)")

@@ -1,4 +1,4 @@
-"""``fastload convert data.yaml --to lmdb|disk|ram[,..]``: build stores and a data.yaml that points at them."""
+"""``fastload convert data.yaml --to lmdb|encoded|disk|ram[,..]``: build stores and a data.yaml that points at them."""
 from __future__ import annotations
 
 import argparse
@@ -12,7 +12,7 @@ def register(sub: argparse._SubParsersAction, help_text: str) -> None:
     p = sub.add_parser("convert", help=help_text, description=help_text + ". Writes <out>/data.yaml (original "
                        "keys plus `fastload: {split: {kind: path}}`); interrupted runs never leave a store that opens.")
     p.add_argument("data", help="data.yaml of the dataset")
-    p.add_argument("--to", default="lmdb", help="store kinds, comma separated: lmdb, disk, ram (default lmdb)")
+    p.add_argument("--to", default="lmdb", help="store kinds, comma separated: lmdb, encoded (the same images in one flat file: what object storage streams), disk, ram (default lmdb)")
     p.add_argument("--out", default=None, help="output folder (default <dataset root>/fastload), or s3://BUCKET/PREFIX: "
                    "built locally, then uploaded (readers see it once complete; credentials from AWS_* variables)")
     p.add_argument("--imgsz", type=whole(1), default=640, help="long side of decoded disk/ram images (default 640)")
@@ -22,7 +22,7 @@ def register(sub: argparse._SubParsersAction, help_text: str) -> None:
     p.add_argument("--split", default=None, help="splits to convert, comma separated (default: all in the yaml)")
     p.add_argument("--workers", type=whole(1), default=None, help="decode/encode processes (default: CPUs, at most 8)")
     p.add_argument("--resume", action="store_true", help="continue an interrupted LMDB conversion")
-    p.add_argument("--max-side", type=whole(1), default=None, help="lmdb: re-encode images whose long side exceeds N")
+    p.add_argument("--max-side", type=whole(1), default=None, help="lmdb/encoded: re-encode images whose long side exceeds N")
     p.add_argument("--quality", type=whole(1, 100), default=90, help="JPEG quality for --max-side re-encoding (default 90)")
     p.add_argument("--force", action="store_true",
                    help="replace the stores of another dataset in --out (a folder holds one dataset's stores), and "

@@ -51,7 +51,7 @@ class StoreSpec:
 
     Attributes:
         kind: the loader's store kind (``files``, ``lmdb``, ``disk`` or ``ram``).
-        path: the store folder the actor opens (lmdb, disk, ram; a ram segment or a staged copy must
+        path: the store folder the actor opens (lmdb, encoded, disk, ram; a ram segment or a staged copy must
             exist on the actor's node); for ``files``, the dataset's first source folder (for messages).
         imgsz: the long side of the store's decoded images (decoded stores), else None.
         n_base: samples in the store (a store with another count is another store).

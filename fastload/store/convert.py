@@ -1,9 +1,10 @@
-"""``fastload convert``: build lmdb / disk / ram stores from a data.yaml, atomically and resumably.
+"""``fastload convert``: build lmdb / encoded / disk / ram stores from a data.yaml, atomically and resumably.
 
 For every requested split the dataset is scanned once (:func:`fastload.data.index.build_index`; its
 report is printed with each problem once), then each store kind is written:
 
 * ``lmdb`` - the encoded bytes, optionally re-encoded smaller (``max_side``/``quality``);
+* ``encoded`` - the same bytes back to back in one file (:mod:`fastload.store.encoded`): streamable in byte ranges;
   resumable with ``resume=True`` after an interrupted run;
 * ``disk`` - decoded images at ``imgsz`` packed into one file (:mod:`fastload.store.packed`);
 * ``ram``  - the same packed layout in ``/dev/shm``, pinned until ``fastload unstage``.
@@ -32,7 +33,7 @@ from fastload.data.index import build_index
 from fastload.store import shm
 from fastload.store.base import StoreError
 from fastload.store.kinds import (
-    CONVERT_KINDS, PARTIAL, RESUMABLE_KINDS, WriteJob, detect_kind, finish_note_path, in_shm, store_kind,
+    CONVERT_KINDS, ENCODED_KINDS, PARTIAL, RESUMABLE_KINDS, WriteJob, detect_kind, finish_note_path, in_shm, store_kind,
     write_finish_note,
 )
 from fastload.store.origin import source_fingerprint, store_source
@@ -104,7 +105,7 @@ def convert(
 
     Args:
       data: data.yaml path, dict or DataConfig.
-      to: store kinds, a list or comma string of ``lmdb``, ``disk``, ``ram``.
+      to: store kinds, a list or comma string of ``lmdb``, ``encoded``, ``disk``, ``ram``.
       out: output folder (default ``<dataset root>/fastload``).
       imgsz: long side of decoded (disk/ram) images.
       load_rule: whose loaded-image rule decoded (disk/ram) images are made with (:data:`fastload.data.images.LoadRule`):
@@ -112,7 +113,8 @@ def convert(
       splits: which splits (default: every split the yaml defines).
       workers: decode/encode processes (default: CPU count, at most 8).
       resume: continue an interrupted LMDB conversion instead of starting over.
-      max_side, quality: re-encode LMDB images whose long side exceeds ``max_side`` as JPEG ``quality``.
+      max_side, quality: re-encode the images of lmdb and encoded stores whose long side exceeds ``max_side`` as
+        JPEG ``quality`` (refused with only decoded kinds).
       force: ``out`` holds the stores of another dataset, or stores built before the images changed that
         this run does not rewrite: remove them instead of refusing (a folder holds one dataset's stores).
     """
@@ -122,6 +124,9 @@ def convert(
     bad = [k for k in kinds if k not in CONVERT_KINDS]
     if bad or not kinds:
         raise StoreError(f"unknown store kind(s) {bad or to!r}; choose from {', '.join(CONVERT_KINDS)}")
+    if max_side and not any(k in ENCODED_KINDS for k in kinds):
+        raise StoreError(f"max_side={max_side} re-encodes the images of {' and '.join(ENCODED_KINDS)} stores, and "
+                         f"{', '.join(kinds)} stores hold decoded images at imgsz={imgsz}; drop max_side")
     wanted = _split_list(splits) if splits else list(cfg.splits)
     missing = [s for s in wanted if s not in cfg.splits]
     if missing:
@@ -200,7 +205,7 @@ def _finish_command(cfg: DataConfig, kinds: Sequence[str], out_dir: Path, *, spl
         command += ["--split", ",".join(splits)]
     if any(store_kind(k).decoded for k in kinds):
         command += ["--imgsz", str(imgsz)] + ([] if load_rule == "yolov9" else ["--load-rule", load_rule])
-    if "lmdb" in kinds and max_side:
+    if max_side:
         command += ["--max-side", str(max_side), "--quality", str(quality)]
     return command + (["--resume"] if any(k in RESUMABLE_KINDS for k in kinds) else [])
 

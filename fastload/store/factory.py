@@ -2,7 +2,7 @@
 
 ``data`` may be a ``data.yaml`` path, a dict, a :class:`fastload.data.config.DataConfig` or a store
 directory. With ``kind="auto"`` the fastest store that ``fastload convert`` recorded for the split is
-used, in the order ram > disk > lmdb > files; decoded stores (ram, disk) only when their ``imgsz``
+used, in the order ram > disk > lmdb > encoded > files; decoded stores (ram, disk) only when their ``imgsz``
 equals the requested one; stores recorded for one split that were built from different images are refused
 (:mod:`fastload.store.origin`). A ram store recorded in the yaml but absent from ``/dev/shm`` (after a
 reboot) is rebuilt from the disk store, or from the source images when that is cheap.
@@ -58,7 +58,7 @@ def open_store(
         ``fastload convert`` output folder holding a ``data.yaml``), or ``s3://bucket/prefix[/data.yaml]`` of an
         uploaded store: its ``disk`` store at ``imgsz`` is streamed (:class:`fastload.store.stream.StreamingStore`).
       split: ``train``, ``val`` or ``test``.
-      kind: ``auto`` or one of ``files | lmdb | disk | ram | gpu | stream``. ``ram`` on a yaml without a recorded
+      kind: ``auto`` or one of ``files | lmdb | encoded | disk | ram | gpu | stream``. ``ram`` on a yaml without a recorded
         ram store builds one in shared memory on demand (removed when the last user exits).
       imgsz: the training image size; decoded stores must match it.
       load_rule: the loaded-image rule (:data:`fastload.data.images.LoadRule`) decoded stores must have been
@@ -106,7 +106,7 @@ def open_store(
     check_one_source(recorded, split, cfg.origin)
     if kind == "ram":
         return _open_ram(cfg, split, imgsz, load_rule, recorded, explicit=True)
-    if kind in ("disk", "lmdb"):
+    if kind in ("disk", "lmdb", "encoded"):
         if kind not in recorded:
             raise StoreError(
                 f"no {kind} store recorded for split {split!r} in {cfg.yaml_path or 'the data config'}; "
@@ -137,7 +137,7 @@ def open_store(
 
 
 def open_path(path: str | Path, kind: str = "auto", imgsz: int | None = None, load_rule: LoadRule | None = None) -> Store:
-    """Open a store directory, detecting its kind (lmdb environment or packed layout); a decoded store of
+    """Open a store directory, detecting its kind (lmdb environment, encoded or packed layout); a decoded store of
     another ``imgsz`` or ``load_rule`` (None: any) than the ones given is refused."""
     path = Path(path)
     partial = path if path.name.endswith(PARTIAL) else path.with_name(path.name + PARTIAL)
@@ -153,7 +153,7 @@ def open_path(path: str | Path, kind: str = "auto", imgsz: int | None = None, lo
     if kind not in ("auto", found) and not (kind == "disk" and found == "ram"):
         raise StoreError(f"{path} is a {found} store, not {kind}")
     store = store_class(found)(path)
-    if found == "lmdb":
+    if not store.decoded:  # encoded images are resized to any imgsz, by any rule
         return store
     if imgsz is not None and store.imgsz != imgsz:
         store.close()

@@ -92,9 +92,12 @@ def _ram_path(cfg: DataConfig, name: str, out_dir: Path, imgsz: int, load_rule: 
 
 
 STORE_KINDS: dict[str, StoreKind] = {k.name: k for k in (
-    StoreKind("files", "fastload.store.files:FileStore", auto_rank=3, open_keywords=("cache", "workers", "progress")),
+    StoreKind("files", "fastload.store.files:FileStore", auto_rank=4, open_keywords=("cache", "workers", "progress")),
     StoreKind("lmdb", "fastload.store.lmdb_store:LmdbStore", "fastload.store.lmdb_store:write_lmdb",
               _in_out("{name}.lmdb"), auto_rank=2, resumable=True),
+    # the same encoded images in one flat file: what object storage streams in byte ranges
+    StoreKind("encoded", "fastload.store.encoded:EncodedStore", "fastload.store.encoded:write_encoded",
+              _in_out("{name}.encoded"), auto_rank=3),
     StoreKind("disk", "fastload.store.packed:PackedStore", "fastload.store.packed:write_disk",
               _in_out("{name}-{imgsz}{rule}.disk"), decoded=True, auto_rank=1),
     # pinned in shared memory until `fastload unstage` (or a reboot; open_store then rebuilds it)
@@ -102,9 +105,10 @@ STORE_KINDS: dict[str, StoreKind] = {k.name: k for k in (
               auto_rank=0),
     StoreKind("gpu", "fastload.store.gpu:GpuStore", decoded=True, on_host=False,
               open_keywords=("device", "share", "chunk_bytes", "base")),
-    # a disk store in object storage, read in shards into a node-local cache (open_store of an s3:// URL)
-    StoreKind("stream", "fastload.store.stream:StreamingStore", decoded=True, remote=True,
-              open_keywords=("cache_dir", "cache_bytes", "shard_bytes", "window", "read_ahead")),
+    # a disk or encoded store in object storage, read in shards into a node-local cache (open_store of an s3://
+    # URL); decoded or not as the uploaded store it reads (StreamingStore.decoded)
+    StoreKind("stream", "fastload.store.stream:StreamingStore", remote=True,
+              open_keywords=("cache_dir", "cache_bytes", "shard_bytes", "window", "read_ahead", "upload_kind")),
 )}
 # Every kind open_store() knows.
 KINDS = tuple(STORE_KINDS)
@@ -113,6 +117,8 @@ AUTO_ORDER = tuple(sorted((k.name for k in STORE_KINDS.values() if k.auto_rank i
                           key=lambda n: STORE_KINDS[n].auto_rank))
 # What `fastload convert --to` writes ("files" is the source itself, "gpu" is filled at open).
 CONVERT_KINDS = tuple(k.name for k in STORE_KINDS.values() if k.writer is not None)
+# What convert writes with the encoded images themselves (its max_side/quality re-encode them).
+ENCODED_KINDS = tuple(k.name for k in STORE_KINDS.values() if k.writer is not None and not k.decoded)
 RESUMABLE_KINDS = tuple(k.name for k in STORE_KINDS.values() if k.resumable)  # the others start over
 REMOTE_KINDS = tuple(k.name for k in STORE_KINDS.values() if k.remote)  # what open_store opens an s3:// URL as
 
@@ -138,11 +144,13 @@ def in_shm(path: str | Path) -> bool:
 
 
 def detect_kind(path: str | Path) -> str | None:
-    """``lmdb``, ``disk``, ``ram`` (a packed store named ``fastload-*`` directly under the shm root)
+    """``lmdb``, ``encoded``, ``disk``, ``ram`` (a packed store named ``fastload-*`` directly under the shm root)
     or None when ``path`` is not a store folder."""
     path = Path(path)
     if (path / "data.mdb").is_file():
         return "lmdb"
+    if (path / "images.bin").is_file():
+        return "encoded"
     if (path / "meta.json").is_file() or (path / "pixels.bin").is_file():
         try:
             under_shm = path.resolve().parent == shm_root().resolve()
@@ -204,7 +212,7 @@ def write_finish_note(partial: str | Path, command: list[str]) -> Path:
 
 def _kind_of_partial(partial: Path) -> str | None:
     final = partial.name[: -len(PARTIAL)]
-    for kind in ("lmdb", "disk"):
+    for kind in ("lmdb", "encoded", "disk"):
         if final.endswith(f".{kind}"):
             return kind
     return "ram" if final.startswith(SHM_PREFIX) else None

@@ -17,6 +17,7 @@ from typing import Mapping, Sequence
 
 from fastload.store.base import StoreError
 from fastload.store.kinds import detect_kind
+from fastload.store.encoded import read_encoded_meta
 from fastload.store.lmdb_store import read_lmdb_meta
 from fastload.store.packed import read_meta
 
@@ -53,7 +54,7 @@ def store_source(path: str | Path) -> StoreSource | None:
     if kind is None:
         return None
     try:
-        meta = read_lmdb_meta(path) if kind == "lmdb" else read_meta(path)
+        meta = {"lmdb": read_lmdb_meta, "encoded": read_encoded_meta}.get(kind, read_meta)(path)
     except (StoreError, OSError, ValueError):
         return None
     if not meta.get("source_hash"):

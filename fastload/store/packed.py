@@ -52,6 +52,14 @@ ARRAYS = ("offsets", "hw", "shapes", "labels", "label_counts", "checksums")
 
 def read_meta(path: Path) -> dict[str, Any]:
     """The commit record of a packed store, or IncompleteStoreError naming the directory."""
+    return read_layout_meta(path, "packed", PACKED_SCHEMA,
+                            older="its loaded image sizes are rounded where YOLOv9 truncates them: some images one "
+                                  "pixel larger than the official loader's")
+
+
+def read_layout_meta(path: Path, layout: str, schema: int, *, older: str | None = None) -> dict[str, Any]:
+    """The commit record (``meta.json``, written last) of a store folder of ``layout`` at ``schema`` (see
+    :func:`~fastload.store.base.check_schema`), or IncompleteStoreError naming the folder."""
     path = Path(path)
     meta_file = path / META
     if not path.is_dir():
@@ -65,19 +73,20 @@ def read_meta(path: Path) -> dict[str, Any]:
         meta = json.loads(meta_file.read_text())
     except ValueError as e:
         raise StoreError(f"damaged metadata {meta_file}: {e}") from e
-    check_schema(path, meta, "packed", PACKED_SCHEMA,
-                 older="its loaded image sizes are rounded where YOLOv9 truncates them: some images one pixel "
-                       "larger than the official loader's")
+    check_schema(path, meta, layout, schema, older=older)
     return meta
 
 
-class PackedStore(Store):
-    """A ``disk`` (or ``ram``, see :class:`RamStore`) store: loaded images served from one mapped file."""
+class RecordFileStore(Store):
+    """A store whose records lie back to back in one file, indexed by ``offsets.npy`` (decoded ``disk``/``ram``
+    stores, ``encoded`` stores): what they share, the index and the byte range of a record (a run of
+    consecutive records is one byte range: what :mod:`fastload.store.stream` reads in shards)."""
 
-    kind = "disk"
-    decoded = True
-    #: check each record's checksum on its first read in a process (False only to measure what the check
-    #: costs: ``benchmarks/store_read.py --check-cost``)
+    records_file = ""  # the file in the store's folder that holds the records
+    offsets: np.ndarray  # int64 [N + 1]: record i is bytes offsets[i] .. offsets[i + 1] of the file
+    checksums: np.ndarray  # uint32 [N]: crc32 of record i's bytes then its label bytes
+    #: check records against their checksums when read (False only to measure what the check costs:
+    #: ``benchmarks/store_read.py --check-cost``)
     check_on_read = True
 
     def __init__(self, path: str | Path) -> None:
@@ -85,28 +94,63 @@ class PackedStore(Store):
         self.path = str(path)
         root = Path(path)
         self._read_index(root)
-        size = (root / PIXELS).stat().st_size
+        size = (root / self.records_file).stat().st_size
         if size != int(self.offsets[-1]):
-            raise StoreError(f"{root / PIXELS} holds {size} bytes, the index expects {int(self.offsets[-1])}")
-        self._mm: np.ndarray | None = None
-        self._checked: np.ndarray | None = None  # bool [N]: records whose checksum this process verified
+            raise StoreError(f"{root / self.records_file} holds {size} bytes, the index expects {int(self.offsets[-1])} "
+                             f"(an incomplete copy?); copy it again or convert the dataset again")
+        self._mm: np.ndarray | None = None  # the records file mapped in this process, opened on first read
 
     def _read_index(self, root: Path) -> None:
-        """Everything but the pixels, from the store folder ``root``: metadata, index arrays, labels, files."""
-        self.meta = read_meta(root)
-        self.imgsz = int(self.meta["imgsz"])
-        self.load_rule = self.meta.get("load_rule", "yolov9")  # stores written before the rule: YOLOv9's
-        arrays = {name: np.load(root / f"{name}.npy", allow_pickle=False) for name in ARRAYS}
-        self.offsets = arrays["offsets"].astype(np.int64)
-        self.hw = arrays["hw"].astype(np.int32)
-        self.shapes = arrays["shapes"].astype(np.int32).reshape(-1, 2)
-        self.checksums = arrays["checksums"].astype(np.uint32)
-        self.labels = split_labels(arrays["labels"], arrays["label_counts"])
+        """Everything but the records, from the store folder ``root``: metadata, index arrays, labels, files."""
+        raise NotImplementedError
+
+    def _read_records_index(self, root: Path, arrays: Sequence[str]) -> dict[str, np.ndarray]:
+        """Set the index (offsets, shapes, checksums, labels, files, names) from the folder ``root`` whose
+        metadata is in ``self.meta``, checked to agree on the number of records; returns every array read
+        (``arrays``: the layout's ``.npy`` files)."""
+        loaded = {name: np.load(root / f"{name}.npy", allow_pickle=False) for name in arrays}
+        self.offsets = loaded["offsets"].astype(np.int64)
+        self.shapes = loaded["shapes"].astype(np.int32).reshape(-1, 2)
+        self.checksums = loaded["checksums"].astype(np.uint32)
+        self.labels = split_labels(loaded["labels"], loaded["label_counts"])
         self.im_files = list(json.loads((root / "files.json").read_text()))
         self.names = list(self.meta.get("names", []))
         n = len(self.im_files)
-        if not (len(self.offsets) == n + 1 and len(self.hw) == len(self.shapes) == len(self.labels) == n):
+        if not (len(self.offsets) == n + 1 and len(self.shapes) == len(self.labels) == len(self.checksums) == n):
             raise StoreError(f"{root}: index arrays disagree on the number of samples ({n} files)")
+        return loaded
+
+    def nbytes(self, i: int) -> int:
+        return int(self.offsets[i + 1] - self.offsets[i])
+
+    def _checked_encoded(self, i: int, buf: bytes) -> bytes:
+        """``buf``, record ``i``'s image bytes, once checked against the crc32 written at conversion (on every
+        read, as an LMDB store does: small beside decoding them); :class:`DamagedRecordError` when they (or its
+        labels) changed."""
+        if self.check_on_read and record_checksum(buf, self.labels[i]) != int(self.checksums[i]):
+            raise self.damaged(i, "checksum", "crc32 mismatch (image bytes or labels changed since conversion)")
+        return buf
+
+
+class PackedStore(RecordFileStore):
+    """A ``disk`` (or ``ram``, see :class:`RamStore`) store: loaded images served from one mapped file."""
+
+    kind = "disk"
+    decoded = True
+    records_file = PIXELS
+
+    def __init__(self, path: str | Path) -> None:
+        super().__init__(path)
+        self._checked: np.ndarray | None = None  # bool [N]: records whose checksum this process verified
+
+    def _read_index(self, root: Path) -> None:
+        self.meta = read_meta(root)
+        self.imgsz = int(self.meta["imgsz"])
+        self.load_rule = self.meta.get("load_rule", "yolov9")  # stores written before the rule: YOLOv9's
+        arrays = self._read_records_index(root, ARRAYS)
+        self.hw = arrays["hw"].astype(np.int32)
+        if len(self.hw) != len(self.im_files):
+            raise StoreError(f"{root}: index arrays disagree on the number of samples ({len(self.im_files)} files)")
 
     def _handles(self) -> tuple[str, ...]:
         return ("_mm", "_checked")
@@ -131,8 +175,8 @@ class PackedStore(Store):
     def read_image(self, i: int) -> np.ndarray:
         """The loaded RGB image ``i`` as a read-only view into the mapped file (no copy).
 
-        The first read of a record in a process checks its pixels (and labels) against the crc32 written
-        at conversion (one pass over its bytes; later reads cost nothing: a bitmap remembers it) and
+        The first read of a record in a process (``check_on_read``) checks its pixels (and labels) against the
+        crc32 written at conversion (one pass over its bytes; later reads cost nothing: a bitmap remembers it) and
         raises :class:`~fastload.store.base.DamagedRecordError` when they changed.
         """
         i = self.check_index(i)
@@ -143,9 +187,6 @@ class PackedStore(Store):
                 raise self.damaged(i, "checksum", "crc32 mismatch (decoded pixels or labels changed since conversion)")
             checked[i] = True
         return img
-
-    def nbytes(self, i: int) -> int:
-        return int(self.offsets[i + 1] - self.offsets[i])
 
     def record_ok(self, i: int) -> bool:
         """True when record ``i``'s pixels and labels still match the checksum written at conversion."""
@@ -160,19 +201,25 @@ class PackedStore(Store):
 class PackedWriter:
     """Writes a packed store into ``<final>.partial`` and renames it to ``final`` on :meth:`commit`.
 
-    Records must be added in index order 0..N-1.
+    Records must be added in index order 0..N-1. Subclasses write other records in the same layout
+    (:class:`fastload.store.encoded.EncodedWriter`): their file's name, layout, schema and index arrays.
     """
 
-    def __init__(self, final: str | Path, *, imgsz: int, names: Sequence[str], meta: dict[str, Any] | None = None):
+    data_file = PIXELS
+    layout = "packed"
+    schema = PACKED_SCHEMA
+
+    def __init__(self, final: str | Path, *, imgsz: int | None, names: Sequence[str],
+                 meta: dict[str, Any] | None = None) -> None:
         self.final = Path(final)
         self.tmp = self.final.with_name(self.final.name + ".partial")
         if self.tmp.exists():
             shutil.rmtree(self.tmp)
         self.tmp.mkdir(parents=True)
-        self.imgsz = int(imgsz)
+        self.imgsz = imgsz
         self.names = list(names)
         self.extra = dict(meta or {})
-        self._fh = open(self.tmp / PIXELS, "wb")
+        self._fh = open(self.tmp / self.data_file, "wb")
         self.offsets = [0]
         self.hw: list[tuple[int, int]] = []
         self.shapes: list[tuple[int, int]] = []
@@ -185,14 +232,25 @@ class PackedWriter:
         if img.dtype != np.uint8 or img.ndim != 3 or img.shape[2] != 3:
             raise StoreError(f"{file}: expected an RGB HWC uint8 image, got {img.dtype} {img.shape}")
         img = np.ascontiguousarray(img)
-        labels = np.asarray(labels, np.float32).reshape(-1, 5)
-        self._fh.write(memoryview(img).cast("B"))
-        self.offsets.append(self.offsets[-1] + img.nbytes)
         self.hw.append((img.shape[0], img.shape[1]))
+        self._append(memoryview(img).cast("B"), labels, shape, file)
+
+    def _append(self, payload: bytes | memoryview, labels: np.ndarray, shape: Sequence[int], file: str) -> None:
+        labels = np.asarray(labels, np.float32).reshape(-1, 5)
+        self._fh.write(payload)
+        self.offsets.append(self.offsets[-1] + len(payload))
         self.shapes.append((int(shape[0]), int(shape[1])))
         self.labels.append(labels)
         self.files.append(str(file))
-        self.checksums.append(record_checksum(img, labels))
+        self.checksums.append(record_checksum(payload, labels))
+
+    def _index_arrays(self) -> dict[str, np.ndarray]:
+        """The layout's ``.npy`` files but the labels' (written by :meth:`commit`)."""
+        return {"offsets": np.array(self.offsets, np.int64), "hw": np.array(self.hw, np.int32).reshape(-1, 2),
+                "shapes": np.array(self.shapes, np.int32).reshape(-1, 2), "checksums": np.array(self.checksums, np.uint32)}
+
+    def _size_meta(self) -> dict[str, Any]:
+        return {"imgsz": self.imgsz, "pixel_bytes": int(self.offsets[-1])}
 
     def commit(self) -> Path:
         """Write the index and the commit marker, then move the store into place (replacing an old one)."""
@@ -200,27 +258,11 @@ class PackedWriter:
         os.fsync(self._fh.fileno())
         self._fh.close()
         flat, counts = join_labels(self.labels)
-        arrays = {
-            "offsets": np.array(self.offsets, np.int64),
-            "hw": np.array(self.hw, np.int32).reshape(-1, 2),
-            "shapes": np.array(self.shapes, np.int32).reshape(-1, 2),
-            "labels": flat,
-            "label_counts": counts,
-            "checksums": np.array(self.checksums, np.uint32),
-        }
-        for name, arr in arrays.items():
+        for name, arr in {**self._index_arrays(), "labels": flat, "label_counts": counts}.items():
             np.save(self.tmp / f"{name}.npy", arr, allow_pickle=False)
         (self.tmp / "files.json").write_text(json.dumps(self.files))
-        meta = {
-            **self.extra,
-            "schema": PACKED_SCHEMA,
-            "layout": "packed",
-            "imgsz": self.imgsz,
-            "names": self.names,
-            "n": len(self.files),
-            "instances": int(counts.sum()),
-            "pixel_bytes": int(self.offsets[-1]),
-        }
+        meta = {**self.extra, "schema": self.schema, "layout": self.layout, "names": self.names,
+                "n": len(self.files), "instances": int(counts.sum()), **self._size_meta()}
         # The marker goes last and is itself written atomically.
         tmp_meta = self.tmp / (META + ".tmp")
         tmp_meta.write_text(json.dumps(meta, indent=1))
@@ -302,14 +344,25 @@ def write_packed(job: WriteJob, final: Path, *, kind: str, check: Callable[[int]
         "fastload_version": __version__,
     }
     writer = PackedWriter(final, imgsz=imgsz, names=job.cfg.names, meta=meta)
+    return write_records(writer, job, decoded_task, [(i, f, imgsz, rule) for i, f in enumerate(files)],
+                         f"{kind} {final.name}", failed="undecodable")
+
+
+def write_records(writer: PackedWriter, job: WriteJob, task: Callable[[Any], tuple[int, Any, str | None, int]],
+                  tasks: Sequence[Any], label: str, *, failed: str) -> tuple[Path, list[tuple[str, str]]]:
+    """Run ``task`` (:mod:`fastload.store.writing`'s ``decoded_task`` or ``encoded_task``) over ``tasks`` in the job's
+    process pool, add each record to ``writer`` in source order and commit it, under a progress bar named
+    ``label``; returns the store's path and the images skipped (a task that gives no record says why, else
+    ``failed``). Any failure or interruption aborts the writer: no partial store stays."""
+    files, labels, shapes = job.index.im_files, job.index.labels, job.index.shapes
     skipped: list[tuple[str, str]] = []
-    bar = Progress(len(files), f"{kind} {final.name}", job.progress)
+    bar = Progress(len(tasks), label, job.progress)
     try:
-        for i, img, err, nbytes in parallel_map(decoded_task, [(i, f, imgsz, rule) for i, f in enumerate(files)], job.workers):
-            if img is None:
-                skipped.append((files[i], err or "undecodable"))
+        for i, record, err, nbytes in parallel_map(task, tasks, job.workers):
+            if record is None:
+                skipped.append((files[i], err or failed))
             else:
-                writer.add(img, index.labels[i], index.shapes[i], files[i])
+                writer.add(record, labels[i], shapes[i], files[i])
             bar.update(1, nbytes)
         return writer.commit(), skipped
     except BaseException:

@@ -1,11 +1,13 @@
 """A store streamed from object storage in shards into a bounded node-local cache, without staging it.
 
-The ``disk`` store of a split, uploaded by ``fastload convert --to disk --out s3://...``, is read in
-*shards*: runs of consecutive records of its ``pixels.bin`` of about ``shard_bytes`` each (the store's own
-``offsets.npy`` is the shard index: a shard is one byte range, fetched with parallel ranged GETs that are
-retried and resumed, :mod:`fastload.store.objects.transfer`). The small index files (labels, shapes,
-checksums, offsets) are downloaded when the store opens. Every record of a shard is checked against its
-crc32 before the shard is put in the cache, and again on its first read in each process.
+The ``disk`` store (decoded images at one imgsz) or the ``encoded`` store (the JPEGs) of a split, uploaded by
+``fastload convert --to disk|encoded --out s3://...``, is read in *shards*: runs of consecutive records of its
+records file (``pixels.bin``, ``images.bin``) of about ``shard_bytes`` each (the store's own ``offsets.npy`` is
+the shard index: a shard is one byte range, fetched with parallel ranged GETs that are retried and resumed,
+:mod:`fastload.store.objects.transfer`). The small index files (labels, shapes, checksums, offsets) are
+downloaded when the store opens. Every record of a shard is checked against its crc32 before the shard is put
+in the cache, and again when read (a decoded record on its first read in each process, an encoded one on every
+read, as their local stores do).
 
 The cache is a folder on a local disk or ``/dev/shm`` (``cache_dir``; default ``$FASTLOAD_CACHE_DIR`` or
 ``<tmp>/fastload-stream``) holding at most ``cache_bytes`` of shards, counted as the bytes of the files in it,
@@ -38,12 +40,16 @@ from fastload.store.objects.client import s3_client
 from fastload.store.objects.manifest import MANIFEST, Manifest, fetch, read_manifest
 from fastload.store.objects.transfer import Download, download, partial_path
 from fastload.store.objects.urls import parse_url
-from fastload.store.packed import PIXELS, PackedStore
+from fastload.store.encoded import ARRAYS as ENCODED_ARRAYS
+from fastload.store.encoded import IMAGES, read_encoded_meta
+from fastload.store.packed import PIXELS, PackedStore, RecordFileStore, read_meta
 from fastload.store.shm import flock_current, pid_alive
 
 SHARD_BYTES = 64 << 20
 CACHE_BYTES = 4 << 30
 READ_AHEAD = 2  # shards: one downloading while the next waits its turn keeps the connection busy
+UPLOAD_KINDS = ("auto", "disk", "encoded")  # which uploaded store a stream reads (StreamingStore's upload_kind)
+RECORD_FILES = {"disk": PIXELS, "encoded": IMAGES}  # the file of each readable kind whose byte ranges are shards
 
 # Lock files a shard cache of this process holds now. A process forked meanwhile (a loader's workers started
 # while a read-ahead downloads) would hold the same flock for as long as it lives: it closes its copies.
@@ -169,12 +175,12 @@ def _mark_used(path: Path) -> None:
 
 
 class StreamingStore(PackedStore):
-    """One split's ``disk`` store in object storage, read shard by shard through a :class:`ShardCache`.
+    """One split's ``disk`` or ``encoded`` store in object storage, read shard by shard through a :class:`ShardCache`.
 
     Args:
       url: ``s3://bucket/prefix`` of a store uploaded by ``fastload convert --out`` (or ``.../data.yaml``).
-      split: which split's ``disk`` store.
-      imgsz: the loader's image size: the uploaded disk store must have been built at it.
+      split: which split's store.
+      imgsz: the loader's image size: an uploaded disk store must have been built at it.
       cache_dir: the cache's root (default :func:`stream_cache_root`); each upload gets its own folder in it.
       cache_bytes: the most bytes of shards the cache holds; at least ``window + 1`` shards.
       shard_bytes: about how many bytes one shard (one ranged read) holds.
@@ -182,34 +188,35 @@ class StreamingStore(PackedStore):
       read_ahead: how many shards beyond those being read the loader downloads in the background
         (:class:`ShardReadAhead`); at most as many as the cache holds beside ``window`` shards; 0: none, each
         shard is downloaded when a read first needs it.
+      upload_kind: which uploaded store is read: ``disk`` (decoded images at ``imgsz``: nothing to decode, about
+        five times the bytes to download), ``encoded`` (the JPEGs: decoded on the node, the fewest bytes), or
+        ``auto``: the disk store when the upload holds one at ``imgsz``, else the encoded store.
     """
 
     kind = "stream"
 
     def __init__(self, url: str, split: str = "train", imgsz: int = 640, *, cache_dir: str | Path | None = None,
                  cache_bytes: int = CACHE_BYTES, shard_bytes: int = SHARD_BYTES, window: int = 1,
-                 read_ahead: int = READ_AHEAD) -> None:
+                 read_ahead: int = READ_AHEAD, upload_kind: str = "auto") -> None:
         if int(window) < 1:
             raise ValueError(f"window must be >= 1 shard, got {window}")
         if int(read_ahead) < 0:
             raise ValueError(f"read_ahead must be >= 0 shards (0: none), got {read_ahead}")
+        if upload_kind not in UPLOAD_KINDS:
+            raise ValueError(f"upload_kind must be one of {', '.join(UPLOAD_KINDS)}, got {upload_kind!r}")
         url = url[: -len("/data.yaml")] if url.endswith("/data.yaml") else url
         manifest = read_manifest(parse_url(url))
+        self.build = manifest.build
+        digest = hashlib.sha1(str(manifest.url).encode()).hexdigest()[:10]
+        upload_root = Path(cache_dir or stream_cache_root()) / f"{manifest.url.bucket}-{digest}-{manifest.build}"
+        super(RecordFileStore, self).__init__()  # Store's: the records are not in a folder to open and check
+        self.upload_kind, rel = self._open_index(manifest, split, imgsz, upload_kind, upload_root)
         # how another process (a Ray actor on any node) opens this store into its own node's cache: small, JSON-able
         self.description: dict[str, Any] = {
             "url": str(manifest.url), "split": split, "imgsz": int(imgsz), "build": manifest.build,
             "cache_dir": None if cache_dir is None else str(cache_dir), "cache_bytes": int(cache_bytes),
-            "shard_bytes": int(shard_bytes), "window": int(window)}
-        self.build = manifest.build
-        rel = _disk_store_of(manifest, split, imgsz)
-        digest = hashlib.sha1(str(manifest.url).encode()).hexdigest()[:10]
-        root = Path(cache_dir or stream_cache_root()) / f"{manifest.url.bucket}-{digest}-{manifest.build}" / rel
-        _fetch_index(manifest, rel, root)
-        super(PackedStore, self).__init__()  # the pixels are not in the folder: PackedStore's own check would fail
+            "shard_bytes": int(shard_bytes), "window": int(window), "upload_kind": self.upload_kind}
         self.path = str(manifest.url.child(rel))
-        self._read_index(root)
-        if self.imgsz != imgsz:
-            raise StoreError(f"{self.path} holds images at imgsz {self.imgsz}, not {imgsz}")
         self.window = int(window)
         self.bounds = shard_bounds(self.offsets, int(shard_bytes))
         self._shard_of = np.repeat(np.arange(len(self.bounds) - 1), np.diff(self.bounds)).astype(np.int64)
@@ -220,10 +227,40 @@ class StreamingStore(PackedStore):
         # the shards being read (window) and those fetched ahead fit the cache together: nothing fetched ahead
         # pushes out a shard still being read
         self.read_ahead_shards = min(int(read_ahead), int(cache_bytes) // max(largest, 1) - self.window)
-        self.pixels_url = manifest.object_url(f"{rel}/{PIXELS}")
-        self.cache = ShardCache(root.parent / f"{root.name}-shards-{int(shard_bytes)}", int(cache_bytes))
+        self.records_url = manifest.object_url(f"{rel}/{RECORD_FILES[self.upload_kind]}")
+        self.cache = ShardCache(upload_root / f"{Path(rel).name}-shards-{int(shard_bytes)}", int(cache_bytes))
         self._mm: np.ndarray | None = None
         self._checked: np.ndarray | None = None
+
+    def _open_index(self, manifest: Manifest, split: str, imgsz: int, upload_kind: str,
+                    upload_root: Path) -> tuple[str, str]:
+        """Download the index of the split's store that ``upload_kind`` picks and read it; returns the kind read
+        and the store's path inside the upload."""
+        stores = _uploaded_stores(manifest, split)
+        kind = upload_kind
+        if kind == "auto":
+            kind = "disk" if "disk" in stores else "encoded"
+            if kind == "disk" and "encoded" in stores:  # a disk store at another imgsz: the encoded one serves any
+                _fetch_index(manifest, stores["disk"], upload_root / stores["disk"], PIXELS)
+                if int(read_meta(upload_root / stores["disk"])["imgsz"]) != imgsz:
+                    kind = "encoded"
+        if kind not in stores:
+            raise StoreError(
+                f"{manifest.url} holds no {kind} store of {split} (it holds {', '.join(stores) or 'none'}); streaming reads "
+                f"a disk store (decoded at one imgsz) or an encoded one (the JPEGs): upload one with `fastload convert "
+                f"DATA.yaml --to encoded --out {manifest.url} --force` (or `--to disk --imgsz {imgsz}`)")
+        rel = stores[kind]
+        root = upload_root / rel
+        _fetch_index(manifest, rel, root, RECORD_FILES[kind])
+        if kind == "disk":
+            self._read_index(root)
+            if self.imgsz != imgsz:
+                raise StoreError(f"{manifest.url.child(rel)} holds images at imgsz {self.imgsz}, not {imgsz}")
+        else:
+            self.meta = read_encoded_meta(root)
+            self._read_records_index(root, ENCODED_ARRAYS)
+            self.decoded, self.imgsz, self.load_rule = False, None, None
+        return kind, rel
 
     def shards(self) -> Shards:
         return Shards(self._shard_of, self.window)
@@ -237,22 +274,35 @@ class StreamingStore(PackedStore):
         """The cache's file of ``shard``, downloaded (and checked) first when it is not there."""
         return self.cache.get(shard, self._shard_nbytes(shard), lambda dest: self._fetch_shard(shard, dest))
 
+    def read_image(self, i: int) -> np.ndarray | bytes:  # type: ignore[override]
+        """Record ``i``: the loaded RGB image of a disk store (checked on its first read in this process), or the
+        image bytes of an encoded one (checked on every read), from its shard in the cache."""
+        if self.decoded:
+            return super().read_image(i)
+        i = self.check_index(i)
+        return self._checked_encoded(i, self._record_bytes(i))
+
+    def record_ok(self, i: int) -> bool:
+        i = self.check_index(i)
+        return record_checksum(self._record_bytes(i), self.labels[i]) == int(self.checksums[i])
+
     def _view(self, i: int) -> np.ndarray:
         if self._checked is None or self._forked():
             self._pid = os.getpid()
             self._checked = np.zeros(len(self.im_files), bool)  # per process, as PackedStore's
+        h, w = int(self.hw[i, 0]), int(self.hw[i, 1])
+        return np.frombuffer(self._record_bytes(i), np.uint8).reshape(h, w, 3)
+
+    def _record_bytes(self, i: int) -> bytes:
         shard = int(self._shard_of[i])
         first = int(self.offsets[self.bounds[shard]])
-        h, w = int(self.hw[i, 0]), int(self.hw[i, 1])
         while True:
             path = self.cached_shard(shard)
             try:
                 with open(path, "rb") as f:
-                    data = os.pread(f.fileno(), h * w * 3, int(self.offsets[i]) - first)
-                break
+                    return os.pread(f.fileno(), self.nbytes(i), int(self.offsets[i]) - first)
             except FileNotFoundError:  # removed by another process to make room between get() and open()
                 continue
-        return np.frombuffer(data, np.uint8).reshape(h, w, 3)
 
     def _shard_nbytes(self, shard: int) -> int:
         return int(self.offsets[self.bounds[shard + 1]] - self.offsets[self.bounds[shard]])
@@ -264,13 +314,12 @@ class StreamingStore(PackedStore):
         def check(downloaded: Path) -> None:  # every record, before the shard is where readers look
             with open(downloaded, "rb") as f:
                 for i in range(a, b):
-                    h, w = int(self.hw[i, 0]), int(self.hw[i, 1])
-                    img = np.frombuffer(os.pread(f.fileno(), h * w * 3, int(self.offsets[i]) - first), np.uint8)
-                    if record_checksum(img, self.labels[i]) != int(self.checksums[i]):
-                        raise StoreError(f"{self.pixels_url}: record {i} ({self.im_files[i]}) fails its crc32 (changed "
+                    record = os.pread(f.fileno(), self.nbytes(i), int(self.offsets[i]) - first)
+                    if record_checksum(record, self.labels[i]) != int(self.checksums[i]):
+                        raise StoreError(f"{self.records_url}: record {i} ({self.im_files[i]}) fails its crc32 (changed "
                                          f"or damaged after the upload); shard {shard} was not kept")
 
-        download(s3_client(), [Download(self.pixels_url, self._shard_nbytes(shard), None, dest, start=first,
+        download(s3_client(), [Download(self.records_url, self._shard_nbytes(shard), None, dest, start=first,
                                         object_size=int(self.offsets[-1]), check=check)])
 
 
@@ -342,23 +391,19 @@ class ShardReadAhead:
                 pass  # the read that needs it fetches it again and raises this error there
 
 
-def _disk_store_of(manifest: Manifest, split: str, imgsz: int) -> str:
-    """The path inside the upload of ``split``'s disk store, or a StoreError saying what the upload holds."""
+def _uploaded_stores(manifest: Manifest, split: str) -> dict[str, str]:
+    """The stores the upload holds of ``split``, ``{kind: path inside the upload}``."""
     splits = manifest.info.get("splits", {})
     if split not in splits:
         raise StoreError(f"{manifest.url} holds no split {split!r} (it holds {', '.join(splits) or 'none'})")
-    stores: dict[str, Any] = splits[split].get("stores", {})
-    if "disk" not in stores:
-        raise StoreError(f"{manifest.url} holds no disk store of {split} (it holds {', '.join(stores) or 'none'}); "
-                         f"streaming reads decoded records: upload one with `fastload convert DATA.yaml --to disk "
-                         f"--imgsz {imgsz} --out {manifest.url} --force`")
-    return str(stores["disk"])
+    return {k: str(p) for k, p in splits[split].get("stores", {}).items()}
 
 
-def _fetch_index(manifest: Manifest, rel: str, root: Path) -> None:
-    """Download the disk store's files other than its pixels into ``root`` (kept when already there, intact)."""
+def _fetch_index(manifest: Manifest, rel: str, root: Path, records: str) -> None:
+    """Download the files of the store at ``rel`` other than its ``records`` file into ``root`` (kept when already
+    there, intact)."""
     wanted = [(p[len(rel) + 1:], size, crc) for p, size, crc in manifest.objects
-              if p.startswith(rel + "/") and p != f"{rel}/{PIXELS}"]
+              if p.startswith(rel + "/") and p != f"{rel}/{records}"]
     if not wanted:
         raise StoreError(f"{manifest.url.child(MANIFEST)} lists no files of {rel}")
     missing = [(p, size, crc) for p, size, crc in wanted

@@ -1,0 +1,113 @@
+"""Encoded images back to back in one file: the ``encoded`` store.
+
+Layout of an encoded store folder (``<split>.encoded``)::
+
+    images.bin         the encoded image of every record (the source file's bytes, or a smaller JPEG with
+                       --max-side), back to back
+    offsets.npy        int64 [N + 1]  record i is bytes offsets[i] .. offsets[i + 1] of images.bin
+    shapes.npy         int32 [N, 2]   original (h0, w0)
+    labels.npy         float32 [M, 5] all labels concatenated
+    label_counts.npy   int32 [N]
+    checksums.npy      uint32 [N]     crc32 of the image bytes then its label bytes (as an LMDB record's)
+    files.json         source image path per record
+    meta.json          schema, kind, names, counts, options (written last: the commit marker)
+
+It holds what an LMDB store holds (decoding still costs CPU) in the layout of a ``disk`` store, so a run of
+consecutive records is one byte range of one file: object storage serves a shard of them in one ranged read
+(:mod:`fastload.store.stream`), at the size of the JPEGs rather than of decoded pixels. Read locally, a record
+is a slice of the memory-mapped file.
+"""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from fastload._version import __version__
+from fastload.data.checksum import record_checksum
+from fastload.store.kinds import WriteJob
+from fastload.store.packed import PackedWriter, RecordFileStore, read_layout_meta, write_records
+from fastload.store.space import check_space
+from fastload.store.writing import encoded_task
+
+IMAGES = "images.bin"
+ARRAYS = ("offsets", "shapes", "labels", "label_counts", "checksums")
+ENCODED_SCHEMA = 1
+
+
+def read_encoded_meta(path: str | Path) -> dict[str, Any]:
+    """The commit record of an encoded store, or IncompleteStoreError naming the folder."""
+    return read_layout_meta(Path(path), "encoded", ENCODED_SCHEMA)
+
+
+class EncodedStore(RecordFileStore):
+    """Encoded image bytes from one memory-mapped file (``decoded=False``)."""
+
+    kind = "encoded"
+    decoded = False
+    records_file = IMAGES
+
+    def _read_index(self, root: Path) -> None:
+        self.meta = read_encoded_meta(root)
+        self._read_records_index(root, ARRAYS)
+
+    def _handles(self) -> tuple[str, ...]:
+        return ("_mm",)
+
+    def _read_bytes(self, i: int) -> bytes:
+        if self._mm is None or self._forked():
+            self._pid = os.getpid()
+            # a plain ndarray view of the map: slicing an np.memmap runs Python code per slice
+            self._mm = (np.memmap(Path(self.path) / IMAGES, dtype=np.uint8, mode="r").view(np.ndarray)
+                        if int(self.offsets[-1]) else np.zeros(0, np.uint8))
+        return self._mm[int(self.offsets[i]) : int(self.offsets[i + 1])].tobytes()
+
+    def read_image(self, i: int) -> bytes:
+        """Record ``i``'s image bytes, checked against the crc32 written at conversion on every read (small beside
+        decoding them); raises :class:`~fastload.store.base.DamagedRecordError` when they (or its labels) changed."""
+        i = self.check_index(i)
+        return self._checked_encoded(i, self._read_bytes(i))
+
+    def record_ok(self, i: int) -> bool:
+        """True when record ``i``'s image bytes and labels match the checksum written at conversion."""
+        i = self.check_index(i)
+        return record_checksum(self._read_bytes(i), self.labels[i]) == int(self.checksums[i])
+
+    def close(self) -> None:
+        self._mm = None  # unmapped once no slice of it is alive (slices are copied: none is)
+
+
+class EncodedWriter(PackedWriter):
+    """Writes an encoded store into ``<final>.partial`` and renames it to ``final`` on :meth:`commit`."""
+
+    data_file = IMAGES
+    layout = "encoded"
+    schema = ENCODED_SCHEMA
+
+    def add(self, buf: bytes, labels: np.ndarray, shape: Sequence[int], file: str) -> None:  # type: ignore[override]
+        """Append one encoded image with its labels, original (h0, w0) and source path."""
+        self._append(buf, labels, shape, file)
+
+    def _index_arrays(self) -> dict[str, np.ndarray]:
+        return {k: v for k, v in super()._index_arrays().items() if k != "hw"}
+
+    def _size_meta(self) -> dict[str, Any]:
+        return {"image_bytes": int(self.offsets[-1])}
+
+
+def write_encoded(job: WriteJob, final: Path) -> tuple[Path, list[tuple[str, str]]]:
+    """Write the encoded store of ``job`` at ``final`` (the encoded files, re-encoded smaller above
+    ``job.max_side``); returns its path and the images it had to skip. Not resumable: it starts over."""
+    files = list(job.index.im_files)
+    src_bytes = sum(os.path.getsize(f) for f in files if os.path.exists(f))
+    check_space(final.parent, src_bytes + (16 << 20), f"encoded store {final.name}")
+    quality = job.quality if job.max_side else None
+    meta = {"kind": "encoded", "source_hash": job.source_hash, "source_files": len(files),
+            "options": {"max_side": job.max_side, "quality": quality},
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S"), "fastload_version": __version__}
+    writer = EncodedWriter(final, imgsz=None, names=job.cfg.names, meta=meta)
+    tasks = [(i, f, job.max_side, job.quality) for i, f in enumerate(files)]
+    return write_records(writer, job, encoded_task, tasks, f"encoded {final.name}", failed="unreadable")
