@@ -51,8 +51,9 @@ COCO128 = Path(os.environ.get("FASTLOAD_COCO128", REPO.parent / "shared" / "data
 
 
 # ----------------------------------------------------------------------------------------- dataset
-def make_repeated(src_yaml: Path, out: Path, n: int) -> Path:
-    """``n`` images made of coco128 repeated (symlinked under new names) with their labels; returns the yaml."""
+def make_repeated(src_yaml: Path, out: Path, n: int, *, copies: bool = False) -> Path:
+    """``n`` images made of coco128 repeated (symlinked under new names, or copied: ``copies``, files of their own
+    that leave the page cache one by one) with their labels; returns the yaml."""
     cfg = yaml.safe_load(src_yaml.read_text())
     root = (src_yaml.parent / cfg.get("path", ".")).resolve()
     im_src = root / cfg["train"]
@@ -64,7 +65,10 @@ def make_repeated(src_yaml: Path, out: Path, n: int) -> Path:
     for k in range(n):
         src = images[k % len(images)]
         stem = f"r{k // len(images)}_{src.stem}"
-        (im_dir / f"{stem}{src.suffix}").symlink_to(src)
+        if copies:
+            shutil.copyfile(src, im_dir / f"{stem}{src.suffix}")
+        else:
+            (im_dir / f"{stem}{src.suffix}").symlink_to(src)
         lb = lb_src / f"{src.stem}.txt"
         if lb.is_file():
             (lb_dir / f"{stem}.txt").symlink_to(lb)

@@ -12,14 +12,18 @@ from the same Ultralytics argument namespace (its defaults: mosaic 1.0, scale 0.
   without a cache and with ``cache="ram"``;
 * fastload: the loader ``FastloadTrainer`` builds (``build_loader``, ``--recipe`` with those hyperparameters:
   ``ultralytics``, its default, with Ultralytics' mosaic partners, or ``yolov9``), from the image files, from
-  an LMDB store, and from the shared ram store (``cache="ram"``), HSV in the workers; the files as on a
+  an LMDB store, from the shared ram store (``cache="ram"``) and from the packed disk store (``cache="disk"``), HSV
+  in the workers; the files as on a
   dataset larger than memory (no decoded-image cache, mosaic partners from the batch: one decode per image);
   and, with ``--recipe yolov9``, the ram store with HSV left to the consumer's device (``hsv_on="defer"``, not
   applied here: what a CUDA trainer's batches cost the CPU; the ultralytics recipe's additive hue is applied
   in the workers or on the consumer, never deferred).
 
 Each configuration is timed for ``--seconds`` after a warm-up batch, in ``--rounds`` interleaved rounds
-(median round shown; ratios are the medians of same-round ratios to the Ultralytics rows). ``--pss`` also
+(median round shown; ratios are the medians of same-round ratios to the Ultralytics rows). ``--cold`` copies the
+images instead of linking them and drops them and the stores from the page cache before every measurement: a
+dataset larger than memory, read from the disk (give enough ``--images`` that a measurement never reads one
+twice). ``--pss`` also
 runs 2 processes (standing for 2 DDP ranks) x ``--workers`` workers with ``cache="ram"`` each way and sums
 their PSS: Ultralytics holds one cache per rank, fastload one ram store per machine.
 """
@@ -111,7 +115,8 @@ def measure(make: Callable[[], Any], seconds: float, *, kind: str) -> dict[str, 
             close()
 
 
-def configurations(yaml_path: Path, lmdb_yaml: Path, a: argparse.Namespace) -> dict[str, tuple[Callable[[], Any], str]]:
+def configurations(yaml_path: Path, lmdb_yaml: Path, disk_yaml: Path,
+                   a: argparse.Namespace) -> dict[str, tuple[Callable[[], Any], str]]:
     size = (a.imgsz, a.batch, a.workers)
     configs = {
         "ultralytics, no cache": (lambda: ultralytics_loader(yaml_path, *size, False), "ultralytics"),
@@ -121,6 +126,8 @@ def configurations(yaml_path: Path, lmdb_yaml: Path, a: argparse.Namespace) -> d
         "fastload files, batch partners, no decode cache": (lambda: decode_bound_loader(yaml_path, *size, a.recipe),
                                                             "plain"),
         "fastload ram (cache ram)": (lambda: fastload_loader(yaml_path, *size, "ram", a.recipe), "fastload"),
+        "fastload disk (cache disk)": (lambda: fastload_loader(yaml_path, *size, "disk", a.recipe, store=str(disk_yaml)),
+                                       "fastload"),
     }
     if a.recipe == "yolov9":  # the ultralytics recipe's additive hue is never deferred (loader() refuses it)
         configs["fastload ram, HSV deferred to device"] = (lambda: deferred_hsv_loader(yaml_path, *size), "plain")
@@ -187,21 +194,34 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--recipe", choices=RECIPES, default="ultralytics",
                     help="fastload's augmentation recipe (default: FastloadTrainer's, ultralytics)")
     ap.add_argument("--pss", action="store_true", help="also the PSS of 2 processes x workers with cache='ram'")
+    ap.add_argument("--cold", action="store_true",
+                    help="a cold disk: the images copied (not linked) and dropped from the page cache before every "
+                         "measurement (give enough --images that a measurement never reads one twice)")
     ap.add_argument("--json", type=Path, default=None)
     a = ap.parse_args(argv)
+    from fastload.bench.pagecache import drop, resident_fraction
     from fastload.store.convert import convert
 
     with tempfile.TemporaryDirectory(prefix="fastload-ultra-bench-") as tmp:
         work = Path(tmp)
         os.environ.setdefault("FASTLOAD_SHM_DIR", str(work / "shm"))
         (work / "shm").mkdir(exist_ok=True)
-        yaml_path = make_repeated(COCO128 / "coco128.yaml", work / "data", a.images)
-        convert(yaml_path, "lmdb", out=work / "lmdb", imgsz=a.imgsz, splits="train", progress=False, log=lambda _: None)
-        configs = configurations(yaml_path, work / "lmdb" / "data.yaml", a)
+        yaml_path = make_repeated(COCO128 / "coco128.yaml", work / "data", a.images, copies=a.cold)
+        quiet = dict(imgsz=a.imgsz, splits="train", progress=False, log=lambda _: None)
+        convert(yaml_path, "lmdb", out=work / "lmdb", **quiet)
+        # the recipe's loaded images, as `cache="disk"` reads them (Ultralytics' rule for its recipe)
+        convert(yaml_path, "disk", out=work / "disk", load_rule="ultralytics" if a.recipe == "ultralytics" else "yolov9",
+                **quiet)
+        configs = configurations(yaml_path, work / "lmdb" / "data.yaml", work / "disk" / "data.yaml", a)
+        on_disk = sorted(str(p) for d in ("data", "lmdb", "disk") for p in (work / d).rglob("*") if p.is_file())
         rounds: list[dict[str, dict[str, Any]]] = []
         for r in range(a.rounds):
             res = {}
             for name, (make, kind) in configs.items():
+                if a.cold:  # every image and store file leaves memory: the measurement reads them from the disk
+                    dropped = drop(on_disk)
+                    if not dropped.ok:
+                        raise SystemExit(f"--cold: the files could not be dropped from the page cache ({dropped.describe()})")
                 res[name] = measure(make, a.seconds, kind=kind)
                 print(f"round {r + 1}: {name:40s} {res[name]['images_per_s']:8.1f} img/s "
                       f"{res[name]['cpu_ms_per_image']:6.2f} CPU ms/img", flush=True)
@@ -213,7 +233,8 @@ def main(argv: list[str] | None = None) -> int:
             for base in ULTRALYTICS:
                 row[f"x {base}"] = statistics.median(r[name]["images_per_s"] / r[base]["images_per_s"] for r in rounds)
             table[name] = row
-        print(f"\ncoco128 repeated to {a.images} images, imgsz {a.imgsz}, batch {a.batch}, {a.workers} workers, "
+        cold = " (copies, dropped from the page cache before each measurement)" if a.cold else ""
+        print(f"\ncoco128 repeated to {a.images} images{cold}, imgsz {a.imgsz}, batch {a.batch}, {a.workers} workers, "
               f"fastload recipe {a.recipe}, {a.rounds} rounds of {a.seconds:g} s (median round; ratios: median same-round ratio)")
         print(f"| configuration | img/s | CPU ms/img | x {ULTRALYTICS[0]} | x {ULTRALYTICS[1]} |")
         print("|---|---:|---:|---:|---:|")

@@ -25,6 +25,7 @@ CASES: list[tuple[str, list[str], str]] = [
     ("convert", ["{yaml}", "--workers", "0", "--out", "{tmp}/c"], "--workers"),
     ("convert", ["{yaml}", "--max-side", "-5", "--out", "{tmp}/c"], "--max-side"),
     ("convert", ["{yaml}", "--quality", "101", "--out", "{tmp}/c"], "--quality"),
+    ("convert", ["{yaml}", "--to", "disk,ram", "--max-side", "64", "--out", "{tmp}/c"], "--max-side"),
     ("convert", ["{yaml}", "--split", "trian", "--out", "{tmp}/c"], "trian"),
     ("stage", ["{yaml}", "--to", "{tmp}/staged", "--split", "trian"], "trian"),
     ("unstage", ["--stale", "--force"], "--force"),

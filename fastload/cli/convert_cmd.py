@@ -37,11 +37,14 @@ def run(args: argparse.Namespace) -> int:
     from fastload.data.config import load_data_config
     from fastload.data.images import LOAD_RULES
     from fastload.store.convert import convert, output_folder
-    from fastload.store.kinds import CONVERT_KINDS, finish_hint, unfinished_conversions
+    from fastload.store.kinds import CONVERT_KINDS, ENCODED_KINDS, finish_hint, unfinished_conversions
     from fastload.store.objects.urls import is_url
     from fastload.store.upload import convert_to_url, work_folder
 
     kinds = check_choices("--to", args.to, CONVERT_KINDS, "store kind(s)")
+    if args.max_side and not any(k in ENCODED_KINDS for k in kinds):
+        raise UsageError(f"--max-side {args.max_side} re-encodes the images of {' and '.join(ENCODED_KINDS)} stores; "
+                         f"--to {args.to} writes decoded images at --imgsz: drop --max-side")
     rules = check_choices("--load-rule", args.load_rule, LOAD_RULES, "loaded-image rule")
     if len(rules) > 1:
         raise UsageError(f"--load-rule {args.load_rule!r}: a store holds images of one rule; choose one of {', '.join(LOAD_RULES)}")
