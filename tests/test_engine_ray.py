@@ -234,6 +234,15 @@ def _needed_object_store_bytes(ray) -> float:
     return float(m.group(1)) / 100 * ray.cluster_resources()["object_store_memory"]
 
 
+def _wait_until_rendered(fl, ray) -> None:
+    """Returns once the actors have finished every batch the loader has sent them (none is fetched here)."""
+    window = fl.engine._window  # the engine's batches in flight; no public API lists their Ray references
+    refs = [t.ref for t in window._queue + window._early + (window._ahead.tasks if window._ahead else [])]
+    assert refs, "nothing in flight to wait for"
+    _, unfinished = ray.wait(refs, num_returns=len(refs), timeout=60, fetch_local=False)
+    assert not unfinished, f"{len(unfinished)} of {len(refs)} batches still rendering after 60 s"
+
+
 @pytest.mark.parametrize("delivery", ["object_store", "auto"])
 def test_a_slow_consumer_keeps_memory_flat(stores, local_ray, delivery):
     """Many batches through a consumer slower than the actors: the engine never has more than its limit
@@ -247,7 +256,7 @@ def test_a_slow_consumer_keeps_memory_flat(stores, local_ray, delivery):
                          engine_options={"actors": 2, "delivery": delivery}) as fl:
         it = iter(fl)
         next(it)
-        time.sleep(1.0)  # the actors finish all they were sent while the consumer stalls
+        _wait_until_rendered(fl, local_ray)  # the actors finish all they were sent while the consumer stalls
         stalled = fl.stats()["in_flight"]
         assert stalled == 3  # this epoch's second batch and the next epoch's two (2 batches per epoch)
         # control: the measure sees results waiting in the store, and there are no more than those
