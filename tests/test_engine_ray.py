@@ -353,10 +353,16 @@ def _rank_main(rank: int, yaml_path: str, out_dir: str, address: str) -> None:
 
 @pytest.mark.timeout(180)
 def test_two_gloo_ranks_share_one_ray_instance(stores, tmp_path, local_ray):
+    import multiprocessing
+
     import torch.multiprocessing as tmp
 
     address = local_ray.get_runtime_context().gcs_address
-    tmp.spawn(_rank_main, args=(str(stores), str(tmp_path), address), nprocs=2, join=True)
+    # the ranks are forked from one fresh interpreter that has imported torch once, not two that import it each
+    # (seconds of CPU); never from this process, whose Ray threads can hang a fork (grpc/grpc#31885)
+    multiprocessing.get_context("forkserver").set_forkserver_preload(["torch", "fastload"])
+    tmp.start_processes(_rank_main, args=(str(stores), str(tmp_path), address), nprocs=2, join=True,
+                        start_method="forkserver")
     r = [json.loads((tmp_path / f"rank{k}.json").read_text()) for k in range(2)]
     for k in range(2):
         assert r[k]["actors"] == 1  # the instance's 2 CPUs split between the ranks
