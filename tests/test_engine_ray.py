@@ -149,13 +149,27 @@ def test_an_image_table_gives_the_cpu_engine_s_batches(stores):
     assert len({p for b in got["ray"][0] for p in b[2]}) == len(set(table.tolist())) < 24  # images repeat
 
 
+@pytest.fixture(scope="module")
+def uncached_lmdb_epoch(stores):
+    """``run(partners)``: epoch 0 of the lmdb store on two actors without decoded caches, as :func:`load` returns
+    it; each partner draw runs once for the module (the partners test and the decoded-cache test's baseline)."""
+    runs = {}
+
+    def run(partners):
+        if partners not in runs:
+            runs[partners] = load(stores, "ray", store="lmdb", epochs=(0,), partners=partners,
+                                  engine_options={"actors": 2, "decode_cache_mb": 0})
+        return runs[partners]
+    return run
+
+
 @pytest.mark.parametrize("partners", ["dataset", "batch"])
-def test_partners_give_the_cpu_engine_s_batches_and_decode_counts(stores, partners):
+def test_partners_give_the_cpu_engine_s_batches_and_decode_counts(stores, uncached_lmdb_epoch, partners):
     """Both partner draws on an encoded store, without decoded caches: the same batches as engine="cpu",
     and the decodes the actors report add up to the CPU engine's (one epoch: no early batches dropped)."""
-    kw = dict(store="lmdb", epochs=(0,), partners=partners)
-    cpu, cpu_stats = load(stores, "cpu", workers=0, engine_options={"decode_cache_mb": 0}, **kw)
-    ray, ray_stats = load(stores, "ray", engine_options={"actors": 2, "decode_cache_mb": 0}, **kw)
+    cpu, cpu_stats = load(stores, "cpu", workers=0, engine_options={"decode_cache_mb": 0}, store="lmdb", epochs=(0,),
+                          partners=partners)
+    ray, ray_stats = uncached_lmdb_epoch(partners)
     assert_same(cpu, ray)
     assert ray_stats["partners"] == cpu_stats["partners"] == partners
     assert ray_stats["decodes"] == cpu_stats["decodes"] and ray_stats["decode_cache_hits"] == 0
@@ -166,13 +180,13 @@ def test_partners_give_the_cpu_engine_s_batches_and_decode_counts(stores, partne
         assert ray_stats["decodes"] > 2 * 24  # mosaic partners and mixup read other images too
 
 
-def test_the_actors_of_a_node_share_its_decoded_cache(stores):
+def test_the_actors_of_a_node_share_its_decoded_cache(stores, uncached_lmdb_epoch):
     """Encoded store, the default cache: the two actors fill one segment of this machine, so two epochs
     decode far less than one epoch without it; close() removes the segment."""
     from fastload.engines.shm_cache import PREFIX
     from fastload.store.shm import list_segments
 
-    without = load(stores, "ray", store="lmdb", epochs=(0,), engine_options={"actors": 2, "decode_cache_mb": 0})[1]
+    without = uncached_lmdb_epoch("dataset")[1]  # the default partners, as below
     with fastload.loader(stores, imgsz=IMGSZ, batch_size=BATCH, store="lmdb", engine="ray", seed=11,
                          engine_options={"actors": 2}) as fl:
         for epoch in (0, 1):
