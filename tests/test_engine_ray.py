@@ -149,13 +149,27 @@ def test_an_image_table_gives_the_cpu_engine_s_batches(stores):
     assert len({p for b in got["ray"][0] for p in b[2]}) == len(set(table.tolist())) < 24  # images repeat
 
 
+@pytest.fixture(scope="module")
+def uncached_lmdb_epoch(stores):
+    """``run(partners)``: epoch 0 of the lmdb store on two actors without decoded caches, as :func:`load` returns
+    it; each partner draw runs once for the module (the partners test and the decoded-cache test's baseline)."""
+    runs = {}
+
+    def run(partners):
+        if partners not in runs:
+            runs[partners] = load(stores, "ray", store="lmdb", epochs=(0,), partners=partners,
+                                  engine_options={"actors": 2, "decode_cache_mb": 0})
+        return runs[partners]
+    return run
+
+
 @pytest.mark.parametrize("partners", ["dataset", "batch"])
-def test_partners_give_the_cpu_engine_s_batches_and_decode_counts(stores, partners):
+def test_partners_give_the_cpu_engine_s_batches_and_decode_counts(stores, uncached_lmdb_epoch, partners):
     """Both partner draws on an encoded store, without decoded caches: the same batches as engine="cpu",
     and the decodes the actors report add up to the CPU engine's (one epoch: no early batches dropped)."""
-    kw = dict(store="lmdb", epochs=(0,), partners=partners)
-    cpu, cpu_stats = load(stores, "cpu", workers=0, engine_options={"decode_cache_mb": 0}, **kw)
-    ray, ray_stats = load(stores, "ray", engine_options={"actors": 2, "decode_cache_mb": 0}, **kw)
+    cpu, cpu_stats = load(stores, "cpu", workers=0, engine_options={"decode_cache_mb": 0}, store="lmdb", epochs=(0,),
+                          partners=partners)
+    ray, ray_stats = uncached_lmdb_epoch(partners)
     assert_same(cpu, ray)
     assert ray_stats["partners"] == cpu_stats["partners"] == partners
     assert ray_stats["decodes"] == cpu_stats["decodes"] and ray_stats["decode_cache_hits"] == 0
@@ -166,13 +180,13 @@ def test_partners_give_the_cpu_engine_s_batches_and_decode_counts(stores, partne
         assert ray_stats["decodes"] > 2 * 24  # mosaic partners and mixup read other images too
 
 
-def test_the_actors_of_a_node_share_its_decoded_cache(stores):
+def test_the_actors_of_a_node_share_its_decoded_cache(stores, uncached_lmdb_epoch):
     """Encoded store, the default cache: the two actors fill one segment of this machine, so two epochs
     decode far less than one epoch without it; close() removes the segment."""
     from fastload.engines.shm_cache import PREFIX
     from fastload.store.shm import list_segments
 
-    without = load(stores, "ray", store="lmdb", epochs=(0,), engine_options={"actors": 2, "decode_cache_mb": 0})[1]
+    without = uncached_lmdb_epoch("dataset")[1]  # the default partners, as below
     with fastload.loader(stores, imgsz=IMGSZ, batch_size=BATCH, store="lmdb", engine="ray", seed=11,
                          engine_options={"actors": 2}) as fl:
         for epoch in (0, 1):
@@ -234,6 +248,15 @@ def _needed_object_store_bytes(ray) -> float:
     return float(m.group(1)) / 100 * ray.cluster_resources()["object_store_memory"]
 
 
+def _wait_until_rendered(fl, ray) -> None:
+    """Returns once the actors have finished every batch the loader has sent them (none is fetched here)."""
+    window = fl.engine._window  # the engine's batches in flight; no public API lists their Ray references
+    refs = [t.ref for t in window._queue + window._early + (window._ahead.tasks if window._ahead else [])]
+    assert refs, "nothing in flight to wait for"
+    _, unfinished = ray.wait(refs, num_returns=len(refs), timeout=60, fetch_local=False)
+    assert not unfinished, f"{len(unfinished)} of {len(refs)} batches still rendering after 60 s"
+
+
 @pytest.mark.parametrize("delivery", ["object_store", "auto"])
 def test_a_slow_consumer_keeps_memory_flat(stores, local_ray, delivery):
     """Many batches through a consumer slower than the actors: the engine never has more than its limit
@@ -247,7 +270,7 @@ def test_a_slow_consumer_keeps_memory_flat(stores, local_ray, delivery):
                          engine_options={"actors": 2, "delivery": delivery}) as fl:
         it = iter(fl)
         next(it)
-        time.sleep(1.0)  # the actors finish all they were sent while the consumer stalls
+        _wait_until_rendered(fl, local_ray)  # the actors finish all they were sent while the consumer stalls
         stalled = fl.stats()["in_flight"]
         assert stalled == 3  # this epoch's second batch and the next epoch's two (2 batches per epoch)
         # control: the measure sees results waiting in the store, and there are no more than those
@@ -344,10 +367,16 @@ def _rank_main(rank: int, yaml_path: str, out_dir: str, address: str) -> None:
 
 @pytest.mark.timeout(180)
 def test_two_gloo_ranks_share_one_ray_instance(stores, tmp_path, local_ray):
+    import multiprocessing
+
     import torch.multiprocessing as tmp
 
     address = local_ray.get_runtime_context().gcs_address
-    tmp.spawn(_rank_main, args=(str(stores), str(tmp_path), address), nprocs=2, join=True)
+    # the ranks are forked from one fresh interpreter that has imported torch once, not two that import it each
+    # (seconds of CPU); never from this process, whose Ray threads can hang a fork (grpc/grpc#31885)
+    multiprocessing.get_context("forkserver").set_forkserver_preload(["torch", "fastload"])
+    tmp.start_processes(_rank_main, args=(str(stores), str(tmp_path), address), nprocs=2, join=True,
+                        start_method="forkserver")
     r = [json.loads((tmp_path / f"rank{k}.json").read_text()) for k in range(2)]
     for k in range(2):
         assert r[k]["actors"] == 1  # the instance's 2 CPUs split between the ranks
