@@ -2,6 +2,7 @@
 
     python benchmarks/store_read.py [--data data.yaml] [--seconds 2] [--imgsz 640] [--json out.json]
     python benchmarks/store_read.py --check-cost [--rounds 5] [--workers 2] [--batch 16] [--epochs 3]
+    python benchmarks/store_read.py --cold [--rounds 3]
 
 Default data: coco128 (``$FASTLOAD_COCO128`` or ../shared/datasets/coco128) if present, else a
 synthetic set. The dataset is converted to lmdb and disk stores in a temporary folder and a ram store
@@ -25,6 +26,12 @@ that reads it), ``loader epochs 1-E`` of its first ``--epochs`` epochs (later ep
 records a worker had not read yet); each also per CPU second of the loader's processes (``/cpu s``),
 which a machine shared with other work disturbs less than the wall clock. ``loaded lmdb`` is the same for the crc32 an LMDB store
 checks on every read: ``store.load`` (decode + resize) of every record, with and without it.
+
+``--cold``: a dataset larger than memory. Each store's files (the image files; ``data.mdb``, ``images.bin``,
+``pixels.bin``) are dropped from the page cache (``posix_fadvise``), then every record is read once in random order:
+samples/s, MB/s and CPU ms per record (this process: page faults and read calls count), rounds interleaved, the
+best reported; ``lmdb, no read-ahead`` is the LMDB store opened as fastload did before it let the kernel read
+ahead (``fastload.store.lmdb_store.READAHEAD``).
 """
 from __future__ import annotations
 
@@ -80,10 +87,12 @@ def run(data: Path | None, seconds: float, imgsz: int, split: str) -> dict[str, 
     with tempfile.TemporaryDirectory(prefix="store_read_") as tmp_s:
         tmp = Path(tmp_s)
         data = data or default_data(tmp)
-        res = convert(data, "lmdb,disk", out=tmp / "stores", imgsz=imgsz, splits=split, progress=False, log=lambda s: None)
+        res = convert(data, "lmdb,encoded,disk", out=tmp / "stores", imgsz=imgsz, splits=split, progress=False,
+                      log=lambda s: None)
         stores = {
             "files": open_store(data, split, kind="files"),
             "lmdb": open_store(res.yaml_path, split, kind="lmdb"),
+            "encoded": open_store(res.yaml_path, split, kind="encoded"),
             "disk": open_store(res.yaml_path, split, kind="disk", imgsz=imgsz),
             "ram": open_store(res.yaml_path, split, kind="ram", imgsz=imgsz),  # from the disk store, not pinned
         }
@@ -213,6 +222,58 @@ def run_check_cost(data: Path | None, imgsz: int, split: str, rounds: int, batch
             "workers": workers, "epochs": epochs, "cpus": os.cpu_count(), "crc32": CRC32_IMPLEMENTATION, "rows": rows}
 
 
+def _cold_pass(store: Any, seed: int) -> dict[str, float]:
+    """Every record of ``store`` read once in random order after its files left the page cache."""
+    from fastload.bench.pagecache import drop
+
+    files = list(store.im_files) if store.kind == "files" else [str(p) for p in Path(store.path).iterdir()]
+    dropped = drop(files)
+    if not dropped.ok:
+        raise SystemExit(f"--cold: {store.kind} store's files stayed in the page cache ({dropped.describe()})")
+    order = np.random.default_rng(seed).permutation(len(store))
+    t0, c0, nbytes = time.perf_counter(), time.process_time(), 0
+    for i in order:
+        sample = store.read_image(int(i))
+        nbytes += len(sample) if isinstance(sample, bytes) else sample.nbytes
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    return {"samples_s": len(store) / wall, "mb_s": nbytes / wall / 1e6, "cpu_ms": cpu / len(store) * 1e3}
+
+
+def run_cold(data: Path | None, imgsz: int, split: str, rounds: int) -> dict[str, Any]:
+    from fastload.store import lmdb_store, open_store
+    from fastload.store.convert import convert
+
+    with tempfile.TemporaryDirectory(prefix="store_cold_") as tmp_s:
+        tmp = Path(tmp_s)
+        data = data or default_data(tmp)
+        res = convert(data, "lmdb,encoded,disk", out=tmp / "stores", imgsz=imgsz, splits=split, progress=False,
+                      log=lambda s: None)
+        kinds = {"files": ("files", True), "lmdb": ("lmdb", True), "lmdb, no read-ahead": ("lmdb", False),
+                 "encoded": ("encoded", True), "disk": ("disk", True)}
+        runs: dict[str, list[dict[str, float]]] = {name: [] for name in kinds}
+        for r in range(rounds):
+            for name, (kind, readahead) in kinds.items():
+                lmdb_store.READAHEAD = readahead  # read when the store opens its environment
+                try:
+                    data_for = data if kind == "files" else res.yaml_path
+                    with open_store(data_for, split, kind=kind, imgsz=imgsz) as store:
+                        runs[name].append(_cold_pass(store, seed=r))
+                        n = len(store)
+                finally:
+                    lmdb_store.READAHEAD = True
+    rows = {name: max(v, key=lambda x: x["samples_s"]) for name, v in runs.items()}
+    return {"data": str(data), "split": split, "samples": n, "imgsz": imgsz, "rounds": rounds, "rows": rows}
+
+
+def format_cold(r: dict[str, Any]) -> str:
+    lines = [f"cold reads: {r['samples']} samples of {r['data']} ({r['split']}), each store's files dropped from the "
+             f"page cache, every record once in random order, 1 process, best of {r['rounds']} interleaved rounds",
+             "", "| store | samples/s | MB/s | CPU ms/record |", "|---|---:|---:|---:|"]
+    for name, row in r["rows"].items():
+        lines.append(f"| {name} | {row['samples_s']:.0f} | {row['mb_s']:.0f} | {row['cpu_ms']:.3f} |")
+    return "\n".join(lines)
+
+
 def format_check_cost(r: dict[str, Any]) -> str:
     lines = [
         f"load-time checksum of decoded stores: {r['samples']} samples of {r['data']} ({r['split']}), imgsz {r['imgsz']}, "
@@ -261,8 +322,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, default=16, help="--check-cost: the loader's batch size")
     p.add_argument("--workers", type=int, default=2, help="--check-cost: the loader's worker processes")
     p.add_argument("--epochs", type=int, default=3, help="--check-cost: epochs of each loader run")
+    p.add_argument("--cold", action="store_true",
+                   help="only cold reads: every record once after the store's files left the page cache")
     args = p.parse_args(argv)
-    if args.check_cost:
+    if args.cold:
+        result = run_cold(args.data, args.imgsz, args.split, args.rounds)
+        print(format_cold(result))
+    elif args.check_cost:
         result = run_check_cost(args.data, args.imgsz, args.split, args.rounds, args.batch, args.workers, args.epochs)
         print(format_check_cost(result))
     else:

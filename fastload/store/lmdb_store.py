@@ -55,11 +55,18 @@ def _skip_key(src: int) -> bytes:
     return b"x:%08d" % src
 
 
+#: Let the kernel read ahead in the mapped file (False only to measure what it saves: ``benchmarks/store_read.py
+#: --cold``). A record is a whole encoded image, tens to hundreds of KiB in consecutive pages: without read-ahead
+#: a record that is not in the page cache is read one 4 KiB page fault at a time, many times slower (a dataset
+#: larger than memory, a first epoch).
+READAHEAD = True
+
+
 def _open_env(path: Path, *, write: bool = False, map_size: int = 1 << 30) -> lmdb.Environment:
     if write:
         return lmdb.open(str(path), map_size=map_size, subdir=True, meminit=False, max_dbs=0)
     return lmdb.open(
-        str(path), readonly=True, lock=False, readahead=False, meminit=False, subdir=True, max_readers=2048
+        str(path), readonly=True, lock=False, readahead=READAHEAD, meminit=False, subdir=True, max_readers=2048
     )
 
 
