@@ -247,3 +247,35 @@ def test_a_conversion_pool_whose_worker_is_still_starting_at_the_end_does_not_ha
     res = subprocess.run([sys.executable, "-c", SLOW_WORKER, str(tmp_path / "first")], capture_output=True, text=True,
                          timeout=60)
     assert res.returncode == 0 and res.stdout.strip() == "28", res.stderr
+
+
+def test_a_cold_lmdb_record_is_read_ahead_not_page_by_page(stores, tmp_path, monkeypatch):
+    """A record not in the page cache (a dataset larger than memory) comes in a few reads, not one 4 KiB page fault
+    at a time (LMDB opened without read-ahead: ~10x slower cold, benchmarks/store_read.py --cold)."""
+    import resource
+
+    from fastload.bench.pagecache import drop
+    from fastload.store.lmdb_store import LmdbStore
+
+    import shutil
+
+    # a copy of its own: no environment another test opened on the store is reused
+    path = Path(shutil.copytree(stores.stores["train"]["lmdb"], tmp_path / "train.lmdb"))
+
+    def cold_faults() -> tuple[int, int]:
+        if not drop([str(path / "data.mdb")]).ok:
+            pytest.skip(f"{path} cannot leave the page cache here (tmpfs?)")
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_majflt
+        pages = 0
+        with LmdbStore(path) as store:
+            for i in range(len(store)):  # records until a few hundred pages are read: enough to tell
+                pages += -(-len(store.read_image(i)) // 4096)
+                if pages >= 400:
+                    break
+        return resource.getrusage(resource.RUSAGE_SELF).ru_majflt - before, pages
+
+    faults, pages = cold_faults()
+    assert pages > 200 and faults < pages / 4, (faults, pages)
+    monkeypatch.setattr("fastload.store.lmdb_store.READAHEAD", False)  # the check can tell the two apart
+    faults, pages = cold_faults()
+    assert faults > pages / 2, (faults, pages)
