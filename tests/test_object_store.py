@@ -9,6 +9,7 @@ import http.client
 import http.server
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -179,6 +180,27 @@ def test_a_half_uploaded_store_is_refused_and_cleaned_by_the_next_upload(s3_env,
     publish([(dataset[0], "data.yaml")], url, info={}, log=lambda *_: None)
     assert not set(orphans) & set(_keys("half/"))  # the interrupted upload's objects are gone
     assert len(_keys("half/")) == 2  # the new upload's one object and its manifest
+
+
+def test_a_second_conversion_to_the_same_url_on_this_machine_refuses(s3_env, dataset, capsys):
+    from fastload.store.shm import flock_current
+    from fastload.store.upload import work_folder
+
+    url = f"s3://{BUCKET}/stores/locked"
+    work = work_folder(url)
+    held = flock_current(work.with_name(work.name + ".lock"))  # a conversion to the URL running (its lock)
+    os.pwrite(held, b"4242", 0)
+    work.mkdir(exist_ok=True)
+    (work / "being-built").write_text("the running conversion's")
+    try:
+        assert run_cli(["convert", str(dataset[0]), "--to", "lmdb", "--split", "train", "--workers", "1", "--out", url,
+                        "--no-progress"]) == 1
+        assert (work / "being-built").is_file()  # its work folder left alone
+    finally:
+        os.close(held)
+        shutil.rmtree(work, ignore_errors=True)
+    assert f"another `fastload convert --out {url}` (pid 4242) runs on this machine" in capsys.readouterr().err
+    assert not _keys("stores/locked/")  # nothing uploaded
 
 
 def test_an_interrupted_conversion_to_a_url_resumes_and_uploads(s3_env, dataset, monkeypatch, capsys):

@@ -72,8 +72,6 @@ def output_lock(out: Path) -> Iterator[None]:
                 break
 
 
-
-
 # ----------------------------------------------------------------------------- the whole conversion
 @dataclasses.dataclass
 class ConvertResult:
@@ -83,7 +81,6 @@ class ConvertResult:
     stores: dict[str, dict[str, Path]]
     reports: dict[str, Any]
     skipped: list[tuple[str, str]]
-
 
 def convert(
     data: Any,
@@ -181,7 +178,6 @@ def convert(
     log(f"wrote {yaml_path}")
     return ConvertResult(yaml_path, stores, reports, skipped_all)
 
-
 def output_folder(cfg: DataConfig, out: str | Path | None) -> Path:
     """Where :func:`convert` writes: ``out``, else ``<dataset root>/fastload`` (refused when the dataset folder
     is read-only)."""
@@ -192,7 +188,6 @@ def output_folder(cfg: DataConfig, out: str | Path | None) -> Path:
     if root.is_dir() and not (root.stat().st_mode & 0o222 and os.access(root, os.W_OK)):
         raise StoreError(f"the dataset folder {root} is read-only; choose where the stores go with --out DIR")
     return root / "fastload"
-
 
 def _finish_command(cfg: DataConfig, kinds: Sequence[str], out_dir: Path, *, splits: Sequence[str] | None, imgsz: int,
                     max_side: int | None, quality: int, load_rule: LoadRule = "yolov9") -> list[str]:
@@ -209,13 +204,11 @@ def _finish_command(cfg: DataConfig, kinds: Sequence[str], out_dir: Path, *, spl
         command += ["--max-side", str(max_side), "--quality", str(quality)]
     return command + (["--resume"] if any(k in RESUMABLE_KINDS for k in kinds) else [])
 
-
 def _split_list(value: str | Sequence[str] | None) -> list[str]:
     if value is None:
         return []
     items = value.split(",") if isinstance(value, str) else [x for v in value for x in str(v).split(",")]
     return [x.strip() for x in items if x.strip()]
-
 
 def _write_yaml(cfg: DataConfig, out_dir: Path, stores: dict[str, dict[str, Path]]) -> Path:
     """Write ``out_dir/data.yaml``: the original keys with absolute paths, plus ``fastload: {split: {kind: path}}``
@@ -244,13 +237,11 @@ def _write_yaml(cfg: DataConfig, out_dir: Path, stores: dict[str, dict[str, Path
     os.replace(tmp, yaml_path)
     return yaml_path
 
-
 # ----------------------------------------------------------------------------- one dataset per folder
 def _dataset_key(cfg: DataConfig) -> tuple[str, dict[str, list[str]]]:
     """What identifies a dataset: its root and the resolved sources of each split."""
     return (str(Path(cfg.root).resolve()),
             {s: [str(Path(p).resolve()) for p in sources] for s, sources in cfg.splits.items()})
-
 
 def _stores_of_same_dataset(out_dir: Path, cfg: DataConfig, *, force: bool,
                             log: Callable[[str], None]) -> dict[str, dict[str, Path]]:
@@ -282,7 +273,6 @@ def _stores_of_same_dataset(out_dir: Path, cfg: DataConfig, *, force: bool,
     yaml_path.unlink()
     return {}
 
-
 def _drop_stale_stores(kept: dict[str, dict[str, Path]], group: Sequence[str], writing: Sequence[str],
                        source_hash: str, out_dir: Path, cfg: DataConfig, *, force: bool,
                        log: Callable[[str], None]) -> None:
@@ -307,7 +297,6 @@ def _drop_stale_stores(kept: dict[str, dict[str, Path]], group: Sequence[str], w
         _remove_store(path, out_dir, log)
         for split in group:
             kept.get(split, {}).pop(kind, None)
-
 
 def _remove_store(path: Path, out_dir: Path, log: Callable[[str], None]) -> None:
     """Remove one store a replaced folder recorded: a ram segment, or a store folder inside ``out_dir``."""

@@ -3,17 +3,19 @@ storage behind a manifest (:mod:`fastload.store.objects.manifest`), so readers s
 
 The stores are built by :func:`fastload.store.convert.convert` into a work folder under the temporary directory
 named after the URL (the same URL, the same folder: ``--resume`` continues an interrupted LMDB conversion
-there); the folder is removed once the manifest is written. ``ram`` stores live in one machine's shared
+there; a second conversion to the URL on the machine refuses while one runs); the folder is removed once the
+manifest is written. ``ram`` stores live in one machine's shared
 memory and are not uploaded: upload ``disk`` (or ``lmdb``) and stage it on each node.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from fastload.data.config import load_data_config
 from fastload.store.base import StoreError
@@ -21,6 +23,7 @@ from fastload.store.convert import convert
 from fastload.store.info import store_info
 from fastload.store.objects.manifest import Manifest, check_writable, publish
 from fastload.store.objects.urls import parse_url
+from fastload.store.shm import flock_current
 from fastload.store.stage import store_files
 
 
@@ -44,15 +47,36 @@ def convert_to_url(data: Any, to: str | Sequence[str], url: str, *, resume: bool
                          f"disk (or lmdb) and stage it on each node with `fastload stage {url} --to /dev/shm/NAME`")
     prefix = check_writable(url, force=force)  # before the conversion: a refusal costs nothing
     work = work_folder(str(prefix))
-    if not resume:  # stores an earlier, failed run left there must not be uploaded with this one
-        shutil.rmtree(work, ignore_errors=True)
-    # an interrupted conversion keeps the work folder (--resume continues there); once built, it goes either way
-    result = convert(data, kinds, out=work, resume=resume, force=force, log=log, **convert_options)
+    with _one_upload_per_url(work, str(prefix)):
+        if not resume:  # stores an earlier, failed run left there must not be uploaded with this one
+            shutil.rmtree(work, ignore_errors=True)
+        # an interrupted conversion keeps the work folder (--resume continues there); once built, it goes either way
+        result = convert(data, kinds, out=work, resume=resume, force=force, log=log, **convert_options)
+        try:
+            files = [(path, rel.as_posix()) for path, rel in store_files(work)]
+            return publish(files, str(prefix), info=_summary(result.yaml_path), force=force, log=log)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _one_upload_per_url(work: Path, url: str) -> Iterator[None]:
+    """Hold the lock beside ``work`` from the conversion to the end of the upload: a second conversion to the same
+    URL on this machine would empty the work folder under the first (or upload it half-built); it refuses at once."""
+    lock = work.with_name(work.name + ".lock")
     try:
-        files = [(path, rel.as_posix()) for path, rel in store_files(work)]
-        return publish(files, str(prefix), info=_summary(result.yaml_path), force=force, log=log)
+        fd = flock_current(lock, wait=False)
+    except BlockingIOError as e:
+        raise StoreError(f"another `fastload convert --out {url}` (pid {e.args[0] or '?'}) runs on this machine; wait "
+                         f"for it to finish") from None
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        yield
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            os.unlink(lock)  # while still held: a waiting process retries on a new file (flock_current)
+        os.close(fd)
 
 
 def _summary(yaml_path: Path) -> dict[str, Any]:
