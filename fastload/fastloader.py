@@ -617,8 +617,6 @@ def loader(
                       "with torch ops (slow on a CPU); use hsv_on='worker' there")
     if recipe not in RECIPES:
         raise ValueError(f"recipe must be one of {', '.join(RECIPES)}, got {recipe!r}")
-    if augment and recipe not in cls.recipes:
-        raise ValueError(f"recipe={recipe!r}: engine={engine!r} applies only {', '.join(map(repr, cls.recipes))}")
     if augment and recipe == "ultralytics" and hsv_on == "defer":  # apply_hsv_batch's caller would not know the rule
         raise ValueError(f"recipe='ultralytics' (additive-hue HSV) is applied in the workers or on the consumer, "
                          f"not deferred (hsv_on={hsv_on!r})")

@@ -83,6 +83,17 @@ def test_dali_cpu_matches_cpu_engine(converted, store, partners):
         assert stats["decodes"] > 3 * 20  # every tile of every sample (4 per mosaic, + 4 with mixup)
 
 
+def test_dali_cpu_renders_the_ultralytics_recipe(converted):
+    """Ultralytics' recipe (its loaded image, its own image top left, partners from the recent images, mixup after
+    any sample, the additive hue applied to the output batch), two epochs from the encoded store: the CPU
+    engine's batches within the same bounds as YOLOv9's."""
+    hyp = load_hyp(None)
+    hyp.update(mixup=0.5)
+    kw = dict(epochs=2, store="lmdb", recipe="ultralytics", partners="recent", hyp=hyp)
+    compare(run(converted, "cpu", workers=0, **kw), run(converted, "dali", device="cpu", **kw), mean_diff=0.6,
+            frac_over_3=0.02)
+
+
 def test_dali_validation_letterbox_and_hsv(converted):
     """Letterboxed validation batches (rect shapes) and full HSV on the training path."""
     kw = dict(augment=False, rect=True, shuffle=False, pad=0.5, store="ram")

@@ -36,7 +36,7 @@ import torch
 
 from fastload.augment.functional.tiles import AXIS_KERNELS, AxisKernel
 from fastload.augment.functional.torch_ops import apply_hsv_batch
-from fastload.augment.params import RECIPES, ParamSampler, Partners
+from fastload.augment.params import ParamSampler, Partners
 from fastload.data.images import JPEG_DECODERS, ShrinkFilter, shrink_filter
 from fastload.store.base import DAMAGE_KINDS, DamagedRecordError, Store
 from fastload.store.kinds import STORE_KINDS
@@ -185,7 +185,7 @@ class Engine(abc.ABC):
 
     The declarations are what the loader, ``fastload bench``, the YOLOv9 compat layer and the contract test
     read (none of them compares engine names): :attr:`renderers`, :attr:`min_workers`, :attr:`min_prefetch`,
-    :attr:`renders_on`, :attr:`accepts_gpu_store`, :attr:`hsv_modes`, :attr:`recipes`, :attr:`takes_sample_ids`,
+    :attr:`renders_on`, :attr:`accepts_gpu_store`, :attr:`hsv_modes`, :attr:`takes_sample_ids`,
     :attr:`default_workers`,
     :attr:`default_partners`, :attr:`requires`.
 
@@ -213,8 +213,6 @@ class Engine(abc.ABC):
     accepts_gpu_store: ClassVar[bool] = False  # a store not on the host (store="gpu": device memory) can be drawn from
     # the hsv_on values it honours, its default first (loader(hsv_on=None)); the others are refused
     hsv_modes: ClassVar[tuple[str, ...]] = HSV_MODES
-    # the augmentation recipes (fastload.augment.params.RECIPES) whose colour rule it applies; others are refused
-    recipes: ClassVar[tuple[str, ...]] = RECIPES
     default_workers: ClassVar[int] = 0  # loader(workers=None) means this
     default_partners: ClassVar[Partners] = "dataset"  # loader(partners=None) means this
     # True when iter_batches also takes sample ids (fastload.augment.params.visit_ids): an epoch that

@@ -130,7 +130,6 @@ class DALIEngine(Engine):
     # HSV is applied to the output batch by the shared finishing step: there is no earlier place for it
     # (YOLOv9's multiplicative hue has no DALI operator), so "worker" would silently mean "consumer"
     hsv_modes = ("consumer", "defer")
-    recipes = ("yolov9",)  # no additive-hue HSV kernel in DALI (recipe="ultralytics")
     default_workers = 8
     default_partners = "batch"
     requires = "nvidia.dali"

@@ -21,8 +21,9 @@ loaded once and slot ``k`` takes the loaded image of the sample at its batch pos
 
 Then both canvases are rounded to uint8, blended (``floor(a * r + b * (1 - r))``), flipped and,
 for ``layout="nchw"``, transposed to CHW. HSV is applied after the graph, on the output batch, with
-:func:`~fastload.augment.functional.torch_ops.apply_hsv_batch` (YOLOv9's multiplicative hue has no
-DALI operator; ``fn.hsv`` shifts hue additively).
+:func:`~fastload.augment.functional.torch_ops.apply_hsv_batch` in the records' rule (YOLOv9's multiplicative hue
+has no DALI operator; ``fn.hsv`` shifts hue additively in float HSV, not in OpenCV's 8-bit levels as Ultralytics'
+additive hue does).
 """
 from __future__ import annotations
 

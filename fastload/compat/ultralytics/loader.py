@@ -87,11 +87,6 @@ def check_arguments(args: Any, data: Mapping[str, Any], mode: str, opts: Ultraly
             refuse(f"{name}={_arg(args, name)}", "not implemented in fastload's augmentation; set it to 0")
     if _arg(args, "augmentations"):
         refuse("augmentations=[...]", "custom Albumentations transforms are not applied by fastload; drop them")
-    recipes = engine_class(opts.engine).recipes
-    if opts.recipe not in recipes:
-        refuse(f"fastload_recipe={opts.recipe!r} with fastload_engine={opts.engine!r}", "that engine applies only "
-               f"{', '.join(map(repr, recipes))}; use another fastload_engine, or fastload_recipe="
-               f"{recipes[0]!r} (not Ultralytics' own recipe)")
 
 
 def _labels_view(base: Store, args: Any, mode: str) -> StoreView:

@@ -42,8 +42,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("recipe", parse_choice(RECIPES), "ultralytics",
            f"the augmentation recipe of training batches ({', '.join(RECIPES)}), drawn with the trainer's "
            "hyperparameter values: ultralytics: Ultralytics' loaded image, mosaic (partners from its buffer of recent "
-           "images, or the dataset with cache='ram'), perspective, mixup, additive-hue HSV and flips (not with engine "
-           "dali); yolov9: YOLOv9's"),
+           "images, or the dataset with cache='ram'), perspective, mixup, additive-hue HSV and flips; yolov9: YOLOv9's"),
 )
 
 
