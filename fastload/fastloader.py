@@ -302,7 +302,7 @@ class FastLoader:
         # (every batch is a function of the seed, the epoch and its indices, not of its place in the call)
         remaining = order[progress.position * self.batch_size:]
         # a store streamed from object storage downloads what comes next while these batches render
-        ahead = self.engine.store.read_ahead(image_of(remaining, self.n))
+        ahead = self.engine.read_ahead(image_of(remaining, self.n))
         try:
             for k, batch in enumerate(self.engine.iter_batches(epoch, remaining)):
                 yield progress.delivered(batch)

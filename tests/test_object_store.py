@@ -612,11 +612,11 @@ def test_the_shard_cache_removes_the_least_recently_read_and_dead_downloads(tmp_
         cache.get(5, 400, writes(400))
 
 
-def test_ray_actors_open_the_streamed_store_into_their_node_cache(dataset, s3_env, tmp_path, local_ray):
+def test_ray_actors_open_the_streamed_store_into_their_node_cache(dataset, s3_env, tmp_path, local_ray, monkeypatch):
     # a test that starts Ray (the local_ray fixture): under xdist it runs with the Ray tests, possibly beside this
     # module's other tests on another worker, so it uploads under a prefix (and a work folder) of its own
     import fastload
-    from fastload.engines.ray_engine import RayOptions
+    from fastload.engines.ray_engine import RayEngine, RayOptions
     from fastload.store.upload import convert_to_url
 
     url = f"s3://{BUCKET}/stores/ray"
@@ -625,6 +625,8 @@ def test_ray_actors_open_the_streamed_store_into_their_node_cache(dataset, s3_en
     # the actors' credentials and endpoint come from their environment, as on a node of a cluster
     options = RayOptions(actors=1, runtime_env={"env_vars": dict(s3_env)})
     for upload_kind in ("disk", "encoded"):  # decoded records, and JPEGs the actor decodes
+        if upload_kind == "encoded":  # this process seen as on a node of its own: the actor's node reads ahead too
+            monkeypatch.setattr(RayEngine, "_driver_node_id", lambda self: "the loader's node")
         stored = open_store(url, "train", kind="stream", imgsz=64, cache_dir=tmp_path / "cache", cache_bytes=8 << 20,
                             shard_bytes=4 << 10, upload_kind=upload_kind)
         assert stored.description["url"] == url and json.loads(json.dumps(stored.description)) == stored.description
@@ -632,10 +634,59 @@ def test_ray_actors_open_the_streamed_store_into_their_node_cache(dataset, s3_en
                 fastload.loader(stored, imgsz=64, batch_size=4, workers=0, seed=2) as reference:
             got, expected = list(on_ray), list(reference)
             assert on_ray.stats()["engine"] == "ray" and len(got) == len(expected) == len(on_ray)
+            assert on_ray.engine.read_ahead_nodes == (1 if upload_kind == "encoded" else 0)
             for (imgs, targets, paths, _), (ref_imgs, ref_targets, ref_paths, _) in zip(got, expected):
                 assert np.array_equal(np.asarray(imgs), np.asarray(ref_imgs)) and list(paths) == list(ref_paths)
                 assert np.array_equal(np.asarray(targets), np.asarray(ref_targets))
         assert stored.cache.used() <= stored.cache.budget
+
+
+def test_an_actor_asked_to_read_ahead_fetches_its_node_cache_ahead_of_the_loader(uploaded, tmp_path, monkeypatch):
+    """The Ray engine asks one actor per node other than its own to read ahead (:meth:`RenderActor.read_ahead`): the
+    actor's streamed store (opened from the loader's description, its read-ahead depth included) downloads the
+    order's next shards into its node's cache as the loader's position moves. Run here in this process."""
+    import fastload
+    from fastload.engines.ray_actor import RenderActor, RenderSpec
+    from fastload.engines.ray_engine import store_spec
+    from fastload.order import shard_permutation
+
+    stored = open_store(uploaded, "train", kind="stream", imgsz=64, cache_dir=tmp_path / "loader", cache_bytes=16 << 20,
+                        shard_bytes=1, read_ahead=2, upload_kind="encoded")  # a shard per record
+    assert stored.description["read_ahead"] == 2
+    description = dict(stored.description, cache_dir=str(tmp_path / "actor-node"))  # that node's cache
+    monkeypatch.setattr(stored, "description", description)
+    with fastload.loader(stored, imgsz=64, batch_size=2, workers=0) as ld:
+        sampler = ld.engine.sampler
+    render = RenderSpec(hsv_in_worker=True, layout="nhwc", decode_scale="full", decode_cache_mb=0, axis_kernel="warp",
+                        shrink="linear", max_batch_bytes=1 << 20, threads=1, strict=False)
+    actor = RenderActor(store_spec(stored, None), sampler, render)
+    assert actor.error is None
+    view = actor.renderer.store  # the actor's view of its own streamed store: every record, in order
+    node_store = view.base
+    assert np.array_equal(view.base_indices, np.arange(len(node_store)))
+    fetched: list[int] = []
+    arrived = threading.Semaphore(0)
+    real_fetch = node_store._fetch_shard
+
+    def recorded(shard: int, dest: Path) -> None:
+        real_fetch(shard, dest)
+        fetched.append(shard)
+        arrived.release()
+
+    monkeypatch.setattr(node_store, "_fetch_shard", recorded)
+    ids = node_store.shards().ids
+    order = shard_permutation(ids, epoch=0, seed=3)
+    need = list(dict.fromkeys(ids[order].tolist()))
+    assert len(need) >= 5 and actor.read_ahead(order)
+    for _ in range(3):  # the first shard and two ahead, while the loader has been handed nothing
+        assert arrived.acquire(timeout=30)
+    actor.reached(int(np.flatnonzero(ids[order] == need[1])[0]))  # the loader reached the second shard: one more
+    assert arrived.acquire(timeout=30)
+    actor.stop_read_ahead()
+    assert fetched == need[:4] and all(node_store.cache.path(s).is_file() for s in need[1:4])
+    assert node_store.cache.folder.is_relative_to(tmp_path / "actor-node") and stored.cache.fetched == 0
+    actor.close()
+    stored.close()
 
 
 def test_a_process_forked_during_a_shard_download_does_not_keep_its_lock(tmp_path):

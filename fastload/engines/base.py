@@ -38,7 +38,7 @@ from fastload.augment.functional.tiles import AXIS_KERNELS, AxisKernel
 from fastload.augment.functional.torch_ops import apply_hsv_batch
 from fastload.augment.params import ParamSampler, Partners
 from fastload.data.images import JPEG_DECODERS, ShrinkFilter, shrink_filter
-from fastload.store.base import DAMAGE_KINDS, DamagedRecordError, Store
+from fastload.store.base import DAMAGE_KINDS, DamagedRecordError, ReadAhead, Store
 from fastload.store.kinds import STORE_KINDS
 
 HSVMode = Literal["worker", "consumer", "defer"]
@@ -318,6 +318,12 @@ class Engine(abc.ABC):
             warnings.warn(f"fastload: skipped damaged record: {err} (its samples are drawn again; strict=True stops "
                           f"instead)", DamagedRecordWarning, stacklevel=3)
         self._redrawn += int(replaced)
+
+    def read_ahead(self, indices: np.ndarray) -> ReadAhead | None:
+        """Start fetching what the loader's order ``indices`` (store indices) needs next, for a store whose reads wait
+        on a download (:meth:`Store.read_ahead <fastload.store.base.Store.read_ahead>`); None when nothing is
+        fetched. The default: the store's own read-ahead, in this process."""
+        return self.store.read_ahead(indices)
 
     def expect_next(self, epoch: int, indices: np.ndarray) -> None:
         """A hint, given before an iteration: the one after it will most likely be

@@ -36,7 +36,7 @@ from fastload.data.images import ShrinkFilter
 from fastload.engines.cpu_render import BatchRenderer, batch_view
 from fastload.engines.ray_slots import SlotFile, map_slot_file
 from fastload.engines.shm_cache import open_decode_cache
-from fastload.store.base import DamagedRecordError, Store, StoreError, split_labels
+from fastload.store.base import DamagedRecordError, ReadAhead, Store, StoreError, split_labels
 from fastload.store.factory import open_path, open_store
 from fastload.store.files import FileStore
 from fastload.store.view import StoreView
@@ -156,11 +156,11 @@ def open_view(spec: StoreSpec) -> Store:
 
 
 def _open_stream(description: dict[str, Any]) -> Store:
-    """A streamed store opened as the loader opened it (into this node's cache; the loader's process reads
-    ahead on its own node, an actor reads on demand), refused when the URL now holds another upload."""
+    """A streamed store opened as the loader opened it (into this node's cache; the engine asks one actor per node
+    other than the loader's to read ahead: :meth:`RenderActor.read_ahead`), refused when the URL now holds another
+    upload."""
     opts = {k: v for k, v in description.items() if k not in ("url", "split", "imgsz", "build")}
-    store = open_store(description["url"], description["split"], kind="stream", imgsz=description["imgsz"],
-                       read_ahead=0, **opts)
+    store = open_store(description["url"], description["split"], kind="stream", imgsz=description["imgsz"], **opts)
     if store.build != description["build"]:
         store.close()
         raise StoreError(f"{description['url']} now holds another upload (build {store.build}) than the loader "
@@ -185,6 +185,7 @@ class RenderActor:
         self.renderer: BatchRenderer | None = None
         self.buffer = np.empty(0, np.uint8)
         self.slots: np.ndarray | None = None  # the consumer's slots, when this actor runs on its node
+        self._ahead: ReadAhead | None = None  # this node's read-ahead of a streamed store, when the engine asked
         try:
             store = open_view(spec)
         except Exception as e:
@@ -216,8 +217,27 @@ class RenderActor:
                 self.slots = map_slot_file(slots)
             except OSError as e:
                 slots_error = f"cannot map the batch slots {slots.path}: {e}"
-        return {"node": self.where, "pid": os.getpid(), "error": self.error, "versions": versions(),
-                "slots": self.slots is not None, "slots_error": slots_error}
+        return {"node": self.where, "node_id": _node_id(), "pid": os.getpid(), "error": self.error,
+                "versions": versions(), "slots": self.slots is not None, "slots_error": slots_error}
+
+    def read_ahead(self, indices: np.ndarray) -> bool:
+        """Download, in a thread of this process, what the loader's order ``indices`` (store indices) needs next
+        into this node's cache (a store streamed from object storage: :meth:`Store.read_ahead
+        <fastload.store.base.Store.read_ahead>`), in place of any earlier order's; True when it started."""
+        self.stop_read_ahead()
+        if self.renderer is not None:
+            self._ahead = self.renderer.store.read_ahead(np.asarray(indices, np.int64))
+        return self._ahead is not None
+
+    def reached(self, position: int) -> None:
+        """The loader has been handed the first ``position`` samples of the order given to :meth:`read_ahead`."""
+        if self._ahead is not None:
+            self._ahead.reached(position)
+
+    def stop_read_ahead(self) -> None:
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            ahead.stop()
 
     def render(self, epoch: int, indices: np.ndarray, mosaic_closed: bool, slot: int | None = None) -> tuple[Any, ...]:
         """Render one batch (``indices``: loader indices, or sample ids of an image table), into the consumer's
@@ -256,6 +276,7 @@ class RenderActor:
     def close(self) -> None:
         """Drop this actor's hold on the node's decoded cache (the last holder removes it) and close its store;
         the engine calls it before killing the actor (a killed holder's segment waits for a stale-cleanup)."""
+        self.stop_read_ahead()
         if self.renderer is not None:
             if self.renderer.cache is not None:
                 self.renderer.cache.close()

@@ -42,7 +42,7 @@ from fastload.engines.base import (Batch, Engine, EngineOptionError, EngineSetti
 from fastload.engines.inflight import InFlightWindow
 from fastload.engines.ray_actor import RenderActor, RenderSpec, StoreSpec, versions
 from fastload.engines.ray_slots import SlotPool
-from fastload.store.base import DamagedRecordError, Store, StoreError, join_labels
+from fastload.store.base import DamagedRecordError, ReadAhead, Store, StoreError, join_labels
 from fastload.store.view import StoreView
 
 __all__ = ["RayEngine", "RayOptions", "require_ray"]
@@ -193,6 +193,31 @@ class _ActorLost(Exception):
 _connected_here: list[bool] = [False]  # whether connect() made this process's Ray connection
 
 
+class _NodesReadAhead:
+    """The loader's read-ahead (None: none on its node) and the actors reading ahead on the other nodes, told the
+    loader's position together; a call to an actor replaced meanwhile (its node gone) is dropped."""
+
+    def __init__(self, here: ReadAhead | None, actors: Sequence[Any]) -> None:
+        self.here, self.actors = here, list(actors)
+
+    def reached(self, position: int) -> None:
+        if self.here is not None:
+            self.here.reached(position)
+        self._tell("reached", position)
+
+    def stop(self) -> None:
+        if self.here is not None:
+            self.here.stop()
+        self._tell("stop_read_ahead")
+
+    def _tell(self, method: str, *args: Any) -> None:
+        for actor in self.actors:
+            try:
+                getattr(actor, method).remote(*args)  # not waited for: it queues behind the actor's tasks
+            except Exception:  # the actor is gone (replaced by the engine); its node reads on demand again
+                pass
+
+
 def connect(ray: Any, address: str | None) -> None:
     """Connect this process to Ray (once; it stays connected for later loaders); refuse another address
     than the one it is connected to."""
@@ -298,6 +323,8 @@ class RayEngine(Engine):
         self._actor_args = (ray.put(spec), ray.put(sampler), render)  # shipped once, shared by every actor
         self._actors = [self._actor_class.remote(*self._actor_args) for _ in range(n)]
         self.nodes: list[str] = [""] * n
+        self._node_ids: list[str | None] = [None] * n  # per actor slot: its Ray node (None outside Ray)
+        self.read_ahead_nodes = 0  # nodes other than this process's whose actor reads the current epoch ahead
         self.pids: list[int] = [0] * n
         self._local = [False] * n  # per actor slot: its actor writes into this process's shared-memory slots
         self._slots = self._slot_pool(render.max_batch_bytes) if opts.delivery == "auto" else None
@@ -317,13 +344,11 @@ class RayEngine(Engine):
     def _slot_pool(self, slot_bytes: int) -> SlotPool | None:
         """This process's shared-memory slots for the actors on its node, or None (no node: a Ray Client
         connection; no room in shared memory: a warning)."""
-        ray = self._ray
-        try:
-            node_id = ray.get_runtime_context().get_node_id()
-        except Exception:  # a Ray Client driver runs on no node of the cluster
+        node_id = self._driver_node_id()
+        if node_id is None:
             return None
         try:
-            return SlotPool(self.in_flight_limit + self.options.keep, slot_bytes, node_id, ray)
+            return SlotPool(self.in_flight_limit + self.options.keep, slot_bytes, node_id, self._ray)
         except OSError as e:
             warnings.warn(f"fastload: engine 'ray': {e}; batches from the actors on this node go through Ray's object "
                           f"store (RayOptions(delivery='object_store') silences this)")
@@ -360,6 +385,7 @@ class RayEngine(Engine):
             if info["error"]:
                 raise StoreError(info["error"])
             self.nodes[k], self.pids[k], self._local[k] = info["node"], int(info["pid"]), bool(info["slots"])
+            self._node_ids[k] = info["node_id"]
             if info["slots_error"]:
                 warnings.warn(f"fastload: engine 'ray': the render actor on node {info['node']} {info['slots_error']}; "
                               f"its batches go through Ray's object store")
@@ -395,6 +421,34 @@ class RayEngine(Engine):
                 t.ref = self._actors[k].render.remote(t.epoch, t.indices, t.mosaic_closed, t.slot)
 
     # -- consumer-side state ----------------------------------------------------------------------------
+    def read_ahead(self, indices: np.ndarray) -> ReadAhead | None:
+        """This process's read-ahead into its node's cache, and, for a store streamed from object storage, one
+        actor's on every other node into that node's cache (the actors there read from it); the actors are sent
+        the order and the loader's position (calls that queue behind their tasks, never waited for)."""
+        here = super().read_ahead(indices)
+        if self.store.shards() is None:  # nothing is downloaded: no store read in shards
+            return here
+        this_node = self._driver_node_id()
+        first_on_node: dict[str | None, int] = {}
+        for k, node in enumerate(self._node_ids):
+            if node != this_node:
+                first_on_node.setdefault(node, k)
+        actors = [self._actors[k] for k in first_on_node.values()]
+        self.read_ahead_nodes = len(actors)
+        if not actors:
+            return here
+        order = np.asarray(indices, np.int64)
+        for actor in actors:
+            actor.read_ahead.remote(order)
+        return _NodesReadAhead(here, actors)
+
+    def _driver_node_id(self) -> str | None:
+        """The Ray node of this process (None for a Ray Client driver, which runs on no node of the cluster)."""
+        try:
+            return self._ray.get_runtime_context().get_node_id()
+        except Exception:
+            return None
+
     def expect_next(self, epoch: int, indices: np.ndarray) -> None:
         self._window.expect_next(epoch, indices)
 

@@ -83,7 +83,7 @@ class EncodedStore(RecordFileStore):
 class EncodedWriter(PackedWriter):
     """Writes an encoded store into ``<final>.partial`` and renames it to ``final`` on :meth:`commit`."""
 
-    data_file = IMAGES
+    records_file = IMAGES
     layout = "encoded"
     schema = ENCODED_SCHEMA
 

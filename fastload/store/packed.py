@@ -205,7 +205,7 @@ class PackedWriter:
     (:class:`fastload.store.encoded.EncodedWriter`): their file's name, layout, schema and index arrays.
     """
 
-    data_file = PIXELS
+    records_file = PIXELS
     layout = "packed"
     schema = PACKED_SCHEMA
 
@@ -219,7 +219,7 @@ class PackedWriter:
         self.imgsz = imgsz
         self.names = list(names)
         self.extra = dict(meta or {})
-        self._fh = open(self.tmp / self.data_file, "wb")
+        self._fh = open(self.tmp / self.records_file, "wb")
         self.offsets = [0]
         self.hw: list[tuple[int, int]] = []
         self.shapes: list[tuple[int, int]] = []

@@ -215,7 +215,8 @@ class StreamingStore(PackedStore):
         self.description: dict[str, Any] = {
             "url": str(manifest.url), "split": split, "imgsz": int(imgsz), "build": manifest.build,
             "cache_dir": None if cache_dir is None else str(cache_dir), "cache_bytes": int(cache_bytes),
-            "shard_bytes": int(shard_bytes), "window": int(window), "upload_kind": self.upload_kind}
+            "shard_bytes": int(shard_bytes), "window": int(window), "upload_kind": self.upload_kind,
+            "read_ahead": int(read_ahead)}
         self.path = str(manifest.url.child(rel))
         self.window = int(window)
         self.bounds = shard_bounds(self.offsets, int(shard_bytes))
