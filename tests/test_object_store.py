@@ -96,6 +96,21 @@ def _copy_prefix(src_url: str, dst: str) -> str:
     return f"s3://{BUCKET}/{dst}"
 
 
+def _record_fetches(stored, monkeypatch) -> tuple[list[int], threading.Semaphore]:
+    """The shards ``stored`` downloads from now on, in order, and a semaphore released once per download."""
+    fetched: list[int] = []
+    arrived = threading.Semaphore(0)
+    real_fetch = stored._fetch_shard
+
+    def recorded(shard: int, dest: Path) -> None:
+        real_fetch(shard, dest)
+        fetched.append(shard)
+        arrived.release()
+
+    monkeypatch.setattr(stored, "_fetch_shard", recorded)
+    return fetched, arrived
+
+
 def _assert_same_records(yaml_a: Path, yaml_b: Path) -> None:
     for kind in ("lmdb", "encoded", "disk"):
         with open_store(yaml_a, "train", kind=kind, imgsz=64) as a, open_store(yaml_b, "train", kind=kind, imgsz=64) as b:
@@ -505,16 +520,7 @@ def test_read_ahead_fetches_the_next_shards_of_the_order_as_the_consumer_moves(u
     stored = open_store(uploaded, "train", kind="stream", imgsz=64, cache_dir=tmp_path, cache_bytes=1 << 20,
                         shard_bytes=2 * record, read_ahead=2)
     assert len(stored.bounds) - 1 >= 5
-    fetched: list[int] = []
-    arrived = threading.Semaphore(0)
-    real_fetch = stored._fetch_shard
-
-    def recorded(shard: int, dest: Path) -> None:
-        real_fetch(shard, dest)
-        fetched.append(shard)
-        arrived.release()
-
-    monkeypatch.setattr(stored, "_fetch_shard", recorded)
+    fetched, arrived = _record_fetches(stored, monkeypatch)
     order = shard_permutation(stored.shards().ids, epoch=3, seed=1)
     need = list(dict.fromkeys(stored.shards().ids[order].tolist()))  # the shards in the order first needed
     starts = [int(np.flatnonzero(stored.shards().ids[order] == s)[0]) for s in need]
@@ -664,16 +670,7 @@ def test_an_actor_asked_to_read_ahead_fetches_its_node_cache_ahead_of_the_loader
     view = actor.renderer.store  # the actor's view of its own streamed store: every record, in order
     node_store = view.base
     assert np.array_equal(view.base_indices, np.arange(len(node_store)))
-    fetched: list[int] = []
-    arrived = threading.Semaphore(0)
-    real_fetch = node_store._fetch_shard
-
-    def recorded(shard: int, dest: Path) -> None:
-        real_fetch(shard, dest)
-        fetched.append(shard)
-        arrived.release()
-
-    monkeypatch.setattr(node_store, "_fetch_shard", recorded)
+    fetched, arrived = _record_fetches(node_store, monkeypatch)
     ids = node_store.shards().ids
     order = shard_permutation(ids, epoch=0, seed=3)
     need = list(dict.fromkeys(ids[order].tolist()))
