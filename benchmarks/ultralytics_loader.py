@@ -15,9 +15,9 @@ from the same Ultralytics argument namespace (its defaults: mosaic 1.0, scale 0.
   an LMDB store, from the shared ram store (``cache="ram"``) and from the packed disk store (``cache="disk"``), HSV
   in the workers; the files as on a
   dataset larger than memory (no decoded-image cache, mosaic partners from the batch: one decode per image);
-  and, with ``--recipe yolov9``, the ram store with HSV left to the consumer's device (``hsv_on="defer"``, not
-  applied here: what a CUDA trainer's batches cost the CPU; the ultralytics recipe's additive hue is applied
-  in the workers or on the consumer, never deferred).
+  and the ram store with HSV left to the consumer's device, not applied here: what a CUDA trainer's batches
+  cost the CPU (``--recipe yolov9``: ``hsv_on="defer"``; ``ultralytics``, whose additive hue is applied on the
+  consumer's device by ``FastloadTrainer`` on CUDA, never deferred: drawn with HSV gains 0, the same CPU work).
 
 Each configuration is timed for ``--seconds`` after a warm-up batch, in ``--rounds`` interleaved rounds
 (median round shown; ratios are the medians of same-round ratios to the Ultralytics rows). ``--cold`` copies the
@@ -48,12 +48,15 @@ from loader_throughput import COCO128, make_repeated, pss_of_tree, time_batches 
 ULTRALYTICS = ("ultralytics, no cache", "ultralytics, cache ram")
 
 
-def ultralytics_args(yaml_path: Path, imgsz: int, batch: int, workers: int, cache: Any) -> tuple[Any, dict[str, Any]]:
+def ultralytics_args(yaml_path: Path, imgsz: int, batch: int, workers: int, cache: Any,
+                     hsv: bool = True) -> tuple[Any, dict[str, Any]]:
+    """Ultralytics' arguments (its defaults but these) and its dataset dict; ``hsv=False``: HSV gains 0."""
     from ultralytics.cfg import get_cfg
     from ultralytics.data.utils import check_det_dataset
 
+    no_hsv = {} if hsv else {"hsv_h": 0.0, "hsv_s": 0.0, "hsv_v": 0.0}
     args = get_cfg(overrides={"data": str(yaml_path), "imgsz": imgsz, "batch": batch, "workers": workers,
-                              "cache": cache})
+                              "cache": cache, **no_hsv})
     return args, check_det_dataset(str(yaml_path))
 
 
@@ -66,11 +69,11 @@ def ultralytics_loader(yaml_path: Path, imgsz: int, batch: int, workers: int, ca
 
 
 def fastload_loader(yaml_path: Path, imgsz: int, batch: int, workers: int, cache: Any, recipe: str,
-                    store: str = "auto") -> Any:
+                    store: str = "auto", hsv: bool = True) -> Any:
     from fastload.compat.ultralytics import UltralyticsOptions
     from fastload.compat.ultralytics.loader import LoaderRequest, build_loader
 
-    args, data = ultralytics_args(yaml_path, imgsz, batch, workers, cache)
+    args, data = ultralytics_args(yaml_path, imgsz, batch, workers, cache, hsv)
     opts = UltralyticsOptions(recipe=recipe, num_workers=workers, store=store)
     return build_loader(args, data, LoaderRequest(data["train"], batch, "train", rect=False, stride=32), opts)
 
@@ -131,6 +134,9 @@ def configurations(yaml_path: Path, lmdb_yaml: Path, disk_yaml: Path,
     }
     if a.recipe == "yolov9":  # the ultralytics recipe's additive hue is never deferred (loader() refuses it)
         configs["fastload ram, HSV deferred to device"] = (lambda: deferred_hsv_loader(yaml_path, *size), "plain")
+    else:  # on CUDA FastloadTrainer applies it on the device: what the CPU does then, without HSV's GPU cost
+        configs["fastload ram, HSV on the device (not run here)"] = (
+            lambda: fastload_loader(yaml_path, *size, "ram", a.recipe, hsv=False), "fastload")
     return configs
 
 
