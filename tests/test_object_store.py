@@ -686,6 +686,25 @@ def test_an_actor_asked_to_read_ahead_fetches_its_node_cache_ahead_of_the_loader
     stored.close()
 
 
+def test_loader_workers_forked_while_the_read_ahead_downloads_do_not_hang(uploaded, s3_env, tmp_path, preloaded_python):
+    """The CPU engine forks its workers while the loader's read-ahead thread downloads the first shards: a fork
+    waits for that download to end (before the fix, a worker inherited a lock held mid-download and the epoch
+    never ended). In a process of its own: a hang is a timeout there, not here."""
+    import preloaded
+
+    code = ("import fastload\n"
+            "from fastload.store import open_store\n"
+            f"store = open_store({uploaded!r}, 'train', kind='stream', imgsz=64, cache_dir={str(tmp_path)!r}, "
+            "shard_bytes=1 << 15, upload_kind='disk')\n"
+            "assert store.read_ahead_shards == 2 and len(store.bounds) > 3\n"
+            "with fastload.loader(store, imgsz=64, batch_size=2, workers=2, seed=0) as fl:\n"
+            "    print([sum(len(b[0]) for b in fl) for _ in range(2)])\n")
+    (tmp_path / "two_epochs.py").write_text(code)
+    done = preloaded.run(preloaded_python, [str(tmp_path / "two_epochs.py")], tmp_path,
+                         dict(preloaded.base_env(REPO), **s3_env), timeout=90)
+    assert done.returncode == 0 and done.stdout.split() == ["[12,", "12]"], done.stderr[-2000:]
+
+
 def test_a_process_forked_during_a_shard_download_does_not_keep_its_lock(tmp_path):
     import multiprocessing as mp
 

@@ -29,6 +29,7 @@ import os
 import tempfile
 import threading
 import time
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Callable
 
@@ -62,7 +63,21 @@ def _close_inherited_locks() -> None:
     _HELD_LOCKS.clear()
 
 
-os.register_at_fork(after_in_child=_close_inherited_locks)
+# A fork waits for the read-ahead thread's download in progress to end, and no download starts during a fork: a
+# child forked mid-download (the CPU engine's workers, started while the thread downloads the first shards) would
+# inherit the locks the thread held then (a shard's flock taken but not yet recorded, a lock inside the S3 client)
+# and wait for them forever.
+_FETCHING = threading.Lock()
+
+
+def _after_fork_in_child() -> None:
+    global _FETCHING
+    _FETCHING = threading.Lock()  # the parent's was held across the fork
+    _close_inherited_locks()
+
+
+os.register_at_fork(before=lambda: _FETCHING.acquire(), after_in_parent=lambda: _FETCHING.release(),
+                    after_in_child=_after_fork_in_child)
 
 
 def stream_cache_root() -> Path:
@@ -230,8 +245,10 @@ class StreamingStore(PackedStore):
         self.read_ahead_shards = min(int(read_ahead), int(cache_bytes) // max(largest, 1) - self.window)
         self.records_url = manifest.object_url(f"{rel}/{RECORD_FILES[self.upload_kind]}")
         self.cache = ShardCache(upload_root / f"{Path(rel).name}-shards-{int(shard_bytes)}", int(cache_bytes))
-        self._mm: np.ndarray | None = None
         self._checked: np.ndarray | None = None
+        # shard files this process has mapped, most recently read last: at most those an epoch reads at once
+        self._maps: OrderedDict[int, np.ndarray] = OrderedDict()
+        self._max_maps = self.window + max(self.read_ahead_shards, 0) + 1
 
     def _open_index(self, manifest: Manifest, split: str, imgsz: int, upload_kind: str,
                     upload_root: Path) -> tuple[str, str]:
@@ -287,23 +304,42 @@ class StreamingStore(PackedStore):
         i = self.check_index(i)
         return record_checksum(self._record_bytes(i), self.labels[i]) == int(self.checksums[i])
 
+    def _handles(self) -> tuple[str, ...]:
+        return ("_checked", "_maps")
+
+    def close(self) -> None:
+        self._maps = OrderedDict()  # unmapped once no view handed out is alive
+
     def _view(self, i: int) -> np.ndarray:
+        h, w = int(self.hw[i, 0]), int(self.hw[i, 1])
+        return self._record(i).reshape(h, w, 3)
+
+    def _record_bytes(self, i: int) -> bytes:
+        return self._record(i).tobytes()
+
+    def _record(self, i: int) -> np.ndarray:
+        """Record ``i``'s bytes, a read-only view of its shard file mapped in this process (no copy)."""
         if self._checked is None or self._forked():
             self._pid = os.getpid()
             self._checked = np.zeros(len(self.im_files), bool)  # per process, as PackedStore's
-        h, w = int(self.hw[i, 0]), int(self.hw[i, 1])
-        return np.frombuffer(self._record_bytes(i), np.uint8).reshape(h, w, 3)
-
-    def _record_bytes(self, i: int) -> bytes:
+            self._maps = OrderedDict()  # a forked process maps the files itself
         shard = int(self._shard_of[i])
-        first = int(self.offsets[self.bounds[shard]])
-        while True:
-            path = self.cached_shard(shard)
+        path = self.cached_shard(shard)  # marked as just used in the node's cache; downloaded when absent
+        mapped = self._maps.get(shard)
+        while mapped is None:
             try:
-                with open(path, "rb") as f:
-                    return os.pread(f.fileno(), self.nbytes(i), int(self.offsets[i]) - first)
-            except FileNotFoundError:  # removed by another process to make room between get() and open()
-                continue
+                # a plain ndarray view: slicing an np.memmap runs Python code per slice
+                mapped = np.memmap(path, dtype=np.uint8, mode="r").view(np.ndarray)
+            except FileNotFoundError:  # removed by another process to make room between get() and the map
+                path = self.cached_shard(shard)
+        # A mapped file removed from the cache stays readable (the same checked bytes) and keeps its blocks until
+        # unmapped: the few most recently read shards stay mapped, the views handed out keep theirs alive.
+        self._maps[shard] = mapped
+        self._maps.move_to_end(shard)
+        while len(self._maps) > self._max_maps:
+            self._maps.popitem(last=False)
+        start = int(self.offsets[i] - self.offsets[self.bounds[shard]])
+        return mapped[start : start + self.nbytes(i)]
 
     def _shard_nbytes(self, shard: int) -> int:
         return int(self.offsets[self.bounds[shard + 1]] - self.offsets[self.bounds[shard]])
@@ -387,7 +423,8 @@ class ShardReadAhead:
                 if self.last[later] >= position:
                     self.store.cache.touch(int(self.sequence[later]))
             try:
-                self.store.cached_shard(shard)
+                with _FETCHING:  # see its comment: no fork while this thread downloads
+                    self.store.cached_shard(shard)
             except StoreError:
                 pass  # the read that needs it fetches it again and raises this error there
 
