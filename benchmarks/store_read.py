@@ -36,13 +36,14 @@ ahead (``fastload.store.lmdb_store.READAHEAD``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -56,6 +57,19 @@ def default_data(tmp: Path) -> Path:
     from fastload.data.synthetic import make_synthetic_dataset
 
     return make_synthetic_dataset(tmp / "synth", n_train=128, n_val=8, nc=3, seed=0)
+
+
+@contextlib.contextmanager
+def converted(data: Path | None, imgsz: int, split: str) -> Iterator[tuple[Path, Any]]:
+    """``(data, its lmdb, encoded and disk stores' convert result)`` in a temporary folder removed afterwards
+    (``data`` None: :func:`default_data`)."""
+    from fastload.store.convert import convert
+
+    with tempfile.TemporaryDirectory(prefix="store_read_") as tmp_s:
+        tmp = Path(tmp_s)
+        data = data or default_data(tmp)
+        yield data, convert(data, "lmdb,encoded,disk", out=tmp / "stores", imgsz=imgsz, splits=split, progress=False,
+                            log=lambda s: None)
 
 
 def measure(store: Any, seconds: float, imgsz: int, mode: str, seed: int = 0) -> dict[str, float]:
@@ -82,13 +96,8 @@ def measure(store: Any, seconds: float, imgsz: int, mode: str, seed: int = 0) ->
 def run(data: Path | None, seconds: float, imgsz: int, split: str) -> dict[str, Any]:
     from fastload.bench.ceilings import memcpy_rate
     from fastload.store import open_store
-    from fastload.store.convert import convert
 
-    with tempfile.TemporaryDirectory(prefix="store_read_") as tmp_s:
-        tmp = Path(tmp_s)
-        data = data or default_data(tmp)
-        res = convert(data, "lmdb,encoded,disk", out=tmp / "stores", imgsz=imgsz, splits=split, progress=False,
-                      log=lambda s: None)
+    with converted(data, imgsz, split) as (data, res):
         stores = {
             "files": open_store(data, split, kind="files"),
             "lmdb": open_store(res.yaml_path, split, kind="lmdb"),
@@ -241,13 +250,8 @@ def _cold_pass(store: Any, seed: int) -> dict[str, float]:
 
 def run_cold(data: Path | None, imgsz: int, split: str, rounds: int) -> dict[str, Any]:
     from fastload.store import lmdb_store, open_store
-    from fastload.store.convert import convert
 
-    with tempfile.TemporaryDirectory(prefix="store_cold_") as tmp_s:
-        tmp = Path(tmp_s)
-        data = data or default_data(tmp)
-        res = convert(data, "lmdb,encoded,disk", out=tmp / "stores", imgsz=imgsz, splits=split, progress=False,
-                      log=lambda s: None)
+    with converted(data, imgsz, split) as (data, res):
         kinds = {"files": ("files", True), "lmdb": ("lmdb", True), "lmdb, no read-ahead": ("lmdb", False),
                  "encoded": ("encoded", True), "disk": ("disk", True)}
         runs: dict[str, list[dict[str, float]]] = {name: [] for name in kinds}
