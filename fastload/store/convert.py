@@ -50,7 +50,7 @@ def output_lock(out: Path) -> Iterator[None]:
     created = [d for d in (out, *out.parents) if not d.exists()]  # innermost first
     try:
         out.mkdir(parents=True, exist_ok=True)
-        fd = shm.flock_current(lock_path, wait=False)
+        holder = shm.OneHolder(lock_path)
     except BlockingIOError as e:
         raise StoreError(
             f"another `fastload convert` (pid {e.args[0] or '?'}) is writing into {out}; wait for it to finish"
@@ -58,13 +58,9 @@ def output_lock(out: Path) -> Iterator[None]:
     except OSError as e:
         raise StoreError(f"cannot write into {out} ({e.strerror or e}); choose another folder with --out") from None
     try:
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
-        yield
+        with holder:
+            yield
     finally:
-        with contextlib.suppress(OSError):
-            os.unlink(lock_path)
-        os.close(fd)
         for folder in created:
             try:
                 folder.rmdir()

@@ -98,6 +98,30 @@ def flock_current(path: Path, *, wait: bool = True) -> int:
         os.close(fd)
 
 
+class OneHolder:
+    """``lock_path``'s flock, taken when made (held elsewhere: BlockingIOError at once, whose message is the holder's
+    pid) with this process's pid written in the file; a context manager that removes the file (while still holding
+    it) and lets the lock go. Taken apart from the ``with``, so that only the taking is the caller's to refuse."""
+
+    def __init__(self, lock_path: Path) -> None:
+        self.path = Path(lock_path)
+        self.fd = flock_current(self.path, wait=False)
+        try:
+            os.ftruncate(self.fd, 0)
+            os.pwrite(self.fd, str(os.getpid()).encode(), 0)
+        except BaseException:
+            self.__exit__()
+            raise
+
+    def __enter__(self) -> "OneHolder":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with contextlib.suppress(OSError):
+            os.unlink(self.path)  # a process waiting on the old file retries on a new one (flock_current)
+        os.close(self.fd)
+
+
 @contextlib.contextmanager
 def locked(segment: Path) -> Iterator[Registry]:
     """Hold the segment's flock and yield its registry; changes are written back on exit."""

@@ -23,7 +23,7 @@ from fastload.store.convert import convert
 from fastload.store.info import store_info
 from fastload.store.objects.manifest import Manifest, check_writable, publish
 from fastload.store.objects.urls import parse_url
-from fastload.store.shm import flock_current
+from fastload.store.shm import OneHolder
 from fastload.store.stage import store_files
 
 
@@ -63,20 +63,13 @@ def convert_to_url(data: Any, to: str | Sequence[str], url: str, *, resume: bool
 def _one_upload_per_url(work: Path, url: str) -> Iterator[None]:
     """Hold the lock beside ``work`` from the conversion to the end of the upload: a second conversion to the same
     URL on this machine would empty the work folder under the first (or upload it half-built); it refuses at once."""
-    lock = work.with_name(work.name + ".lock")
     try:
-        fd = flock_current(lock, wait=False)
+        holder = OneHolder(work.with_name(work.name + ".lock"))
     except BlockingIOError as e:
         raise StoreError(f"another `fastload convert --out {url}` (pid {e.args[0] or '?'}) runs on this machine; wait "
                          f"for it to finish") from None
-    try:
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
+    with holder:
         yield
-    finally:
-        with contextlib.suppress(OSError):
-            os.unlink(lock)  # while still held: a waiting process retries on a new file (flock_current)
-        os.close(fd)
 
 
 def _summary(yaml_path: Path) -> dict[str, Any]:
