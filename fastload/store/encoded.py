@@ -27,7 +27,6 @@ from typing import Any, Sequence
 import numpy as np
 
 from fastload._version import __version__
-from fastload.data.checksum import record_checksum
 from fastload.store.kinds import WriteJob
 from fastload.store.packed import PackedWriter, RecordFileStore, read_layout_meta, write_records
 from fastload.store.space import check_space
@@ -54,30 +53,10 @@ class EncodedStore(RecordFileStore):
         self.meta = read_encoded_meta(root)
         self._read_records_index(root, ARRAYS)
 
-    def _handles(self) -> tuple[str, ...]:
-        return ("_mm",)
-
-    def _read_bytes(self, i: int) -> bytes:
-        if self._mm is None or self._forked():
-            self._pid = os.getpid()
-            # a plain ndarray view of the map: slicing an np.memmap runs Python code per slice
-            self._mm = (np.memmap(Path(self.path) / IMAGES, dtype=np.uint8, mode="r").view(np.ndarray)
-                        if int(self.offsets[-1]) else np.zeros(0, np.uint8))
-        return self._mm[int(self.offsets[i]) : int(self.offsets[i + 1])].tobytes()
-
     def read_image(self, i: int) -> bytes:
         """Record ``i``'s image bytes, checked against the crc32 written at conversion on every read (small beside
         decoding them); raises :class:`~fastload.store.base.DamagedRecordError` when they (or its labels) changed."""
-        i = self.check_index(i)
-        return self._checked_encoded(i, self._read_bytes(i))
-
-    def record_ok(self, i: int) -> bool:
-        """True when record ``i``'s image bytes and labels match the checksum written at conversion."""
-        i = self.check_index(i)
-        return record_checksum(self._read_bytes(i), self.labels[i]) == int(self.checksums[i])
-
-    def close(self) -> None:
-        self._mm = None  # unmapped once no slice of it is alive (slices are copied: none is)
+        return self._encoded_record(self.check_index(i))
 
 
 class EncodedWriter(PackedWriter):

@@ -123,13 +123,46 @@ class RecordFileStore(Store):
     def nbytes(self, i: int) -> int:
         return int(self.offsets[i + 1] - self.offsets[i])
 
-    def _checked_encoded(self, i: int, buf: bytes) -> bytes:
-        """``buf``, record ``i``'s image bytes, once checked against the crc32 written at conversion (on every
-        read, as an LMDB store does: small beside decoding them); :class:`DamagedRecordError` when they (or its
-        labels) changed."""
+    def _handles(self) -> tuple[str, ...]:
+        return ("_mm",)
+
+    def _new_process(self) -> None:
+        """What a process resets before its first read (this one's first, or a forked or unpickled copy's)."""
+
+    def _records(self) -> np.ndarray:
+        """The records file mapped in this process (mapped on first use, again in a forked process)."""
+        if self._mm is None or self._forked():
+            self._pid = os.getpid()
+            self._new_process()
+            if int(self.offsets[-1]) == 0:
+                self._mm = np.zeros(0, np.uint8)
+            else:
+                # a plain ndarray view of the map: slicing a np.memmap runs Python-level
+                # __array_finalize__ on every view (~5 per mosaic tile), slicing an ndarray does not
+                self._mm = np.memmap(Path(self.path) / self.records_file, dtype=np.uint8, mode="r").view(np.ndarray)
+        return self._mm
+
+    def _record(self, i: int) -> np.ndarray:
+        """Record ``i``'s bytes: a read-only view, no copy."""
+        return self._records()[int(self.offsets[i]) : int(self.offsets[i + 1])]
+
+    def _encoded_record(self, i: int) -> bytes:
+        """Record ``i``'s image bytes, checked against the crc32 written at conversion on every read, as an LMDB
+        store does (small beside decoding them); :class:`DamagedRecordError` when they (or its labels) changed."""
+        buf = self._record(i).tobytes()
         if self.check_on_read and record_checksum(buf, self.labels[i]) != int(self.checksums[i]):
             raise self.damaged(i, "checksum", "crc32 mismatch (image bytes or labels changed since conversion)")
         return buf
+
+    def record_ok(self, i: int) -> bool:
+        """True when record ``i``'s bytes and labels still match the checksum written at conversion."""
+        i = self.check_index(i)
+        return record_checksum(self._record(i), self.labels[i]) == int(self.checksums[i])
+
+    def close(self) -> None:
+        # Dropping the reference unmaps once no returned view is alive; closing the mmap by force
+        # would break (BufferError) views a caller still holds.
+        self._mm = None
 
 
 class PackedStore(RecordFileStore):
@@ -155,22 +188,12 @@ class PackedStore(RecordFileStore):
     def _handles(self) -> tuple[str, ...]:
         return ("_mm", "_checked")
 
-    def _pixels(self) -> np.ndarray:
-        if self._mm is None or self._forked():
-            self._pid = os.getpid()
-            self._checked = np.zeros(len(self.im_files), bool)  # per process: a forked copy checks again
-            if int(self.offsets[-1]) == 0:
-                self._mm = np.zeros(0, np.uint8)
-            else:
-                # a plain ndarray view of the map: slicing a np.memmap runs Python-level
-                # __array_finalize__ on every view (~5 per mosaic tile), slicing an ndarray does not
-                self._mm = np.memmap(Path(self.path) / PIXELS, dtype=np.uint8, mode="r").view(np.ndarray)
-        return self._mm
+    def _new_process(self) -> None:
+        self._checked = np.zeros(len(self.im_files), bool)  # per process: a forked copy checks again
 
     def _view(self, i: int) -> np.ndarray:
         h, w = int(self.hw[i, 0]), int(self.hw[i, 1])
-        o = int(self.offsets[i])
-        return self._pixels()[o : o + h * w * 3].reshape(h, w, 3)
+        return self._record(i).reshape(h, w, 3)
 
     def read_image(self, i: int) -> np.ndarray:
         """The loaded RGB image ``i`` as a read-only view into the mapped file (no copy).
@@ -181,21 +204,12 @@ class PackedStore(RecordFileStore):
         """
         i = self.check_index(i)
         img = self._view(i)
-        checked: np.ndarray = self._checked  # type: ignore[assignment]  # _view() made this process's bitmap
+        checked: np.ndarray = self._checked  # type: ignore[assignment]  # the first read made this process's bitmap
         if self.check_on_read and not checked[i]:
             if record_checksum(img, self.labels[i]) != int(self.checksums[i]):
                 raise self.damaged(i, "checksum", "crc32 mismatch (decoded pixels or labels changed since conversion)")
             checked[i] = True
         return img
-
-    def record_ok(self, i: int) -> bool:
-        """True when record ``i``'s pixels and labels still match the checksum written at conversion."""
-        return record_checksum(self._view(self.check_index(i)), self.labels[i]) == int(self.checksums[i])
-
-    def close(self) -> None:
-        # Dropping the reference unmaps once no returned view is alive; closing the mmap by force
-        # would break (BufferError) views a caller still holds.
-        self._mm = None
 
 
 class PackedWriter:

@@ -248,7 +248,7 @@ class StreamingStore(PackedStore):
         self._checked: np.ndarray | None = None
         # shard files this process has mapped, most recently read last: at most those an epoch reads at once
         self._maps: OrderedDict[int, np.ndarray] = OrderedDict()
-        self._max_maps = self.window + max(self.read_ahead_shards, 0) + 1
+        self._max_maps = self.window + self.read_ahead_shards + 1
 
     def _open_index(self, manifest: Manifest, split: str, imgsz: int, upload_kind: str,
                     upload_root: Path) -> tuple[str, str]:
@@ -297,12 +297,7 @@ class StreamingStore(PackedStore):
         image bytes of an encoded one (checked on every read), from its shard in the cache."""
         if self.decoded:
             return super().read_image(i)
-        i = self.check_index(i)
-        return self._checked_encoded(i, self._record_bytes(i))
-
-    def record_ok(self, i: int) -> bool:
-        i = self.check_index(i)
-        return record_checksum(self._record_bytes(i), self.labels[i]) == int(self.checksums[i])
+        return self._encoded_record(self.check_index(i))
 
     def _handles(self) -> tuple[str, ...]:
         return ("_checked", "_maps")
@@ -310,19 +305,15 @@ class StreamingStore(PackedStore):
     def close(self) -> None:
         self._maps = OrderedDict()  # unmapped once no view handed out is alive
 
-    def _view(self, i: int) -> np.ndarray:
-        h, w = int(self.hw[i, 0]), int(self.hw[i, 1])
-        return self._record(i).reshape(h, w, 3)
-
-    def _record_bytes(self, i: int) -> bytes:
-        return self._record(i).tobytes()
+    def _new_process(self) -> None:
+        super()._new_process()
+        self._maps = OrderedDict()  # a forked process maps the files itself
 
     def _record(self, i: int) -> np.ndarray:
         """Record ``i``'s bytes, a read-only view of its shard file mapped in this process (no copy)."""
         if self._checked is None or self._forked():
             self._pid = os.getpid()
-            self._checked = np.zeros(len(self.im_files), bool)  # per process, as PackedStore's
-            self._maps = OrderedDict()  # a forked process maps the files itself
+            self._new_process()
         shard = int(self._shard_of[i])
         path = self.cached_shard(shard)  # marked as just used in the node's cache; downloaded when absent
         mapped = self._maps.get(shard)
