@@ -4,7 +4,8 @@
 
 Kernels: mosaic drawing (stock 2s x 2s canvas + warpAffine vs one draw per tile, with both tile
 kernels: ``warp``, a warpAffine of the tile's source pixels, and ``resize``, an exact-scale resize),
-validation letterbox, HSV (stock split/LUT/merge vs one cv2.transform), flip (stock: plus the
+validation letterbox, HSV with YOLOv9's and Ultralytics' tables (stock split/LUT/merge vs one cv2.transform and
+the exact hue wrap), flip (stock: plus the
 HWC->CHW copy; fastload flips in place and hands the batch over channels-last), mixup blend, and the record + box maths that fastload adds.  Prints a markdown table (best of
 ``--repeat`` runs, mean ms per image over ``--n`` records).
 """
@@ -103,6 +104,9 @@ def main(argv: Sequence[str] | None = None) -> None:
          best_ms(lambda k: mixup_blend(work[k], other[k], ratios[k]), n, r)),
         (f"mosaic tiles (4) -> output, {other_kernel} kernel", stock_mosaic,
          best_ms(lambda k: render_image(mos[k].image, get, out, axis_kernel=other_kernel), n, r)),
+        ("HSV gains, Ultralytics' rule (additive hue)",
+         best_ms(lambda k: apply_hsv_reference(work[k], gains[k], "ultralytics"), n, r),
+         best_ms(lambda k: apply_hsv(work[k], gains[k], "ultralytics"), n, r)),
     ]
     extra = [
         ("record sampling (ParamSampler.sample)", best_ms(lambda k: train.sample(1, k % len(images)), n, r)),

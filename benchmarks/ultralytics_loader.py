@@ -15,9 +15,12 @@ from the same Ultralytics argument namespace (its defaults: mosaic 1.0, scale 0.
   an LMDB store, from the shared ram store (``cache="ram"``) and from the packed disk store (``cache="disk"``), HSV
   in the workers; the files as on a
   dataset larger than memory (no decoded-image cache, mosaic partners from the batch: one decode per image);
-  and the ram store with HSV left to the consumer's device, not applied here: what a CUDA trainer's batches
-  cost the CPU (``--recipe yolov9``: ``hsv_on="defer"``; ``ultralytics``, whose additive hue is applied on the
-  consumer's device by ``FastloadTrainer`` on CUDA, never deferred: drawn with HSV gains 0, the same CPU work).
+  and the ram and disk stores with HSV left to the consumer's device, not applied here: what a CUDA trainer's
+  batches cost the CPU (``--recipe yolov9``: ram only, ``hsv_on="defer"``; ``ultralytics``, whose additive hue is
+  applied on the consumer's device by ``FastloadTrainer`` on CUDA, never deferred: drawn with HSV gains 0, the
+  same CPU work). fastload's loaders are built for a trainer on ``--model-device`` (default cuda: channels-last
+  batches, as ``FastloadTrainer`` gives a CUDA trainer, whose model is channels-last); every loader's batches
+  stay on the CPU.
 
 Each configuration is timed for ``--seconds`` after a warm-up batch, in ``--rounds`` interleaved rounds
 (median round shown; ratios are the medians of same-round ratios to the Ultralytics rows). ``--cold`` copies the
@@ -69,16 +72,26 @@ def ultralytics_loader(yaml_path: Path, imgsz: int, batch: int, workers: int, ca
 
 
 def fastload_loader(yaml_path: Path, imgsz: int, batch: int, workers: int, cache: Any, recipe: str,
-                    store: str = "auto", hsv: bool = True) -> Any:
+                    store: str = "auto", hsv: bool = True, model_device: str = "cuda") -> Any:
+    """The loader FastloadTrainer builds for a trainer on ``model_device``, its batches kept on the CPU
+    (``fastload_device=None``, as Ultralytics' rows): on cuda channels-last, as the trainer's model there."""
+    import torch
+
     from fastload.compat.ultralytics import UltralyticsOptions
     from fastload.compat.ultralytics.loader import LoaderRequest, build_loader
 
     args, data = ultralytics_args(yaml_path, imgsz, batch, workers, cache, hsv)
-    opts = UltralyticsOptions(recipe=recipe, num_workers=workers, store=store)
-    return build_loader(args, data, LoaderRequest(data["train"], batch, "train", rect=False, stride=32), opts)
+    opts = UltralyticsOptions(recipe=recipe, num_workers=workers, store=store, device=None)
+    request = LoaderRequest(data["train"], batch, "train", rect=False, stride=32, device=torch.device(model_device))
+    return build_loader(args, data, request, opts)
 
 
-def decode_bound_loader(yaml_path: Path, imgsz: int, batch: int, workers: int, recipe: str) -> Any:
+def layout_of(model_device: str) -> str:
+    """The batch layout FastloadTrainer gives a trainer on ``model_device`` (the plain loaders below take it too)."""
+    return "nhwc" if model_device == "cuda" else "nchw"
+
+
+def decode_bound_loader(yaml_path: Path, imgsz: int, batch: int, workers: int, recipe: str, model_device: str) -> Any:
     """The image files as on a dataset larger than memory: no decoded-image cache, mosaic partners from the
     batch (one decode per image), as docs/benchmarks.md's decode-bound rows."""
     from fastload.augment.hyp import AUGMENT_KEYS
@@ -86,16 +99,18 @@ def decode_bound_loader(yaml_path: Path, imgsz: int, batch: int, workers: int, r
 
     args, _ = ultralytics_args(yaml_path, imgsz, batch, workers, False)
     return loader(yaml_path, imgsz=imgsz, batch_size=batch, workers=workers, partners="batch", recipe=recipe,
+                  layout=layout_of(model_device),
                   engine_options={"decode_cache_mb": 0}, hyp={k: float(getattr(args, k)) for k in AUGMENT_KEYS})
 
 
-def deferred_hsv_loader(yaml_path: Path, imgsz: int, batch: int, workers: int) -> Any:
+def deferred_hsv_loader(yaml_path: Path, imgsz: int, batch: int, workers: int, model_device: str) -> Any:
     """The ram-store loader with the same hyperparameters, HSV gains left for the consumer's device."""
     from fastload.augment.hyp import AUGMENT_KEYS
     from fastload.fastloader import loader
 
     args, _ = ultralytics_args(yaml_path, imgsz, batch, workers, "ram")
     return loader(yaml_path, imgsz=imgsz, batch_size=batch, workers=workers, store="ram", hsv_on="defer",
+                  layout=layout_of(model_device),
                   hyp={k: float(getattr(args, k)) for k in AUGMENT_KEYS})
 
 
@@ -121,22 +136,27 @@ def measure(make: Callable[[], Any], seconds: float, *, kind: str) -> dict[str, 
 def configurations(yaml_path: Path, lmdb_yaml: Path, disk_yaml: Path,
                    a: argparse.Namespace) -> dict[str, tuple[Callable[[], Any], str]]:
     size = (a.imgsz, a.batch, a.workers)
+    on = {"model_device": a.model_device}
     configs = {
         "ultralytics, no cache": (lambda: ultralytics_loader(yaml_path, *size, False), "ultralytics"),
         "ultralytics, cache ram": (lambda: ultralytics_loader(yaml_path, *size, "ram"), "ultralytics"),
-        "fastload files": (lambda: fastload_loader(yaml_path, *size, False, a.recipe), "fastload"),
-        "fastload lmdb": (lambda: fastload_loader(yaml_path, *size, False, a.recipe, store=str(lmdb_yaml)), "fastload"),
-        "fastload files, batch partners, no decode cache": (lambda: decode_bound_loader(yaml_path, *size, a.recipe),
+        "fastload files": (lambda: fastload_loader(yaml_path, *size, False, a.recipe, **on), "fastload"),
+        "fastload lmdb": (lambda: fastload_loader(yaml_path, *size, False, a.recipe, store=str(lmdb_yaml), **on),
+                          "fastload"),
+        "fastload files, batch partners, no decode cache": (lambda: decode_bound_loader(yaml_path, *size, a.recipe, **on),
                                                             "plain"),
-        "fastload ram (cache ram)": (lambda: fastload_loader(yaml_path, *size, "ram", a.recipe), "fastload"),
-        "fastload disk (cache disk)": (lambda: fastload_loader(yaml_path, *size, "disk", a.recipe, store=str(disk_yaml)),
+        "fastload ram (cache ram)": (lambda: fastload_loader(yaml_path, *size, "ram", a.recipe, **on), "fastload"),
+        "fastload disk (cache disk)": (lambda: fastload_loader(yaml_path, *size, "disk", a.recipe, store=str(disk_yaml), **on),
                                        "fastload"),
     }
     if a.recipe == "yolov9":  # the ultralytics recipe's additive hue is never deferred (loader() refuses it)
-        configs["fastload ram, HSV deferred to device"] = (lambda: deferred_hsv_loader(yaml_path, *size), "plain")
+        configs["fastload ram, HSV deferred to device"] = (lambda: deferred_hsv_loader(yaml_path, *size, **on), "plain")
     else:  # on CUDA FastloadTrainer applies it on the device: what the CPU does then, without HSV's GPU cost
         configs["fastload ram, HSV on the device (not run here)"] = (
-            lambda: fastload_loader(yaml_path, *size, "ram", a.recipe, hsv=False), "fastload")
+            lambda: fastload_loader(yaml_path, *size, "ram", a.recipe, hsv=False, **on), "fastload")
+        configs["fastload disk, HSV on the device (not run here)"] = (
+            lambda: fastload_loader(yaml_path, *size, "disk", a.recipe, store=str(disk_yaml), hsv=False, **on),
+            "fastload")
     return configs
 
 
@@ -199,6 +219,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=2, help="interleaved rounds (the median round is shown)")
     ap.add_argument("--recipe", choices=RECIPES, default="ultralytics",
                     help="fastload's augmentation recipe (default: FastloadTrainer's, ultralytics)")
+    ap.add_argument("--model-device", choices=("cuda", "cpu"), default="cuda",
+                    help="the trainer device fastload's loaders are built for (batches stay on the CPU either way): "
+                         "cuda, channels-last batches as FastloadTrainer gives a CUDA trainer (default); cpu, "
+                         "contiguous, with the transposing copy Ultralytics' own loader also makes")
     ap.add_argument("--pss", action="store_true", help="also the PSS of 2 processes x workers with cache='ram'")
     ap.add_argument("--cold", action="store_true",
                     help="a cold disk: the images copied (not linked) and dropped from the page cache before every "
@@ -241,7 +265,8 @@ def main(argv: list[str] | None = None) -> int:
             table[name] = row
         cold = " (copies, dropped from the page cache before each measurement)" if a.cold else ""
         print(f"\ncoco128 repeated to {a.images} images{cold}, imgsz {a.imgsz}, batch {a.batch}, {a.workers} workers, "
-              f"fastload recipe {a.recipe}, {a.rounds} rounds of {a.seconds:g} s (median round; ratios: median same-round ratio)")
+              f"fastload recipe {a.recipe}, batches for a {a.model_device} trainer "
+              f"({layout_of(a.model_device)}), {a.rounds} rounds of {a.seconds:g} s (median round; ratios: median same-round ratio)")
         print(f"| configuration | img/s | CPU ms/img | x {ULTRALYTICS[0]} | x {ULTRALYTICS[1]} |")
         print("|---|---:|---:|---:|---:|")
         for name, row in table.items():

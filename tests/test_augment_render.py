@@ -168,24 +168,28 @@ def _hsv_images():
 
 
 @pytest.mark.parametrize("transform", [True, False])
-def test_hsv_fast_matches_stock_luts(transform, monkeypatch):
-    """apply_hsv == the stock LUT path: exactly with the 3-channel LUT middle step (OpenCV 4), and
-    with cv2.transform (OpenCV 5) except one level where the hue wraps past 180 (rare)."""
+@pytest.mark.parametrize("rule", ["yolov9", "ultralytics"])
+def test_hsv_fast_matches_stock_luts(transform, rule, monkeypatch):
+    """apply_hsv == the stock LUT path, bit for bit, with either middle step (cv2.transform with the hue wrapped
+    on the pixels that need it, OpenCV 5; the 3-channel LUT, OpenCV 4), for hue moved up, down and not at all."""
     from fastload.augment.functional import color
 
     monkeypatch.setattr(color, "TRANSFORM_MIDDLE", transform)
     rng = np.random.default_rng(1)
-    worst, frac = 0, 0.0
+    middles = set()
     for img in _hsv_images():
         for _ in range(25):
             g = rng.uniform(-1, 1, 3) * [0.015, 0.7, 0.4] + 1
-            a, b = apply_hsv(img.copy(), g), apply_hsv_reference(img.copy(), g)
-            d = np.abs(a.astype(int) - b)
-            worst, frac = max(worst, d.max()), max(frac, (d > 0).mean())
-    if transform:
-        assert worst <= 1 and frac <= 1e-3, (worst, frac)
+            for gh in (g[0], 1.0, 1 + 1.5 / 180, 1 - 1.5 / 180):  # a hue held, and shifted by +1 / -2 levels (ultralytics)
+                gains = (gh, g[1], g[2])
+                middle = color._hsv_middle(gains, rule)
+                middles.add((type(middle).__name__, getattr(middle, "lift_below", 0) > 0, getattr(middle, "may_reach_180", False)))
+                assert np.array_equal(apply_hsv(img.copy(), gains, rule), apply_hsv_reference(img.copy(), gains, rule)), gains
+    if transform:  # every kind of exact transform was met: no wrap, raised below 0, lowered from 180
+        want = {("_HueTransform", False, False), ("_HueTransform", False, True)}
+        assert want | ({("_HueTransform", True, False)} if rule == "ultralytics" else set()) <= middles, middles
     else:
-        assert worst == 0, worst
+        assert middles == {("ndarray", False, False)}
 
 
 def test_hsv_reference_is_stock_on_bgr_and_identity():
@@ -245,14 +249,14 @@ def test_hsv_in_box_fills_coloured_border_rows():
         assert not np.array_equal(got[0, 0], img[0, 0])  # the border did change
 
 
-def test_opencv_hue_wrap_assumption():
-    """apply_hsv leaves H = 180 + k unwrapped; OpenCV's HSV->RGB treats it as k (within 1 level)."""
+def test_opencv_hue_wrap_is_not_exact():
+    """Why apply_hsv wraps the hue itself: OpenCV's HSV->RGB of H = 180 + k is k's within one level, not exactly."""
     s, v = np.meshgrid(np.arange(256), np.arange(256))
     for k in (0, 1):
         a = np.stack([np.full_like(s, 180 + k), s, v], -1).astype(np.uint8)
         b = np.stack([np.full_like(s, k), s, v], -1).astype(np.uint8)
         d = np.abs(cv2.cvtColor(a, cv2.COLOR_HSV2RGB).astype(int) - cv2.cvtColor(b, cv2.COLOR_HSV2RGB))
-        assert d.max() <= 1 and (d > 0).mean() < 0.01
+        assert d.max() <= 1 and 0 < (d > 0).mean() < 0.01
 
 
 # -------------------------------------------------------------------------------------- mixup

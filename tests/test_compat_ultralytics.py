@@ -146,6 +146,28 @@ def test_train_batches_and_loader_protocol(coco16, ultra):
         assert len(ld.dataset) == images, fraction
 
 
+def test_batches_are_channels_last_where_the_trainer_makes_the_model_so(coco16, ultra):
+    """A CUDA trainer (``channels_last`` not False) makes its model channels-last: its batches are channels-last
+    views of the rendered pixels, wherever fastload delivers them (here kept on the CPU, fastload_device=None), and
+    hold the pixels of a CPU trainer's contiguous batches."""
+    args, data = ultra(coco16)
+    imgs = {}
+    for name, device, channels_last in (("cpu", None, None), ("cuda", torch.device("cuda"), None),
+                                        ("cuda, channels_last=False", torch.device("cuda"), False)):
+        args.channels_last = channels_last
+        ld = build_loader(args, data, LoaderRequest(data["train"], 4, "train", False, 32, device=device),
+                          UltralyticsOptions(device=None))
+        try:
+            img = next(iter(ld))["img"]
+            assert img.shape == (4, 3, 64, 64)
+            assert img.is_contiguous(memory_format=torch.channels_last) == (name == "cuda"), name
+            assert img.is_contiguous() == (name != "cuda"), name
+            imgs[name] = img.clone()
+        finally:
+            ld.close()
+    assert torch.equal(imgs["cpu"], imgs["cuda"]) and torch.equal(imgs["cpu"], imgs["cuda, channels_last=False"])
+
+
 def test_ddp_shards_and_set_epoch(coco16, ultra, monkeypatch):
     """Under DDP (the trainer passes LOCAL_RANK) each rank loads its shard: disjoint, covering, reshuffled by
     ``sampler.set_epoch`` as the trainer calls it."""

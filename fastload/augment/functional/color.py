@@ -6,24 +6,27 @@ each channel through a table ``H' = floor(H * gh) mod 180``, ``S' = floor(clip(S
 literally (split, three ``cv2.LUT``, merge: the stock cost).
 
 :func:`apply_hsv` gives **bit-identical** output faster by replacing split + 3 LUT + merge with
-one call on the interleaved HSV image (in a reused scratch buffer), whichever is faster on the
+one pass over the interleaved HSV image (in a reused scratch buffer), whichever is faster on the
 installed OpenCV (:data:`TRANSFORM_MIDDLE`):
 
 * OpenCV >= 5: one ``cv2.transform`` (a per-channel gain and offset): ``round(x * g - 0.5 + d)``
   equals ``floor(x * g)`` for all 256 inputs when the small offset ``d`` is chosen right, which is
   checked on a 256-value ramp for every gain triple (a few microseconds; the rare triple that no
-  offset makes exact uses the tables).  The hue is not wrapped: ``floor(H * gh)`` may reach
-  180 + k, which OpenCV's HSV->RGB conversion wraps to k itself (that equivalence is asserted
-  exhaustively by the tests), so ``mod 180`` is free.
+  offset makes exact uses the tables).  A linear map cannot wrap the hue, and OpenCV's HSV->RGB
+  conversion of ``180 + k`` is not exactly that of ``k`` (one level apart for about 1 % of S, V
+  pairs), so the wrap is done exactly on the few pixels that need it: levels that would go below 0
+  are raised by 180 first, levels that reach 180 are lowered by 180 after (a mask of the hue
+  plane and one masked add, skipped when no pixel needs it).  A 3-channel ``cv2.LUT`` costs about
+  four ``cv2.transform`` here.
 * OpenCV 4: one 3-channel ``cv2.LUT`` with the three tables (exactly the stock mapping).
 
 Every function takes the record's ``rule`` (:attr:`fastload.augment.params.SampleParams.hsv_rule`):
 ``"yolov9"`` as above, or ``"ultralytics"``: Ultralytics 8.4's tables, an additive hue
-``H' = floor(H + 180 (gh - 1)) mod 180`` and saturation level 0 kept at 0 (S and V as YOLOv9's),
-always applied with the 3-channel ``cv2.LUT`` (a negative hue shift needs the real wrap).
+``H' = floor(H + 180 (gh - 1)) mod 180`` and saturation level 0 kept at 0 (S and V as YOLOv9's).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 import cv2
@@ -37,7 +40,6 @@ __all__ = ["apply_hsv", "apply_hsv_in_box", "apply_hsv_reference", "hsv_luts"]
 # Every level each channel can hold, several times over (2 x 512 pixels: SIMD body and tail):
 # hue cycles through 0..179 (OpenCV never produces H >= 180), saturation and value through 0..255.
 _RAMP = np.stack([np.arange(1024) % 180, np.arange(1024) % 256, np.arange(1024) % 256], -1).reshape(2, 512, 3).astype(np.uint8)
-_RAMP_F = _RAMP.astype(np.float64)
 _OFFSETS = (2e-5, 1e-4, 5e-6, 1e-3)  # tried in order; see the module docstring
 
 #: The middle step of :func:`apply_hsv`: ``cv2.transform`` (True) or one 3-channel ``cv2.LUT``,
@@ -79,19 +81,63 @@ def apply_hsv_reference(img: np.ndarray, gains: Sequence[float], rule: Recipe = 
     return img
 
 
-def _exact_transform(gains: Sequence[float]) -> np.ndarray | None:
-    """A 3x4 ``cv2.transform`` matrix reproducing the three tables exactly, or None."""
+@dataclass(frozen=True)
+class _HueTransform:
+    """The middle step as ``cv2.transform`` (see the module docstring): hue levels below ``lift_below``
+    raised by 180 first, then ``matrix``, then levels of 180 and above lowered by 180 when ``may_reach_180``."""
+
+    matrix: np.ndarray  # float64 3x4
+    lift_below: int
+    may_reach_180: bool
+
+
+def _exact_transform(gains: Sequence[float], rule: Recipe) -> _HueTransform | None:
+    """A :class:`_HueTransform` reproducing ``rule``'s three tables exactly, or None."""
     g = np.array([float(v) for v in gains])
-    if g[0] < 0 or 179 * g[0] >= 256:
-        return None  # hue would need a real wrap (|hsv_h| > ~0.4): use the tables
-    want = np.clip(_RAMP_F * g, 0, 255).astype(np.uint8)  # floor(x * g) (hue left unwrapped), clipped
+    lut_h, lut_s, lut_v = hsv_luts(gains, rule)
     m = np.zeros((3, 4), np.float64)
-    m[0, 0], m[1, 1], m[2, 2] = g
+    m[1, 1], m[2, 2] = g[1], g[2]
+    if rule == "ultralytics":  # an added hue: a whole number of levels k, |k| < 180
+        k = int(lut_h[0]) if lut_h[0] < 90 else int(lut_h[0]) - 180
+        if not np.array_equal(lut_h[:180], (np.arange(180) + k) % 180):
+            return None
+        if abs(k) > 76:
+            return None  # 179 + |k| would not fit a byte before its wrap (|hsv_h| > ~0.4): use the tables
+        m[0, 0], hue_offset, lift = 1.0, float(k), max(-k, 0)
+    else:  # floor(H * gh), up to 179 gh
+        if g[0] < 0 or 179 * g[0] >= 256:
+            return None  # hue would need more than one wrap (|hsv_h| > ~0.4): use the tables
+        m[0, 0], hue_offset, lift = g[0], 0.0, 0
+    candidate = _HueTransform(m, lift, int(max(179 * m[0, 0] + hue_offset, 0)) >= 180)
+    want = cv2.LUT(_RAMP, np.stack((lut_h, lut_s, lut_v), -1).reshape(1, 256, 3))
     for d in _OFFSETS:
         m[:, 3] = -0.5 + d
-        if np.array_equal(cv2.transform(_RAMP, m), want):
-            return m
+        m[0, 3] += hue_offset
+        if np.array_equal(_transform_middle(_RAMP.copy(), candidate), want):
+            return candidate
     return None
+
+
+def _transform_middle(hsv: np.ndarray, t: _HueTransform) -> np.ndarray:
+    """``t`` applied to a contiguous HSV image in place (see :class:`_HueTransform`)."""
+    if t.lift_below:
+        _add_to_hue_where(hsv, 180, cv2.THRESH_BINARY_INV, t.lift_below - 1)
+    cv2.transform(hsv, t.matrix, dst=hsv)
+    if t.may_reach_180:
+        _add_to_hue_where(hsv, -180, cv2.THRESH_BINARY, 179)
+    return hsv
+
+
+def _add_to_hue_where(hsv: np.ndarray, delta: int, kind: int, level: int) -> None:
+    """``delta`` added to the hue of the pixels whose hue is above ``level`` (``THRESH_BINARY``) or at most
+    ``level`` (``THRESH_BINARY_INV``), in place."""
+    hue = cv2.extractChannel(hsv, 0, dst=scratch("hue", hsv.shape[:2]))
+    mask = cv2.threshold(hue, level, 255, kind, dst=hue)[1]
+    if cv2.countNonZero(mask):
+        if delta > 0:
+            cv2.add(hsv, (delta, 0, 0, 0), dst=hsv, mask=mask)
+        else:
+            cv2.subtract(hsv, (-delta, 0, 0, 0), dst=hsv, mask=mask)
 
 
 def apply_hsv(img: np.ndarray, gains: Sequence[float], rule: Recipe = "yolov9") -> np.ndarray:
@@ -105,20 +151,20 @@ def apply_hsv(img: np.ndarray, gains: Sequence[float], rule: Recipe = "yolov9") 
     return _apply_hsv_middle(img, _hsv_middle(gains, rule))
 
 
-def _hsv_middle(gains: Sequence[float], rule: Recipe = "yolov9") -> np.ndarray:
-    """The middle step for ``gains``: a float64 3x4 ``cv2.transform`` matrix (exact, OpenCV >= 5, YOLOv9's
-    rule) or the three tables as one uint8 ``[1, 256, 3]`` ``cv2.LUT`` table."""
-    m = _exact_transform(gains) if TRANSFORM_MIDDLE and rule == "yolov9" else None
-    return m if m is not None else np.stack(hsv_luts(gains, rule), -1).reshape(1, 256, 3)
+def _hsv_middle(gains: Sequence[float], rule: Recipe = "yolov9") -> _HueTransform | np.ndarray:
+    """The middle step for ``gains``: an exact :class:`_HueTransform` (OpenCV >= 5) or the three tables as
+    one uint8 ``[1, 256, 3]`` ``cv2.LUT`` table."""
+    t = _exact_transform(gains, rule) if TRANSFORM_MIDDLE else None
+    return t if t is not None else np.stack(hsv_luts(gains, rule), -1).reshape(1, 256, 3)
 
 
-def _apply_hsv_middle(img: np.ndarray, middle: np.ndarray) -> np.ndarray:
+def _apply_hsv_middle(img: np.ndarray, middle: _HueTransform | np.ndarray) -> np.ndarray:
     """RGB -> HSV, ``middle`` (see :func:`_hsv_middle`), HSV -> RGB, in place."""
     hsv = cv2.cvtColor(img, cv2.COLOR_RGB2HSV, dst=scratch("hsv", img.shape))
-    if middle.dtype == np.uint8:  # the three tables in one interleaved pass
+    if isinstance(middle, _HueTransform):
+        _transform_middle(hsv, middle)
+    else:  # the three tables in one interleaved pass
         cv2.LUT(hsv, middle, dst=hsv)
-    else:
-        cv2.transform(hsv, middle, dst=hsv)
     cv2.cvtColor(hsv, cv2.COLOR_HSV2RGB, dst=img)
     return img
 

@@ -21,7 +21,7 @@ from fastload.compat.ranks import shard_of
 from fastload.compat.stores import open_split_store, split_config
 from fastload.compat.ultralytics.options import OWNER, UltralyticsOptions
 from fastload.data.device import resolve_device
-from fastload.engines.base import Batch
+from fastload.engines.base import Batch, Layout
 from fastload.engines.factory import engine_class
 from fastload.fastloader import FastLoader
 from fastload.fastloader import loader as make_loader
@@ -133,6 +133,14 @@ def _device(opts: UltralyticsOptions, req: LoaderRequest) -> torch.device | None
     return resolve_device(opts.device, OWNER, instead="fastload_device=None")
 
 
+def _layout(args: Any, req: LoaderRequest) -> Layout:
+    """The memory order of the model's input: channels-last where Ultralytics' trainer makes the model
+    channels-last (a CUDA device, its ``channels_last`` argument not False), wherever fastload delivers the
+    batch (a channels-last batch is a view of the rendered pixels: no transposing copy)."""
+    on_cuda = req.device is not None and req.device.type == "cuda"
+    return "nhwc" if on_cuda and _arg(args, "channels_last", None) is not False else "nchw"
+
+
 def build_loader(args: Any, data: Mapping[str, Any], req: LoaderRequest, opts: UltralyticsOptions) -> "UltralyticsLoader":
     """The fastload loader Ultralytics' ``get_dataloader`` returns for ``req``, from the trainer's ``args``
     (its argument namespace) and ``data`` (its checked data dict: ``names``, ``nc``, ``channels``)."""
@@ -180,8 +188,7 @@ def build_loader(args: Any, data: Mapping[str, Any], req: LoaderRequest, opts: U
             rank=rank,
             world_size=world,
             drop_last=augment and bool(_arg(args, "compile", False)),
-            # Ultralytics moves the model to channels-last on CUDA only
-            layout="nhwc" if device is not None and device.type == "cuda" else "nchw",
+            layout=_layout(args, req),
             recipe=recipe,
             **chosen,
         )
