@@ -239,3 +239,6 @@ def test_ddp_two_process_cpu_sigterm_then_resume(small_synth, tiny_cfg, tmp_path
     assert _logged_lrs(rows[1]) == pytest.approx(_schedule_lrs(2, 2, 4, 3, 1), rel=1e-5)
     with pytest.raises(ValueError, match="already finished"):  # nothing left to resume: a clear error
         train(parse_args(["--data", str(small_synth), "--resume", str(last), "--device", "cpu"]))
+    # a flag the resumed run would drop (its options are the saved run's) is refused, naming both values
+    with pytest.raises(ValueError, match=r"these differ: --batch-size 8 \(the run's: 4\); --data .*other\.yaml"):
+        train(parse_args(["--data", str(tmp_path / "other.yaml"), "--resume", str(last), "--batch", "8"]))

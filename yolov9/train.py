@@ -61,6 +61,11 @@ RESULTS_COLUMNS = [
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The ``train_dual.py`` flags plus fastload's; unknown flags are an error (argparse)."""
+    p = _parser()
+    return _check_parsed(p, p.parse_args(argv))
+
+
+def _parser() -> OneLineParser:
     p = OneLineParser(prog="python -m yolov9.train", description=__doc__.split("\n\n")[0])
     p.add_argument("--weights", default="", help="initial weights: a checkpoint from this trainer or a state_dict")
     p.add_argument("--cfg", default="", help="model config: a yaml path or a bundled name (yolov9-s, gelan-c, ...); "
@@ -110,7 +115,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--amp", action=argparse.BooleanOptionalAction, default=True, help="mixed precision on CUDA")
     p.add_argument("--amp-dtype", choices=("fp16", "bf16"), default="fp16", help="autocast dtype on CUDA")
     add_debug_flag(p, top=True)
-    opt = p.parse_args(argv)
+    return p
+
+
+def _check_parsed(p: argparse.ArgumentParser, opt: argparse.Namespace) -> argparse.Namespace:
     if opt.optimizer == "LION":
         p.error("--optimizer LION is not implemented here; use SGD, Adam or AdamW")
     if opt.cache and opt.store and opt.store != opt.cache:
@@ -300,6 +308,29 @@ def train(opt: argparse.Namespace) -> dict:
         return _train(opt, stop_request)
 
 
+# What a resumed run takes from its own command line; every other option is the saved run's.
+_RESUME_OWN = frozenset({"resume", "weights", "project", "epochs", "device", "workers", "save_period_steps", "local_rank",
+                         "debug"})
+
+
+def _refuse_other_options(opt: argparse.Namespace, saved: dict, last: Path) -> None:
+    """A resume continues the saved run with its options: refuse a flag given with another value than the
+    run's (it would be dropped). ``--data``, required on every command line, must name the run's file."""
+    defaults = _parser()
+    differ = []
+    for key, value in sorted(vars(opt).items()):
+        if key in _RESUME_OWN or key not in saved or value == saved[key]:
+            continue
+        if key == "data" and Path(value).resolve() == Path(saved[key]).resolve():
+            continue
+        if key != "data" and value == defaults.get_default(key):
+            continue  # not given (or given as the default): the saved value applies
+        differ.append(f"--{key.replace('_', '-')} {value} (the run's: {saved[key]})")
+    if differ:
+        raise ValueError(f"--resume {last} continues that run with its own options, and these differ: "
+                         f"{'; '.join(differ)}. Drop them, or start a new run from its weights with --weights {last}")
+
+
 def _train(opt: argparse.Namespace, stop_request: _StopRequest) -> dict:
     import fastload
     from fastload.augment.hyp import load_hyp
@@ -316,6 +347,7 @@ def _train(opt: argparse.Namespace, stop_request: _StopRequest) -> dict:
         saved = resume_ckpt["meta"].get("opt")
         if not saved:
             raise ValueError(f"{last}: no training options recorded, cannot resume")
+        _refuse_other_options(opt, saved, last)
         keep = {"device": opt.device, "workers": opt.workers}
         if opt.save_period_steps is not None:
             keep["save_period_steps"] = opt.save_period_steps
