@@ -196,7 +196,7 @@ class FastLoader:
                                    world_size=world_size, drop_last=drop_last)
         self.sampler = _EpochSampler(self)
         self._epoch_set = False
-        self._closed = False
+        self.closed = False  # True once close() ran: iterating then raises
         self.dataset = dataset(self)  # built with its owner, whose image table and mosaic state it shows
         self._running: _Progress | None = None  # the latest iteration, until it ends or the epoch is set
         self._resume: tuple[int, int, str | None] | None = None  # load_state_dict(): (epoch, position, table)
@@ -287,7 +287,7 @@ class FastLoader:
 
     # -- iteration ------------------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Batch]:
-        if self._closed:
+        if self.closed:
             raise RuntimeError("this loader was closed")
         epoch = self.epoch
         if self.close_mosaic_epochs and self.epochs is not None and epoch >= self.epochs - self.close_mosaic_epochs:
@@ -413,9 +413,9 @@ class FastLoader:
 
     def close(self) -> None:
         """Stop workers and release buffers, and the store if :func:`loader` opened it. Idempotent."""
-        if self._closed:
+        if self.closed:
             return
-        self._closed = True
+        self.closed = True
         self.engine.close()
         if self._owns_store:
             self.store.close()

@@ -349,7 +349,8 @@ def test_training_batches_in_distribution_beside_ultralytics_dataset(coco16, ult
 def test_real_trainer_two_epochs(coco16, tmp_path, preloaded_python):
     """The real trainer, offline on the CPU, with fastload's default recipe (Ultralytics'): results.csv of both
     epochs, mosaic in epoch 1 only, plots from dataset.labels, and the best weights validated through fastload
-    and through Ultralytics' own loader with the same metrics. Its process is forked from the pre-loaded
+    and through Ultralytics' own loader with the same metrics. Its first batch fails as out of GPU memory:
+    Ultralytics retries at half the batch with new loaders, and both replaced loaders are closed. Its process is forked from the pre-loaded
     interpreter (tests/preloaded.py: torch & co. imported once; Ultralytics itself after the fork, with this
     run's settings folder and offline switch)."""
     env = {**base_env(REPO), **ultralytics_env(tmp_path)}
@@ -360,6 +361,10 @@ def test_real_trainer_two_epochs(coco16, tmp_path, preloaded_python):
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["train_loader"] == summary["val_loader"] == "UltralyticsLoader"
     assert "fastload: 16 images, 2 batches of 8, 0 workers, ram store, cpu engine" in run.stdout  # its log line
+    assert "fastload: 16 images, 4 batches of 4, 0 workers, ram store, cpu engine" in run.stdout  # after the retry
+    assert summary["batch"] == 4
+    # built: train, val (batch 8), then the retry's train, val; the replaced two are closed, not left to the collector
+    assert summary["closed_after_epoch_1"] == [True, True, False, False]
     # Ultralytics' own recipe by default; with cache="ram" its partners come from the whole dataset, as Ultralytics'
     assert "cpu, ultralytics recipe (mosaic partners: dataset)" in run.stdout
     assert summary["stores"] == {"train": "ram", "val": "ram"}  # cache="ram": fastload's shared ram store

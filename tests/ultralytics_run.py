@@ -2,7 +2,8 @@
 settings and callbacks): ``python ultralytics_run.py DATA_YAML OUT_DIR``.
 
 Trains yolov9t (built from its yaml, no weights) for 2 epochs with ``close_mosaic=1``, ``cache="ram"`` and
-rect validation through :class:`FastloadTrainer`, draws its label plot (from ``dataset.labels``), then
+rect validation through :class:`FastloadTrainer`, whose first batch fails as out of GPU memory would (Ultralytics
+retries the epoch at half the batch with new loaders), draws its label plot (from ``dataset.labels``), then
 validates the run's best.pt twice, with Ultralytics' own validation loader and with
 :class:`FastloadValidator`, and writes ``OUT_DIR/summary.json``.
 The environment (set by the test) keeps it offline: YOLO_OFFLINE, YOLO_CONFIG_DIR in the test's folder.
@@ -22,23 +23,48 @@ def main(data: str, out: Path) -> None:
 
     from fastload.compat.ultralytics import FastloadTrainer, FastloadValidator
 
+    class OneOutOfMemoryTrainer(FastloadTrainer):
+        """FastloadTrainer whose first training batch fails as out of GPU memory would: Ultralytics then halves the
+        batch and rebuilds both loaders (its retry of the first epoch). Keeps every loader it built."""
+
+        built: list = []
+        failed = False
+
+        def get_dataloader(self, *args, **kwargs):
+            loader = super().get_dataloader(*args, **kwargs)
+            self.built.append(loader)
+            return loader
+
+        def preprocess_batch(self, batch):
+            if not OneOutOfMemoryTrainer.failed:
+                OneOutOfMemoryTrainer.failed = True
+                raise RuntimeError("CUDA out of memory (raised by the test)")
+            return super().preprocess_batch(batch)
+
     common = {"data": data, "imgsz": 64, "device": "cpu", "workers": 0, "verbose": False}
     model = YOLO("yolov9t.yaml")
     stores: dict[str, str] = {}
+    closed_after_epoch_1: list[bool] = []
+
+    def note_closed(trainer) -> None:  # on_train_epoch_end: which loaders the retry left open
+        if not closed_after_epoch_1:
+            closed_after_epoch_1.extend(ld.loader.closed for ld in trainer.built)
 
     def note_stores(trainer) -> None:  # on_train_end: before the trainer closes its loaders
         stores.update(train=trainer.train_loader.stats()["store"], val=trainer.test_loader.stats()["store"])
 
     model.add_callback("on_train_end", note_stores)
+    model.add_callback("on_train_epoch_end", note_closed)
     # plots=False: Ultralytics' metric plots cost seconds; its label plot (from dataset.labels) is drawn below
     model.train(**common, epochs=2, batch=8, close_mosaic=1, cache="ram", project=str(out / "runs"), name="train",
-                exist_ok=True, plots=False, amp=False, pretrained=False, trainer=FastloadTrainer,
+                exist_ok=True, plots=False, amp=False, pretrained=False, trainer=OneOutOfMemoryTrainer,
                 fastload_batch_log=str(out / "batches.jsonl"))  # the default recipe: Ultralytics' own
     trainer = model.trainer
     trainer.plot_training_labels()
     best = Path(trainer.best)
     summary = {"save_dir": str(trainer.save_dir), "best": str(best),
-               "train_loader": type(trainer.train_loader).__name__, "val_loader": type(trainer.test_loader).__name__, "stores": stores}
+               "train_loader": type(trainer.train_loader).__name__, "val_loader": type(trainer.test_loader).__name__, "stores": stores,
+               "batch": trainer.batch_size, "closed_after_epoch_1": closed_after_epoch_1}
     for name, validator in (("ultralytics", None), ("fastload", FastloadValidator)):
         extra = {"validator": validator, "fastload_workers": 0} if validator else {}
         metrics = YOLO(str(best)).val(**common, batch=8, plots=False, project=str(out / "runs"), name=f"val_{name}",

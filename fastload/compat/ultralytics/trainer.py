@@ -42,7 +42,14 @@ class FastloadTrainer(DetectionTrainer):
 
     def get_dataloader(self, dataset_path: Any, batch_size: int = 16, rank: int = 0,
                        mode: str = "train") -> UltralyticsLoader:
-        """fastload's loader for ``mode`` (``train``: augmented, shuffled; ``val``: rect letterboxes)."""
+        """fastload's loader for ``mode`` (``train``: augmented, shuffled; ``val``: rect letterboxes).
+
+        A validation loader replaces the trainer's previous one, which is closed first: Ultralytics rebuilds both
+        loaders when it retries the first epoch at half the batch after running out of GPU memory, and closes only
+        the training loader it replaces (the old one's workers and ram store would stay until collected)."""
+        previous = getattr(self, "test_loader", None)
+        if mode == "val" and isinstance(previous, UltralyticsLoader):
+            previous.close()
         stride = max(int(unwrap_model(self.model).stride.max()), 32)
         req = LoaderRequest(dataset_path, batch_size, mode, rect=mode == "val" or bool(self.args.rect), stride=stride,
                             rank=rank, device=self.device)
