@@ -27,6 +27,7 @@ import pytest
 
 from fastload.store import open_store
 from fastload.store.base import StoreError
+from preloaded import base_env
 from store_helpers import isolated_shm
 
 REPO = Path(__file__).resolve().parents[1]
@@ -124,10 +125,7 @@ CASES = [
 
 
 def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
-               OMP_NUM_THREADS="1", FASTLOAD_DEBUG="")
-    env.update(extra or {})
-    return env
+    return {**base_env(REPO), "FASTLOAD_DEBUG": "", **(extra or {})}
 
 
 @pytest.fixture(scope="module")

@@ -16,6 +16,7 @@ import pytest
 
 from fastload.monitor import monitor
 from fastload.monitor.sampler import HostSampler
+from preloaded import base_env
 from store_helpers import run_cli
 
 REPO = Path(__file__).resolve().parents[1]
@@ -62,7 +63,7 @@ def _monitor_argv() -> list[str]:
 
 
 def _env() -> dict[str, str]:
-    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]), FASTLOAD_DEBUG="")
+    return {**base_env(REPO), "FASTLOAD_DEBUG": ""}
 
 
 def _run_on_a_terminal() -> str:
