@@ -229,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
                          "measurement (give enough --images that a measurement never reads one twice)")
     ap.add_argument("--json", type=Path, default=None)
     a = ap.parse_args(argv)
-    from fastload.bench.pagecache import drop, resident_fraction
+    from fastload.bench.pagecache import drop
     from fastload.store.convert import convert
 
     with tempfile.TemporaryDirectory(prefix="fastload-ultra-bench-") as tmp:

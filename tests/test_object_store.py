@@ -513,7 +513,6 @@ def test_a_streamed_loader_gives_the_local_batches_within_its_cache_budget(uploa
 
 def test_read_ahead_fetches_the_next_shards_of_the_order_as_the_consumer_moves(uploaded, tmp_path, monkeypatch):
     from fastload.order import shard_permutation
-    from fastload.store import stream
 
     with open_store(uploaded, "train", kind="stream", imgsz=64, cache_dir=tmp_path, read_ahead=0) as plain:
         record = int(np.diff(plain.offsets).max())

@@ -38,7 +38,7 @@ import torch
 from fastload.augment.functional.tiles import check_axis_kernel
 from fastload.augment.params import ParamSampler, shapes_from_array
 from fastload.engines.base import (Batch, Engine, EngineOptionError, EngineSettings, HostRenderOptions, Rendered,
-                                   WorkerError, chunks)
+                                   WorkerError)
 from fastload.engines.inflight import InFlightWindow
 from fastload.engines.ray_actor import RenderActor, RenderSpec, StoreSpec, versions
 from fastload.engines.ray_slots import SlotPool

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from fastload.data.config import DataConfig, load_data_config
 from fastload.data.images import LoadRule, check_load_rule
