@@ -255,11 +255,12 @@ class StreamingStore(PackedStore):
         """Download the index of the split's store that ``upload_kind`` picks and read it; returns the kind read
         and the store's path inside the upload."""
         stores = _uploaded_stores(manifest, split)
-        kind = upload_kind
+        kind, fetched = upload_kind, None
         if kind == "auto":
             kind = "disk" if "disk" in stores else "encoded"
             if kind == "disk" and "encoded" in stores:  # a disk store at another imgsz: the encoded one serves any
                 _fetch_index(manifest, stores["disk"], upload_root / stores["disk"], PIXELS)
+                fetched = "disk"
                 if int(read_meta(upload_root / stores["disk"])["imgsz"]) != imgsz:
                     kind = "encoded"
         if kind not in stores:
@@ -269,7 +270,8 @@ class StreamingStore(PackedStore):
                 f"DATA.yaml --to encoded --out {manifest.url} --force` (or `--to disk --imgsz {imgsz}`)")
         rel = stores[kind]
         root = upload_root / rel
-        _fetch_index(manifest, rel, root, RECORD_FILES[kind])
+        if kind != fetched:  # fetched above: its files were checked against the manifest's sizes and crcs there
+            _fetch_index(manifest, rel, root, RECORD_FILES[kind])
         if kind == "disk":
             self._read_index(root)
             if self.imgsz != imgsz:
