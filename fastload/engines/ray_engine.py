@@ -103,7 +103,9 @@ class RayOptions(HostRenderOptions):
             ``actors * prefetch + keep`` slots). Not needed for correctness: while the caller holds so many
             batches that no slot is free, new batches of this node's actors come through the object store
             (one more copy, in the actor; ``stats()["batches_copied"]`` counts them). The common loop
-            needs 1.
+            needs 1, except at the epoch where ``close_mosaic`` switches mosaic off: the batches of that
+            epoch rendered ahead with mosaic are dropped, and their slots come back only once their actors
+            have finished them, so with ``keep=1`` the first few batches of that epoch are copied.
     """
 
     engine: ClassVar[str] = "ray"
