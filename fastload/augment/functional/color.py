@@ -14,9 +14,9 @@ installed OpenCV (:data:`TRANSFORM_MIDDLE`):
   checked on a 256-value ramp for every gain triple (a few microseconds; the rare triple that no
   offset makes exact uses the tables).  A linear map cannot wrap the hue, and OpenCV's HSV->RGB
   conversion of ``180 + k`` is not exactly that of ``k`` (one level apart for about 1 % of S, V
-  pairs), so the wrap is done exactly on the few pixels that need it: levels that would go below 0
-  are raised by 180 first, levels that reach 180 are lowered by 180 after (a mask of the hue
-  plane and one masked add, skipped when no pixel needs it).  A 3-channel ``cv2.LUT`` costs about
+  pairs), so the wrap is done exactly on the pixels that need it: levels that would go below 0 are
+  raised by 180 first, levels that reach 180 are lowered by 180 after (one threshold over the
+  interleaved bytes, their S and V bytes masked off, one add).  A 3-channel ``cv2.LUT`` costs about
   four ``cv2.transform`` here.
 * OpenCV 4: one 3-channel ``cv2.LUT`` with the three tables (exactly the stock mapping).
 
@@ -121,23 +121,40 @@ def _exact_transform(gains: Sequence[float], rule: Recipe) -> _HueTransform | No
 def _transform_middle(hsv: np.ndarray, t: _HueTransform) -> np.ndarray:
     """``t`` applied to a contiguous HSV image in place (see :class:`_HueTransform`)."""
     if t.lift_below:
-        _add_to_hue_where(hsv, 180, cv2.THRESH_BINARY_INV, t.lift_below - 1)
+        _move_hue(hsv, cv2.THRESH_BINARY_INV, t.lift_below - 1, up=True)
     cv2.transform(hsv, t.matrix, dst=hsv)
     if t.may_reach_180:
-        _add_to_hue_where(hsv, -180, cv2.THRESH_BINARY, 179)
+        _move_hue(hsv, cv2.THRESH_BINARY, 179, up=False)
     return hsv
 
 
-def _add_to_hue_where(hsv: np.ndarray, delta: int, kind: int, level: int) -> None:
-    """``delta`` added to the hue of the pixels whose hue is above ``level`` (``THRESH_BINARY``) or at most
-    ``level`` (``THRESH_BINARY_INV``), in place."""
-    hue = cv2.extractChannel(hsv, 0, dst=scratch("hue", hsv.shape[:2]))
-    mask = cv2.threshold(hue, level, 255, kind, dst=hue)[1]
-    if cv2.countNonZero(mask):
-        if delta > 0:
-            cv2.add(hsv, (delta, 0, 0, 0), dst=hsv, mask=mask)
-        else:
-            cv2.subtract(hsv, (-delta, 0, 0, 0), dst=hsv, mask=mask)
+def _move_hue(hsv: np.ndarray, kind: int, level: int, *, up: bool) -> None:
+    """The hue of the pixels whose hue is above ``level`` (``THRESH_BINARY``) or at most ``level``
+    (``THRESH_BINARY_INV``) raised (``up``) or lowered by 180, in a contiguous HSV image, in place.
+
+    One threshold over every byte of the interleaved image, its saturation and value bytes then masked off, and
+    one add: half the cost of extracting the hue plane, thresholding it and a masked add.
+    """
+    if not hsv.flags.c_contiguous:
+        raise ValueError("the hue is moved in a contiguous HSV image only (a reshaped copy would be lost)")
+    flat = hsv.reshape(1, -1)
+    step = cv2.threshold(flat, level, 180, kind, dst=scratch("hue_step", flat.shape))[1]
+    cv2.bitwise_and(step, _hue_bytes(flat.shape[1]), dst=step)
+    (cv2.add if up else cv2.subtract)(flat, step, dst=flat)
+
+
+_HUE_BYTES = np.zeros(0, np.uint8)
+
+
+def _hue_bytes(n: int) -> np.ndarray:
+    """``[1, n]`` uint8: 255 at every hue byte of an interleaved HSV image (each third byte from the first), 0
+    elsewhere; one growing read-only array, its prefixes shared by every image size."""
+    global _HUE_BYTES
+    if _HUE_BYTES.size < n:
+        grown = np.zeros(max(n, 2 * _HUE_BYTES.size), np.uint8)
+        grown[0::3] = 255
+        _HUE_BYTES = grown
+    return _HUE_BYTES[:n].reshape(1, n)
 
 
 def apply_hsv(img: np.ndarray, gains: Sequence[float], rule: Recipe = "yolov9") -> np.ndarray:
