@@ -308,9 +308,10 @@ def train(opt: argparse.Namespace) -> dict:
         return _train(opt, stop_request)
 
 
-# What a resumed run takes from its own command line; every other option is the saved run's.
-_RESUME_OWN = frozenset({"resume", "weights", "project", "epochs", "device", "workers", "save_period_steps", "local_rank",
-                         "debug"})
+# The options a resumed run takes from its own command line when given (--epochs: to extend the run); every other
+# option is the saved run's. _RESUME_OWN adds those the resume sets itself or that do not shape the run.
+_RESUME_TAKES = ("device", "workers", "save_period_steps")
+_RESUME_OWN = frozenset({*_RESUME_TAKES, "epochs", "resume", "weights", "project", "local_rank", "debug"})
 
 
 def _refuse_other_options(opt: argparse.Namespace, saved: dict, last: Path) -> None:
@@ -348,9 +349,7 @@ def _train(opt: argparse.Namespace, stop_request: _StopRequest) -> dict:
         if not saved:
             raise ValueError(f"{last}: no training options recorded, cannot resume")
         _refuse_other_options(opt, saved, last)
-        keep = {"device": opt.device, "workers": opt.workers}
-        if opt.save_period_steps is not None:
-            keep["save_period_steps"] = opt.save_period_steps
+        keep = {k: getattr(opt, k) for k in _RESUME_TAKES if getattr(opt, k) is not None}
         opt = argparse.Namespace(**{**vars(opt), **saved, **keep})
         opt.resume, opt.weights, opt.save_dir = str(last), str(last), str(last.parent.parent)
         opt.epochs = cli_epochs if cli_epochs is not None else saved["epochs"]
