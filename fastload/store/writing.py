@@ -6,6 +6,7 @@ import multiprocessing
 import os
 import signal
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
@@ -72,14 +73,26 @@ def decoded_task(task: tuple[int, str, int, LoadRule]) -> tuple[int, np.ndarray 
 
 
 def parallel_map(fn: Callable[[Any], Any], tasks: Sequence[Any], workers: int) -> Iterator[Any]:
-    """``fn`` over ``tasks`` in order, in a process pool when ``workers > 1`` (chunked)."""
+    """``fn`` over ``tasks`` in order, in a process pool when ``workers > 1`` (chunked).
+
+    At most ``2 * workers`` chunks are sent ahead of the one being read. Not ``Pool.imap``: its task thread
+    fills the workers' task pipe with every chunk, and an abandoned iteration's ``terminate()`` then waits
+    for that thread, blocked writing into a full pipe that no terminated worker reads (seen in CI: a
+    conversion stopped by a test hung until the 600 s test timeout).
+    """
     if workers <= 1 or len(tasks) <= 1:
         yield from map(fn, tasks)
         return
     chunk = max(1, min(32, len(tasks) // (workers * 8)))
     pool = multiprocessing.get_context("fork").Pool(workers, initializer=_plain_worker_signals)
+    sent: deque = deque()
     try:
-        yield from pool.imap(fn, tasks, chunksize=chunk)
+        for start in range(0, len(tasks), chunk):
+            sent.append(pool.apply_async(_map_chunk, (fn, tasks[start : start + chunk])))
+            if len(sent) > 2 * workers:
+                yield from sent.popleft().get()
+        while sent:
+            yield from sent.popleft().get()
     except BaseException:  # an error, Ctrl-C or an abandoned iteration: stop the workers now
         pool.terminate()
         raise
@@ -88,6 +101,10 @@ def parallel_map(fn: Callable[[Any], Any], tasks: Sequence[Any], workers: int) -
     # signal and then waits for the lock forever (seen in a loaded CI run).
     pool.close()
     pool.join()
+
+
+def _map_chunk(fn: Callable[[Any], Any], chunk: Sequence[Any]) -> list[Any]:
+    return [fn(task) for task in chunk]
 
 
 def _plain_worker_signals() -> None:
