@@ -362,6 +362,10 @@ def test_real_trainer_two_epochs(coco16, tmp_path, preloaded_python):
     assert summary["train_loader"] == summary["val_loader"] == "UltralyticsLoader"
     assert "fastload: 16 images, 2 batches of 8, 0 workers, ram store, cpu engine" in run.stdout  # its log line
     assert "fastload: 16 images, 4 batches of 4, 0 workers, ram store, cpu engine" in run.stdout  # after the retry
+    assert "cpu engine, HSV in the workers, batches on cpu" in run.stdout  # where HSV is applied, not the raw option
+    assert "cpu engine, HSV off, batches on cpu" in run.stdout  # validation
+    # the standalone model.val(validator=FastloadValidator) names its loader too (no cache: the image files)
+    assert "fastload: 16 images, 2 batches of 8, 0 workers, files store, cpu engine, HSV off" in run.stdout
     assert summary["batch"] == 4
     # built: train, val (batch 8), then the retry's train, val; the replaced two are closed, not left to the collector
     assert summary["closed_after_epoch_1"] == [True, True, False, False]

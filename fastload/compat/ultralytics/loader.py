@@ -196,12 +196,19 @@ def build_loader(args: Any, data: Mapping[str, Any], req: LoaderRequest, opts: U
         base.close()
         raise
     summary = (f"fastload: {fl.n} images, {len(fl)} batches of {batch_size}, {fl.num_workers} workers, {base.kind} "
-               f"store, {opts.engine} engine, HSV {chosen['hsv_on'] if augment else 'off'}, batches on "
+               f"store, {opts.engine} engine, HSV {_hsv_place(fl, augment)}, batches on "
                f"{device if device is not None else 'cpu'}, {recipe} recipe"
                + (f" (mosaic partners: {fl.engine.sampler.partners})" if fl.engine.sampler.draws_mosaics else ""))
     LOG.info("%s %s loader: %s", OWNER, req.mode, summary)
     source: Any = BatchLog(fl, opts.batch_log, prefix=req.mode) if opts.batch_log else fl
     return UltralyticsLoader(fl, source, view, summary=summary)
+
+
+def _hsv_place(fl: FastLoader, augment: bool) -> str:
+    """Where the loader applies HSV, for the summary: the engine's resolved ``hsv_on`` (the option given may be None)."""
+    if not augment:
+        return "off"
+    return {"worker": "in the workers", "consumer": "on the consumer", "defer": "deferred"}[fl.engine.settings.hsv_on]
 
 
 class UltralyticsDataset:

@@ -53,9 +53,7 @@ class FastloadTrainer(DetectionTrainer):
         stride = max(int(unwrap_model(self.model).stride.max()), 32)
         req = LoaderRequest(dataset_path, batch_size, mode, rect=mode == "val" or bool(self.args.rect), stride=stride,
                             rank=rank, device=self.device)
-        loader = build_loader(self.args, self.data, req, self.fastload)
-        LOGGER.info(f"{colorstr(f'{mode}: ')}{loader.summary}")
-        return loader
+        return _logged(mode, build_loader(self.args, self.data, req, self.fastload))
 
 
 class FastloadValidator(DetectionValidator):
@@ -71,4 +69,11 @@ class FastloadValidator(DetectionValidator):
     def get_dataloader(self, dataset_path: Any, batch_size: int) -> UltralyticsLoader:
         req = LoaderRequest(dataset_path, batch_size, "val", rect=bool(self.args.rect), stride=int(self.stride),
                             device=self.device)
-        return build_loader(self.args, self.data, req, self.fastload)
+        # a standalone `model.val(validator=FastloadValidator)` says which loader serves it, as the trainer does
+        return _logged("val", build_loader(self.args, self.data, req, self.fastload))
+
+
+def _logged(mode: str, loader: UltralyticsLoader) -> UltralyticsLoader:
+    """``loader``, its one-line summary written to Ultralytics' log (where its own loaders report theirs)."""
+    LOGGER.info(f"{colorstr(f'{mode}: ')}{loader.summary}")
+    return loader
