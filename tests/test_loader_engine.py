@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import os
 import queue
+import re
 import threading
 import time
 from dataclasses import dataclass
@@ -16,12 +17,14 @@ import torch
 
 from fastload.engines import base as engine_base
 from fastload.engines import cpu_render
-from fastload.engines.base import EngineSettings, collate_targets
+from fastload.cli.errors import describe
+from fastload.engines.base import EngineSettings, WorkerFailure, collate_targets
 from fastload.engines.cpu import CPUEngine, CPUOptions
 from fastload.engines.cpu_workers import WorkerError
 from fastload.engines.shm_cache import SharedDecodeCache
 from fastload.engines.slot_ledger import SlotLedger
-from fastload.store.base import Store
+from fastload.store.base import Store, StoreError
+from fastload.store.objects.client import MissingObjectError
 from fastload.store.view import StoreView
 
 IMGSZ = 32
@@ -316,15 +319,44 @@ def test_worker_death_raises_clear_error_not_hang():
         eng.close()
 
 
-def test_worker_exception_is_reported_with_traceback_and_loader_recovers():
+def test_a_workers_foreign_exception_is_one_line_with_its_traceback_kept_and_loader_recovers():
     eng = make_engine(workers=2, sampler=FakeSampler(20, fail_on=5))
     try:
-        with pytest.raises(WorkerError, match="cannot sample 5"):
+        with pytest.raises(WorkerError) as info:
             collect(eng, 0, np.arange(20))
+        err = info.value
+        assert re.fullmatch(r"fastload worker 1 \(pid \d+\) failed on batch 1: ValueError: cannot sample 5", str(err)), err
+        assert err.worker_exception == "builtins.ValueError"
+        assert "in sample" in err.worker_traceback and err.worker_traceback.rstrip().endswith("ValueError: cannot sample 5")
+        assert describe(err) == f"{err} (rerun with --debug or FASTLOAD_DEBUG=1 for the worker's traceback)"
         out = collect(eng, 0, np.arange(4))  # a batch without the bad index still works
         assert len(out) == 1
     finally:
         eng.close()
+
+
+@pytest.mark.parametrize("module,qualname,message,rebuilt", [
+    ("fastload.store.base", "StoreError", "s3://b/k: no such object", StoreError),
+    ("fastload.store.objects.client", "MissingObjectError", "s3://b/k: no such object", MissingObjectError),
+    # fastload's, but its constructor takes the path and the reason: not said again from the message alone
+    ("fastload.data.images", "CorruptImageError", "a.jpg: truncated", None),
+    ("builtins", "OSError", "[Errno 5] Input/output error:\n '/data/x'", None),  # not fastload's
+    ("fastload.store.base", "check_schema", "not a class", None),
+    ("fastload.store.base", "GoneError", "a class this version lacks", None),
+    ("fastload.nowhere", "StoreError", "a module this version lacks", None),
+])
+def test_a_worker_failure_comes_back_as_its_fastload_class_or_a_one_line_worker_error(module, qualname, message, rebuilt):
+    failure = WorkerFailure.from_fields([module, qualname, message, f"Traceback ...\n{qualname}: {message}\n"])
+    err = failure.exception("fastload worker 0 (pid 7)", "batch 3")
+    assert err.worker_traceback == failure.traceback
+    assert err.__notes__ == [f"raised by fastload worker 0 (pid 7) on batch 3; its traceback there:\n"
+                             f"Traceback ...\n{qualname}: {message}"]
+    if rebuilt is not None:
+        assert type(err) is rebuilt and str(err) == message
+        return
+    name = qualname if module == "builtins" else f"{module}.{qualname}"
+    assert type(err) is WorkerError and err.worker_exception == f"{module}.{qualname}"
+    assert str(err) == f"fastload worker 0 (pid 7) failed on batch 3: {name}: {' '.join(message.split())}"
 
 
 def test_inline_render_failures_do_not_leak_slots():

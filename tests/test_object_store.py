@@ -735,3 +735,39 @@ def test_a_process_forked_during_a_shard_download_does_not_keep_its_lock(tmp_pat
 def _started_then_wait(started, release) -> None:
     started.set()
     release.wait()
+
+
+
+def test_an_object_loader_workers_cannot_fetch_is_the_in_process_error_in_one_line(uploaded, tmp_path, capsys):
+    """A records object gone after the store opened (issue 35): with workers the consumer raises what a loader
+    rendering in-process raises, the same type and one line naming the URL, which a command prints alone; the
+    worker's traceback is kept on it, and shown with --debug."""
+    import traceback
+
+    import fastload
+    from fastload.cli.errors import run_reported
+
+    url = _copy_prefix(uploaded, "gone-under-workers")
+    stored = open_store(url, "train", kind="stream", imgsz=64, cache_dir=tmp_path, shard_bytes=1, read_ahead=0,
+                        upload_kind="disk")
+    _client().delete_object(Bucket=BUCKET, Key=stored.records_url.key)
+
+    def first_batch(workers: int) -> None:
+        with fastload.loader(stored, imgsz=64, batch_size=4, workers=workers, seed=0) as fl:
+            next(iter(fl))
+
+    with pytest.raises(StoreError) as in_process:
+        first_batch(0)
+    line = str(in_process.value)
+    assert line == f"{stored.records_url}: no such object" and not hasattr(in_process.value, "worker_traceback")
+    capsys.readouterr()
+    assert run_reported("fastload cmd", lambda: first_batch(2)) == 1
+    assert capsys.readouterr().err == f"fastload cmd: {line}\n"
+    with pytest.raises(StoreError) as from_worker:
+        run_reported("fastload cmd", lambda: first_batch(2), debug=True)
+    assert type(from_worker.value) is type(in_process.value) and str(from_worker.value) == line
+    assert f"{type(in_process.value).__name__}: {line}" in from_worker.value.worker_traceback
+    shown = "".join(traceback.format_exception(from_worker.value))  # as --debug shows it
+    assert "raised by fastload worker 0 (pid " in shown and "in _fetch_shard" in shown
+    stored.close()
+

@@ -2,7 +2,8 @@
 
 A failure is reported as one line on stderr, ``<prog>: <what is wrong, naming the file or option, and
 what to do>``, without a traceback; ``--debug`` or ``FASTLOAD_DEBUG=1`` lets the exception propagate with
-its traceback instead. Exit codes (docs/stores.md, "Errors and exit codes"):
+its traceback instead (for an error raised in a loader worker or Ray actor, the worker's traceback follows as
+a note: :meth:`fastload.engines.base.WorkerFailure.exception`). Exit codes (docs/stores.md, "Errors and exit codes"):
 
 * 0 - the command did its job (also when it skipped and counted bad records);
 * 1 - it could not (bad or missing data, a damaged store, no space, a refused conversion);
@@ -51,6 +52,8 @@ def describe(exc: BaseException) -> str:
     text = " ".join(text.split())
     if not (isinstance(exc, USER_ERRORS) or type(exc).__module__.startswith("fastload")):
         text = f"unexpected {type(exc).__name__}: {text} (rerun with --debug or FASTLOAD_DEBUG=1 for the traceback, and report it)"
+    elif getattr(exc, "worker_exception", None):  # a loader worker's exception that is not fastload's (WorkerError)
+        text += " (rerun with --debug or FASTLOAD_DEBUG=1 for the worker's traceback)"
     return text or type(exc).__name__
 
 

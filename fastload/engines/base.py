@@ -26,6 +26,7 @@ unapplied are applied to the whole batch (``hsv_on="consumer"``, by
 from __future__ import annotations
 
 import abc
+import importlib
 import itertools
 import warnings
 from dataclasses import dataclass
@@ -49,8 +50,82 @@ _MEMORY_FORMAT = {"nhwc": torch.channels_last, "nchw": torch.contiguous_format}
 
 
 class WorkerError(RuntimeError):
-    """An engine's worker (a CPU worker process, a Ray render actor) died or raised; the message says which
-    one, on which batch, and why."""
+    """An engine's worker (a CPU worker process, a Ray render actor) died, hung or raised an exception that is
+    not fastload's; the message is one line saying which one, on which batch, and why.
+
+    Attributes:
+        worker_exception: the qualified name of the exception the worker raised (``"builtins.ZeroDivisionError"``);
+            None when the worker died or gave no answer.
+        worker_traceback: that exception's traceback in the worker (also a note on this error, so a logged or
+            uncaught error shows it); None when ``worker_exception`` is.
+    """
+
+    worker_exception: str | None = None
+    worker_traceback: str | None = None
+
+
+@dataclass(frozen=True)
+class WorkerFailure:
+    """An exception a worker process or render actor raised, as the plain values that cross to the consumer (no
+    pickle): its class's ``module`` and ``qualname``, its one-line ``message`` (``str(exc)``) and the
+    ``traceback`` text. :meth:`exception` turns it back into what the consumer raises."""
+
+    module: str
+    qualname: str
+    message: str
+    traceback: str
+
+    @classmethod
+    def of(cls, exc: BaseException, traceback_text: str) -> "WorkerFailure":
+        return cls(type(exc).__module__, type(exc).__qualname__, str(exc), traceback_text)
+
+    def fields(self) -> list[str]:
+        """The failure as plain values (for a worker's message to the consumer)."""
+        return [self.module, self.qualname, self.message, self.traceback]
+
+    @classmethod
+    def from_fields(cls, fields: Sequence[str]) -> "WorkerFailure":
+        return cls(*(str(f) for f in fields))
+
+    def exception(self, worker: str, task: str) -> Exception:
+        """The error to raise in the consumer for this failure of ``worker`` (e.g. ``"fastload worker 1 (pid 42)"``)
+        on ``task`` (e.g. ``"batch 3"``).
+
+        A fastload exception comes back as its own type with the same message, the one line the consumer would
+        have raised rendering in-process, where its class rebuilds that message from it alone (``cls(message)``);
+        anything else (another library's or Python's exception, a fastload class that needs more than a message)
+        becomes a one-line :class:`WorkerError` naming the worker, the task and the exception. Either way the
+        worker's traceback is kept: ``worker_traceback``, and a note that Python's traceback display and logging
+        show (the command lines print only the line, unless ``--debug``)."""
+        exc = self._rebuilt()
+        if exc is None:
+            name = self.qualname if self.module == "builtins" else f"{self.module}.{self.qualname}"
+            line = " ".join(self.message.split())  # the message of a foreign exception may span lines
+            exc = WorkerError(f"{worker} failed on {task}: {name}" + (f": {line}" if line else ""))
+            exc.worker_exception = f"{self.module}.{self.qualname}"
+        exc.worker_traceback = self.traceback  # type: ignore[attr-defined]
+        # what add_note() sets (Python 3.11+, which displays it; 3.10 has neither and ignores the attribute)
+        exc.__notes__ = [f"raised by {worker} on {task}; its traceback there:\n{self.traceback.rstrip()}"]
+        return exc
+
+    def _rebuilt(self) -> Exception | None:
+        """The fastload exception of this class and message, or None where it cannot be rebuilt faithfully."""
+        if self.module != "fastload" and not self.module.startswith("fastload."):
+            return None  # only fastload's own classes are trusted to be rebuilt from a name
+        try:
+            found: Any = importlib.import_module(self.module)
+            for part in self.qualname.split("."):
+                found = getattr(found, part)
+        except (ImportError, AttributeError):
+            return None
+        if not (isinstance(found, type) and issubclass(found, Exception)):
+            return None
+        try:
+            exc = found(self.message)
+        except Exception:  # a class whose constructor takes other arguments
+            return None
+        # a class that builds its message from its arguments would not say the same thing
+        return exc if str(exc) == self.message else None
 
 
 class DamagedRecordWarning(UserWarning):

@@ -6,12 +6,14 @@ Protocol (msgpack over one pipe pair per worker, no pickle):
            "g": float32 [B, 3] bytes | None, "c": [cache hits, cache misses, decodes] (the worker's totals),
            "ix": int64 [B] bytes (the image each sample shows), "rp": samples drawn again,
            "d": [DamagedRecordError fields of the damaged records it met first]}``,
-         or ``{"s": seq, "damaged": fields}`` (``strict``: the first damaged record), or ``{"s": seq, "err": traceback}``
+         or ``{"s": seq, "damaged": fields}`` (``strict``: the first damaged record), or ``{"s": seq, "err": fields}``
+         (any other exception, as :meth:`WorkerFailure.fields`: its class, message and traceback text)
 
 Batch ``seq`` always goes to worker ``seq % n``, and each worker answers in task order, so the
 consumer reads results in batch order from one pipe at a time. A worker that dies is noticed by
 polling with a timeout (never a hang): the consumer raises :class:`WorkerError` naming the worker,
-its exit code or signal, and the batch it was rendering.
+its exit code or signal, and the batch it was rendering. A worker's exception is raised again by the consumer
+as the one line it would have been in-process (:meth:`WorkerFailure.exception`), the worker's traceback kept on it.
 """
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ import numpy as np
 import torch
 
 from fastload.augment.params import shapes_to_array
-from fastload.engines.base import WorkerError
+from fastload.engines.base import WorkerError, WorkerFailure
 from fastload.engines.cpu_render import BatchRenderer
 from fastload.engines.shm_batch import SlotRing
 from fastload.store.base import DamagedRecordError
@@ -84,8 +86,8 @@ def _worker_main(
             }
         except DamagedRecordError as e:  # strict: one line for the consumer to raise, not a traceback
             msg = {"s": seq, "slot": slot, "damaged": e.fields()}
-        except Exception:
-            msg = {"s": seq, "slot": slot, "err": traceback.format_exc()}
+        except Exception as e:
+            msg = {"s": seq, "slot": slot, "err": WorkerFailure.of(e, traceback.format_exc()).fields()}
         try:
             results.send_bytes(msgpack.packb(msg))
         except (BrokenPipeError, OSError):
@@ -161,7 +163,8 @@ class WorkerPool:
         self.inflight[wid] += 1
 
     def receive(self, seq: int) -> dict[str, Any]:
-        """The result of batch ``seq`` (raises WorkerError when its worker died or failed)."""
+        """The result of batch ``seq``; raises :class:`WorkerError` when its worker died or hung, and the worker's
+        exception when it raised one (:meth:`WorkerFailure.exception`)."""
         wid = seq % self.n
         conn, proc = self.results[wid], self.procs[wid]
         start = time.monotonic()
@@ -182,7 +185,7 @@ class WorkerPool:
         if "damaged" in msg:
             raise DamagedRecordError.from_fields(msg["damaged"])
         if "err" in msg:
-            raise WorkerError(f"fastload worker {wid} failed on batch {seq}:\n{msg['err']}")
+            raise WorkerFailure.from_fields(msg["err"]).exception(f"fastload worker {wid} (pid {proc.pid})", f"batch {seq}")
         return msg
 
     def drain(self) -> None:
