@@ -771,3 +771,28 @@ def test_an_object_loader_workers_cannot_fetch_is_the_in_process_error_in_one_li
     assert "raised by fastload worker 0 (pid " in shown and "in _fetch_shard" in shown
     stored.close()
 
+
+def test_an_object_a_ray_actor_cannot_fetch_is_the_in_process_error_in_one_line(dataset, s3_env, tmp_path, local_ray):
+    """The Ray engine gives the error a loader rendering in-process gives (issue 35), as the CPU engine's workers
+    do (above); its own upload, as the test above (a test that starts Ray may run on another xdist worker)."""
+    import fastload
+    from fastload.engines.ray_engine import RayOptions
+    from fastload.store.upload import convert_to_url
+
+    url = f"s3://{BUCKET}/stores/ray-gone"
+    convert_to_url(dataset[0], "disk", url, imgsz=64, splits="train", workers=1, progress=False, log=lambda *_: None)
+    stored = open_store(url, "train", kind="stream", imgsz=64, cache_dir=tmp_path, shard_bytes=1, read_ahead=0)
+    on_ray = fastload.loader(stored, imgsz=64, batch_size=4, engine="ray", seed=0,
+                             engine_options=RayOptions(actors=1, runtime_env={"env_vars": dict(s3_env)}))
+    _client().delete_object(Bucket=BUCKET, Key=stored.records_url.key)  # gone once the actor has opened the store
+    raised = []
+    for fl in (fastload.loader(stored, imgsz=64, batch_size=4, workers=0, seed=0), on_ray):
+        with fl, pytest.raises(StoreError) as info:
+            next(iter(fl))
+        raised.append(info.value)
+    in_process, from_actor = raised
+    assert type(from_actor) is type(in_process) and str(from_actor) == str(in_process)
+    assert str(in_process) == f"{stored.records_url}: no such object"
+    assert "in _fetch_shard" in from_actor.worker_traceback
+    assert from_actor.__notes__[0].startswith("raised by engine 'ray': render actor 0 (node ")
+    stored.close()

@@ -19,7 +19,10 @@ its node gone), the engine starts a new actor in its place (it reopens the store
 unfinished batch of the dead one, with the mosaic state each was first sent with. Rendering is a pure
 function and batches are delivered by their place in the queue, so the epoch completes with exactly
 the batches it would have had, none lost or twice. An actor slot that needs more than ``max_restarts``
-replacements raises :class:`~fastload.engines.base.WorkerError`.
+replacements raises :class:`~fastload.engines.base.WorkerError`. An exception an actor raises while rendering
+(a shard it cannot fetch, refused credentials) is raised here as the one line the CPU engine gives
+(:meth:`~fastload.engines.base.WorkerFailure.exception`: a fastload error as its own type, the actor's traceback
+kept on it).
 
 DDP: each rank builds its own engine and therefore its own actor pool on the shared cluster (the
 default ``actors`` splits the cluster's CPUs between the ranks). Ray places the actors of all pools on
@@ -27,6 +30,7 @@ the cluster's nodes; a pool lives and dies with its rank's process.
 """
 from __future__ import annotations
 
+import re
 import time
 import warnings
 from dataclasses import dataclass
@@ -38,7 +42,7 @@ import torch
 from fastload.augment.functional.tiles import check_axis_kernel
 from fastload.augment.params import ParamSampler, shapes_from_array
 from fastload.engines.base import (Batch, Engine, EngineOptionError, EngineSettings, HostRenderOptions, Rendered,
-                                   WorkerError)
+                                   WorkerError, WorkerFailure)
 from fastload.engines.inflight import InFlightWindow
 from fastload.engines.ray_actor import RenderActor, RenderSpec, StoreSpec, versions
 from fastload.engines.ray_slots import SlotPool
@@ -48,6 +52,7 @@ from fastload.store.view import StoreView
 __all__ = ["RayEngine", "RayOptions", "require_ray"]
 
 INSTALL_HINT = 'pip install "fastload[ray]"'
+_TERMINAL_COLOURS = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def require_ray() -> Any:
@@ -482,7 +487,12 @@ class RayEngine(Engine):
         except ray.exceptions.RayTaskError as e:
             if isinstance(e.cause, DamagedRecordError):  # strict: its one line, not the actor's traceback
                 raise DamagedRecordError.from_fields(e.cause.fields()) from None
-            raise WorkerError(f"engine 'ray': render actor {task.actor} failed on batch {seq} of epoch {task.epoch}:\n{e}") from None
+            # the actor's exception, as the CPU engine's workers report theirs: its one line, its traceback kept. What
+            # ray.get raises is an instance of the cause's class too, whose str() is the actor's traceback (Ray
+            # colours its header line)
+            failure = WorkerFailure.of(e.cause, _TERMINAL_COLOURS.sub("", str(e)))
+            actor = f"engine 'ray': render actor {task.actor} (node {self.nodes[task.actor]}, pid {self.pids[task.actor]})"
+            raise failure.exception(actor, f"batch {seq} of epoch {task.epoch}") from None
 
     def _deliver(self, task: _Task, result: tuple[Any, ...]) -> Rendered:
         imgs, (h, w), targets, shapes, gains, pid, counts, images, replaced, damaged = result
