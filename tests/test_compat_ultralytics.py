@@ -146,6 +146,31 @@ def test_train_batches_and_loader_protocol(coco16, ultra):
         assert len(ld.dataset) == images, fraction
 
 
+def test_an_error_in_a_loader_worker_reaches_the_trainer_as_the_line_it_is_in_process(coco16, ultra, monkeypatch):
+    """A fastload error a worker raises is the error of workers=0: its class and one line, the worker's traceback
+    kept on it (issue 35)."""
+    from fastload.engines.cpu_render import BatchRenderer
+    from fastload.store.base import StoreError
+
+    line = "s3://bkt/set/pixels.bin: access denied (AccessDenied); check the credentials"
+
+    def refused(*_):  # as a store whose object storage refuses the credentials (forked workers inherit it)
+        raise StoreError(line)
+
+    monkeypatch.setattr(BatchRenderer, "render", refused)
+    for workers in (0, 2):
+        args, data = ultra(coco16, workers=workers)
+        ld = build_loader(args, data, LoaderRequest(data["train"], 4, "train", False, 32), UltralyticsOptions())
+        try:
+            assert ld.num_workers == workers
+            with pytest.raises(StoreError) as info:
+                next(iter(ld))
+        finally:
+            ld.close()
+        assert type(info.value) is StoreError and str(info.value) == line
+        assert ("in refused" in info.value.worker_traceback) if workers else not hasattr(info.value, "worker_traceback")
+
+
 def test_batches_are_channels_last_where_the_trainer_makes_the_model_so(coco16, ultra):
     """A CUDA trainer (``channels_last`` not False) makes its model channels-last: its batches are channels-last
     views of the rendered pixels, wherever fastload delivers them (here kept on the CPU, fastload_device=None), and
