@@ -103,10 +103,7 @@ class WorkerFailure:
             line = " ".join(self.message.split())  # the message of a foreign exception may span lines
             exc = WorkerError(f"{worker} failed on {task}: {name}" + (f": {line}" if line else ""))
             exc.worker_exception = f"{self.module}.{self.qualname}"
-        exc.worker_traceback = self.traceback  # type: ignore[attr-defined]
-        # what add_note() sets (Python 3.11+, which displays it; 3.10 has neither and ignores the attribute)
-        exc.__notes__ = [f"raised by {worker} on {task}; its traceback there:\n{self.traceback.rstrip()}"]
-        return exc
+        return with_worker_traceback(exc, worker, task, self.traceback)
 
     def _rebuilt(self) -> Exception | None:
         """The fastload exception of this class and message, or None where it cannot be rebuilt faithfully."""
@@ -126,6 +123,15 @@ class WorkerFailure:
             return None
         # a class that builds its message from its arguments would not say the same thing
         return exc if str(exc) == self.message else None
+
+
+def with_worker_traceback(exc: Exception, worker: str, task: str, traceback_text: str) -> Exception:
+    """``exc``, raised in the consumer for what ``worker`` met on ``task``, with the traceback it had there kept on it:
+    ``worker_traceback``, and a note that Python's traceback display and logging show."""
+    exc.worker_traceback = traceback_text  # type: ignore[attr-defined]
+    # what add_note() sets (Python 3.11+, which displays it; 3.10 has neither and ignores the attribute)
+    exc.__notes__ = [f"raised by {worker} on {task}; its traceback there:\n{traceback_text.rstrip()}"]
+    return exc
 
 
 class DamagedRecordWarning(UserWarning):

@@ -42,7 +42,7 @@ import torch
 from fastload.augment.functional.tiles import check_axis_kernel
 from fastload.augment.params import ParamSampler, shapes_from_array
 from fastload.engines.base import (Batch, Engine, EngineOptionError, EngineSettings, HostRenderOptions, Rendered,
-                                   WorkerError, WorkerFailure)
+                                   WorkerError, WorkerFailure, with_worker_traceback)
 from fastload.engines.inflight import InFlightWindow
 from fastload.engines.ray_actor import RenderActor, RenderSpec, StoreSpec, versions
 from fastload.engines.ray_slots import SlotPool
@@ -53,6 +53,12 @@ __all__ = ["RayEngine", "RayOptions", "require_ray"]
 
 INSTALL_HINT = 'pip install "fastload[ray]"'
 _TERMINAL_COLOURS = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def _actor_traceback(error: Exception) -> str:
+    """An actor's traceback as Ray raises it in this process (the text of its error, the header line coloured
+    for a terminal), plain."""
+    return _TERMINAL_COLOURS.sub("", str(error)).strip()
 
 
 def require_ray() -> Any:
@@ -387,8 +393,11 @@ class RayEngine(Engine):
             try:
                 info = ray.get(ref)
             except ray.exceptions.RayError as e:
-                raise WorkerError(f"engine 'ray': render actor {k} could not start ({type(e).__name__}): {e}\n"
-                                  f"Is fastload[ray] installed on every node, the same version as here?") from None
+                text = _actor_traceback(e)  # its last line names the exception
+                error = WorkerError(f"engine 'ray': render actor {k} could not start ({type(e).__name__}: "
+                                    f"{text.splitlines()[-1] if text else 'no reason given'}); is fastload[ray] "
+                                    f"installed on every node, the same version as here?")
+                raise with_worker_traceback(error, f"engine 'ray': render actor {k}", "its start", text) from None
             if info["error"]:
                 raise StoreError(info["error"])
             self.nodes[k], self.pids[k], self._local[k] = info["node"], int(info["pid"]), bool(info["slots"])
@@ -487,10 +496,8 @@ class RayEngine(Engine):
         except ray.exceptions.RayTaskError as e:
             if isinstance(e.cause, DamagedRecordError):  # strict: its one line, not the actor's traceback
                 raise DamagedRecordError.from_fields(e.cause.fields()) from None
-            # the actor's exception, as the CPU engine's workers report theirs: its one line, its traceback kept. What
-            # ray.get raises is an instance of the cause's class too, whose str() is the actor's traceback (Ray
-            # colours its header line)
-            failure = WorkerFailure.of(e.cause, _TERMINAL_COLOURS.sub("", str(e)))
+            # the actor's exception, as the CPU engine's workers report theirs: its one line, its traceback kept
+            failure = WorkerFailure.of(e.cause, _actor_traceback(e))
             actor = f"engine 'ray': render actor {task.actor} (node {self.nodes[task.actor]}, pid {self.pids[task.actor]})"
             raise failure.exception(actor, f"batch {seq} of epoch {task.epoch}") from None
 
