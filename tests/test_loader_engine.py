@@ -10,6 +10,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+import msgpack
 import numpy as np
 import psutil
 import pytest
@@ -357,6 +358,13 @@ def test_a_worker_failure_comes_back_as_its_fastload_class_or_a_one_line_worker_
     name = qualname if module == "builtins" else f"{module}.{qualname}"
     assert type(err) is WorkerError and err.worker_exception == f"{module}.{qualname}"
     assert str(err) == f"fastload worker 0 (pid 7) failed on batch 3: {name}: {' '.join(message.split())}"
+
+
+def test_a_worker_failure_naming_an_undecodable_file_name_can_be_sent():
+    missing = FileNotFoundError(2, "No such file or directory", "/data/images/caf\udce9.jpg")  # Latin-1 bytes
+    failure = WorkerFailure.of(missing, "Traceback ...\nFileNotFoundError: ... '/data/images/caf\udce9.jpg'\n")
+    assert msgpack.unpackb(msgpack.packb(failure.fields())) == failure.fields()
+    assert failure.message == "[Errno 2] No such file or directory: '/data/images/caf\\udce9.jpg'"
 
 
 def test_inline_render_failures_do_not_leak_slots():

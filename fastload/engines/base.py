@@ -77,7 +77,11 @@ class WorkerFailure:
 
     @classmethod
     def of(cls, exc: BaseException, traceback_text: str) -> "WorkerFailure":
-        return cls(type(exc).__module__, type(exc).__qualname__, str(exc), traceback_text)
+        # a file name's undecodable bytes (surrogate escapes) cannot be encoded for the consumer: shown escaped
+        def sendable(text: str) -> str:
+            return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+        return cls(type(exc).__module__, type(exc).__qualname__, sendable(str(exc)), sendable(traceback_text))
 
     def fields(self) -> list[str]:
         """The failure as plain values (for a worker's message to the consumer)."""
