@@ -1,4 +1,5 @@
-"""Helpers shared by the store tests: a planted-faults dataset and a CLI runner for the store commands."""
+"""Helpers shared by the store tests: a planted-faults dataset, a CLI runner for the store commands, and a store
+error met by every render (in a loader's workers too)."""
 from __future__ import annotations
 
 import contextlib
@@ -57,3 +58,27 @@ def converted_stores(yaml_path: Path, to: str, out: Path, *, imgsz: int, tag: st
             yield res.yaml_path
         finally:
             shutil.rmtree(root, ignore_errors=True)
+
+
+REFUSED = "s3://bkt/set/pixels.bin: access denied (AccessDenied); check the credentials"
+
+
+def refuse_every_render(monkeypatch) -> None:
+    """Every batch render raises the StoreError of object storage refusing the credentials (:data:`REFUSED`), in
+    this process and in the loader workers it forks afterwards (they inherit the patch)."""
+    from fastload.engines.cpu_render import BatchRenderer
+    from fastload.store.base import StoreError
+
+    def refused(*_):
+        raise StoreError(REFUSED)
+
+    monkeypatch.setattr(BatchRenderer, "render", refused)
+
+
+def assert_refused_as_in_process(err: BaseException, workers: int) -> None:
+    """``err`` is the error :func:`refuse_every_render` gives with ``workers=0``: its class and its one line; from
+    workers, with the worker's traceback kept on it."""
+    from fastload.store.base import StoreError
+
+    assert type(err) is StoreError and str(err) == REFUSED
+    assert ("in refused" in err.worker_traceback) if workers else not hasattr(err, "worker_traceback")

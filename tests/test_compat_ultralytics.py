@@ -19,9 +19,11 @@ import torch
 
 from fastload.compat.ultralytics import UltralyticsOptions, UnsupportedArgument
 from fastload.compat.ultralytics.loader import LoaderRequest, build_loader
+from fastload.store.base import StoreError
 import preloaded
 from official_helpers import coco_subset
 from preloaded import base_env
+from store_helpers import assert_refused_as_in_process, refuse_every_render
 
 # Ultralytics is imported inside the fixtures, once the environment keeps it offline and its settings here
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("ultralytics") is None,
@@ -149,15 +151,7 @@ def test_train_batches_and_loader_protocol(coco16, ultra):
 def test_an_error_in_a_loader_worker_reaches_the_trainer_as_the_line_it_is_in_process(coco16, ultra, monkeypatch):
     """A fastload error a worker raises is the error of workers=0: its class and one line, the worker's traceback
     kept on it (issue 35)."""
-    from fastload.engines.cpu_render import BatchRenderer
-    from fastload.store.base import StoreError
-
-    line = "s3://bkt/set/pixels.bin: access denied (AccessDenied); check the credentials"
-
-    def refused(*_):  # as a store whose object storage refuses the credentials (forked workers inherit it)
-        raise StoreError(line)
-
-    monkeypatch.setattr(BatchRenderer, "render", refused)
+    refuse_every_render(monkeypatch)
     for workers in (0, 2):
         args, data = ultra(coco16, workers=workers)
         ld = build_loader(args, data, LoaderRequest(data["train"], 4, "train", False, 32), UltralyticsOptions())
@@ -167,8 +161,7 @@ def test_an_error_in_a_loader_worker_reaches_the_trainer_as_the_line_it_is_in_pr
                 next(iter(ld))
         finally:
             ld.close()
-        assert type(info.value) is StoreError and str(info.value) == line
-        assert ("in refused" in info.value.worker_traceback) if workers else not hasattr(info.value, "worker_traceback")
+        assert_refused_as_in_process(info.value, workers)
 
 
 def test_batches_are_channels_last_where_the_trainer_makes_the_model_so(coco16, ultra):

@@ -18,8 +18,10 @@ import torch
 
 from fastload.compat.yolov9 import CompatOptions, create_dataloader
 from fastload.compat.yolov9.launcher import LaunchError, split_args
+from fastload.store.base import StoreError
 import preloaded
 from preloaded import base_env
+from store_helpers import assert_refused_as_in_process, refuse_every_render
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -195,15 +197,7 @@ def test_batches_held_by_the_trainer_never_change(synth_yaml, tmp_path):
 def test_an_error_in_a_loader_worker_reaches_the_trainer_as_the_line_it_is_in_process(synth_yaml, tmp_path, monkeypatch):
     """Through the drop-in (and its batch log), a fastload error a worker raises is the error of workers=0: its
     class and one line, the worker's traceback kept on it (issue 35)."""
-    from fastload.engines.cpu_render import BatchRenderer
-    from fastload.store.base import StoreError
-
-    line = "s3://bkt/set/pixels.bin: access denied (AccessDenied); check the credentials"
-
-    def refused(*_):  # as a store whose object storage refuses the credentials (forked workers inherit it)
-        raise StoreError(line)
-
-    monkeypatch.setattr(BatchRenderer, "render", refused)
+    refuse_every_render(monkeypatch)
     for workers in (0, 2):
         loader, _ = create_dataloader(train_dir(synth_yaml), 64, 4, 32, augment=True, workers=workers,
                                       num_workers=workers, batch_log=str(tmp_path / "batches.jsonl"))
@@ -212,8 +206,7 @@ def test_an_error_in_a_loader_worker_reaches_the_trainer_as_the_line_it_is_in_pr
                 next(iter(loader))
         finally:
             loader.close()
-        assert type(info.value) is StoreError and str(info.value) == line
-        assert ("in refused" in info.value.worker_traceback) if workers else not hasattr(info.value, "worker_traceback")
+        assert_refused_as_in_process(info.value, workers)
 
 
 def test_launcher_splits_fastload_flags():
