@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from fastload.store import open_store
-from fastload.store.base import StoreError
+from fastload.store.base import Store, StoreError
 from store_helpers import run_cli
 
 moto_server = pytest.importorskip("moto.server", reason="moto[server] (the dev extra) runs the local S3 server")
@@ -542,23 +542,164 @@ def test_read_ahead_fetches_the_next_shards_of_the_order_as_the_consumer_moves(u
         open_store(uploaded, "train", kind="stream", imgsz=64, cache_dir=tmp_path, read_ahead=-1)
 
 
-@pytest.mark.parametrize("upload_kind,records", [("disk", "train-64.disk/pixels.bin"),
-                                                 ("encoded", "train.encoded/images.bin")])
-def test_a_damaged_shard_is_never_served(uploaded, tmp_path, upload_kind, records):
-    url = _copy_prefix(uploaded, f"stream-damaged-{upload_kind}")
-    build = json.loads(_client().get_object(Bucket=BUCKET, Key=f"stream-damaged-{upload_kind}/fastload-manifest.json")
-                       ["Body"].read())["build"]
-    key = f"stream-damaged-{upload_kind}/builds/{build}/{records}"
+def _damage_in_bucket(uploaded: str, prefix: str, records: str, at: int) -> tuple[str, str]:
+    """A copy of the upload under ``prefix`` whose records file (``records``, inside the build) has byte ``at``
+    flipped, same size: only the record checksums can tell. The copy's URL, and the damaged object's key."""
+    url = _copy_prefix(uploaded, prefix)
+    build = json.loads(_client().get_object(Bucket=BUCKET, Key=f"{prefix}/fastload-manifest.json")["Body"].read())["build"]
+    key = f"{prefix}/builds/{build}/{records}"
     data = bytearray(_client().get_object(Bucket=BUCKET, Key=key)["Body"].read())
-    data[10] ^= 0xFF  # a byte of the first record, same size: only the record checksums can tell
+    data[at] ^= 0xFF
     _client().put_object(Bucket=BUCKET, Key=key, Body=bytes(data))
-    stored = open_store(url, "train", kind="stream", imgsz=64, cache_dir=tmp_path, cache_bytes=2 * len(data),
-                        shard_bytes=len(data) // 4, upload_kind=upload_kind)
+    return url, key
+
+
+def _flip_byte(path: Path, at: int) -> None:
+    with open(path, "r+b") as f:
+        byte = os.pread(f.fileno(), 1, at)
+        os.pwrite(f.fileno(), bytes([byte[0] ^ 0xFF]), at)
+
+
+RECORDS_OF = {"disk": "train-64.disk/pixels.bin", "encoded": "train.encoded/images.bin"}
+
+
+@pytest.mark.parametrize("upload_kind", ["disk", "encoded"])
+def test_a_record_damaged_in_the_bucket_is_named_never_served_and_its_shard_kept(uploaded, dataset, tmp_path,
+                                                                                 upload_kind, monkeypatch):
+    from fastload.store.base import DamagedRecordError
+
+    url, key = _damage_in_bucket(uploaded, f"stream-damaged-{upload_kind}", RECORDS_OF[upload_kind], 10)
+    kind = "disk" if upload_kind == "disk" else "encoded"
+    with open_store(dataset[1], "train", kind=kind, imgsz=64) as local:
+        expected = [np.asarray(local.read_image(i)).copy() for i in range(len(local))]
+        shard_bytes = int(local.offsets[3])  # records 0-2 in the first shard
+    stored = open_store(url, "train", kind="stream", imgsz=64, cache_dir=tmp_path, cache_bytes=8 << 20,
+                        shard_bytes=shard_bytes, upload_kind=upload_kind)
     assert stored.upload_kind == upload_kind and stored.decoded == (upload_kind == "disk")
-    with pytest.raises(StoreError, match=f"s3://{BUCKET}/{key}: record 0 .* fails its crc32"):
+    assert stored.bounds[1] == 3 < len(stored)  # record 0 shares its shard; other shards follow
+    source_reads = []
+    real_read = stored._record_at_source
+    monkeypatch.setattr(stored, "_record_at_source", lambda i: source_reads.append(i) or real_read(i))
+    for _ in range(2):
+        with pytest.raises(DamagedRecordError) as err:
+            stored.read_image(0)
+        message = str(err.value)
+        assert "\n" not in message and err.value.kind == "checksum"
+        assert f"{stored.path}, record 0 ({stored.im_files[0]}): crc32 mismatch in the uploaded object" in message
+    # read again from the bucket once when downloaded, once on the first read; then known in this process
+    assert source_reads == [0, 0] and stored.cache.fetched == 1 and stored.refetched == 0
+    assert stored.cache.path(0).is_file()  # the shard is kept: its other records are good
+    for i in range(1, len(stored)):  # they, and the other shards, read as the local store's
+        assert np.array_equal(np.asarray(stored.read_image(i)), expected[i])
+    assert stored.refetched == 0 and source_reads == [0, 0]
+
+
+def test_a_record_damaged_on_the_way_is_read_again_and_repaired_before_its_shard_is_kept(uploaded, dataset, tmp_path,
+                                                                                          monkeypatch):
+    import dataclasses
+
+    from fastload.store import stream
+
+    with open_store(dataset[1], "train", kind="disk", imgsz=64) as local:
+        expected = [np.asarray(local.read_image(i)).copy() for i in range(3)]
+    stored = open_store(uploaded, "train", kind="stream", imgsz=64, cache_dir=tmp_path, shard_bytes=int(expected[0].nbytes),
+                        upload_kind="disk")
+    real_download = stream.download
+    downloads = []
+
+    def first_one_damaged(client, items):  # the shard's download: byte 10 of its first record flipped on the way
+        downloads.append(items[0].size)
+        if len(downloads) == 1:
+            def damaged_then_checked(downloaded: Path, check=items[0].check) -> None:
+                _flip_byte(downloaded, 10)
+                check(downloaded)
+            items = [dataclasses.replace(items[0], check=damaged_then_checked)]
+        return real_download(client, items)
+
+    monkeypatch.setattr(stream, "download", first_one_damaged)
+    source_reads = []
+    real_read = stored._record_at_source
+    monkeypatch.setattr(stored, "_record_at_source", lambda i: source_reads.append(i) or real_read(i))
+    assert np.array_equal(np.asarray(stored.read_image(1)), expected[1])  # shard 1: record 1
+    assert source_reads == [1] and stored.refetched == 0 and stored.cache.fetched == 1
+    assert downloads[1] == stored.nbytes(1) and len(downloads) == 2  # the shard, then record 1 alone
+    assert stored.record_ok(1)  # the cached shard holds the bucket's bytes
+
+
+def _epoch_and_warnings(data, **kw) -> tuple[list, dict, list[str]]:
+    """One epoch's batches of a loader on ``data``, its stats, and the damaged-record warnings it gave."""
+    import warnings
+
+    import fastload
+    from fastload.engines.base import DamagedRecordWarning
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with fastload.loader(data, imgsz=64, batch_size=2, seed=5, **kw) as ld:
+            batches = [(np.asarray(imgs).copy(), np.asarray(targets).copy(), list(paths)) for imgs, targets, paths, _ in ld]
+            stats = ld.stats()
+    return batches, stats, [str(w.message) for w in caught if issubclass(w.category, DamagedRecordWarning)]
+
+
+def test_a_streamed_loader_skips_a_record_damaged_in_the_bucket_as_a_local_store_does(uploaded, dataset, tmp_path):
+    from fastload.store.base import DamagedRecordError
+    from fastload.store.packed import PIXELS, PackedStore
+
+    record = 3
+    with open_store(dataset[1], "train", kind="disk", imgsz=64) as local:
+        at = int(local.offsets[record]) + 10
+        shard_bytes = 2 * int(np.diff(local.offsets).max())
+        damaged_local = Path(shutil.copytree(local.path, tmp_path / "local.disk"))
+    _flip_byte(damaged_local / PIXELS, at)  # the same byte of the same record, in a local copy
+    url, _ = _damage_in_bucket(uploaded, "stream-damaged-loader", RECORDS_OF["disk"], at)
+
+    def streamed() -> Store:
+        return open_store(url, "train", kind="stream", imgsz=64, cache_dir=tmp_path / "cache", shard_bytes=shard_bytes,
+                          upload_kind="disk")
+
+    layout = streamed().shards()
+
+    class LocalInShards(PackedStore):  # the damaged local copy, read in the same shards
+        def shards(self):
+            return layout
+
+    expected, local_stats, _ = _epoch_and_warnings(LocalInShards(damaged_local), workers=0)
+    assert local_stats["damaged_record_ids"] == [record]
+    for workers in (0, 2):
+        store = streamed()
+        got, stats, warned = _epoch_and_warnings(store, workers=workers)
+        file = store.im_files[record]
+        assert len(warned) == 1 and f"{store.path}, record {record} ({file}): crc32 mismatch in the uploaded" in warned[0]
+        assert stats["damaged_records"] == 1 and stats["damaged_record_ids"] == [record]
+        assert stats["damaged_by_kind"]["checksum"] == 1
+        assert stats["replaced_samples"] == local_stats["replaced_samples"] >= 1
+        assert all(file not in paths for _, _, paths in got)  # never delivered; every other record is
+        assert {p for _, _, paths in got for p in paths} == set(store.im_files) - {file}
+        assert len(got) == len(expected)  # the local copy's batches, the same record skipped the same way
+        for (imgs, targets, paths), (ref_imgs, ref_targets, ref_paths) in zip(got, expected):
+            assert np.array_equal(imgs, ref_imgs) and np.array_equal(targets, ref_targets) and paths == ref_paths
+    with pytest.raises(DamagedRecordError) as err:
+        _epoch_and_warnings(streamed(), workers=2, strict=True)
+    message = str(err.value)
+    assert "\n" not in message and f"record {record} ({file})" in message and url in message
+
+
+def test_a_shard_damaged_on_the_nodes_disk_is_fetched_again(uploaded, dataset, tmp_path, monkeypatch):
+    for upload_kind in ("disk", "encoded"):
+        with open_store(dataset[1], "train", kind=upload_kind, imgsz=64) as local:
+            expected = np.asarray(local.read_image(1)).copy()
+            shard_bytes = int(local.offsets[3])  # records 0-2 in the first shard
+        stored = open_store(uploaded, "train", kind="stream", imgsz=64, cache_dir=tmp_path / upload_kind,
+                            shard_bytes=shard_bytes, upload_kind=upload_kind)
+        cached = stored.cached_shard(0)
+        assert stored.bounds[1] == 3 and stored.cache.fetched == 1
+        _flip_byte(cached, int(stored.offsets[1]) + 10)  # record 1 flipped on this disk after the download
+        fetched, _ = _record_fetches(stored, monkeypatch)
+        assert np.array_equal(np.asarray(stored.read_image(1)), expected)  # the shard fetched again: intact
+        assert fetched == [0] and stored.refetched == 1 and stored.cache.fetched == 2
+        assert stored.record_ok(1) and stored.record_ok(0)  # the new copy in the cache
         stored.read_image(0)
-    assert stored.cache.used() == 0 and not list(stored.cache.folder.glob("shard-*"))
-    assert len(stored.read_image(len(stored) - 1)) > 0  # the intact shards still read
+        assert stored.refetched == 1 and stored.cache.fetched == 2
 
 
 def test_a_streamed_encoded_store_gives_the_local_encoded_batches_with_workers(uploaded, dataset, tmp_path):
