@@ -494,13 +494,9 @@ def test_a_streamed_loader_gives_the_local_batches_within_its_cache_budget(uploa
     assert cache.fetched > shards
     assert reached == 2 * list(range(2, len(stored) + 1, 2))  # the loader told each epoch's read-ahead its place
     assert max(peak) <= budget and len(peak) == 2 * cache.fetched, peak
-    layout = stored.shards()
-
-    class LocalInShards(type(local)):  # the local copy of the same store, read in the same shards
-        def shards(self):
-            return layout
-
-    reference = fastload.loader(LocalInShards(local.path), imgsz=64, batch_size=2, workers=0, seed=5)
+    # the local copy of the same store, read in the same shards
+    reference = fastload.loader(open_store(dataset[1], "train", kind="disk", imgsz=64, shard_bytes=shard_bytes),
+                                imgsz=64, batch_size=2, workers=0, seed=5)
     assert reference.engine.sampler.partners == "batch"
     expected = list(reference) + list(reference)
     assert len(got) == len(expected) == 2 * len(streamed)
@@ -643,7 +639,7 @@ def _epoch_and_warnings(data, **kw) -> tuple[list, dict, list[str]]:
 
 def test_a_streamed_loader_skips_a_record_damaged_in_the_bucket_as_a_local_store_does(uploaded, dataset, tmp_path):
     from fastload.store.base import DamagedRecordError
-    from fastload.store.packed import PIXELS, PackedStore
+    from fastload.store.packed import PIXELS
 
     record = 3
     with open_store(dataset[1], "train", kind="disk", imgsz=64) as local:
@@ -657,13 +653,9 @@ def test_a_streamed_loader_skips_a_record_damaged_in_the_bucket_as_a_local_store
         return open_store(url, "train", kind="stream", imgsz=64, cache_dir=tmp_path / "cache", shard_bytes=shard_bytes,
                           upload_kind="disk")
 
-    layout = streamed().shards()
-
-    class LocalInShards(PackedStore):  # the damaged local copy, read in the same shards
-        def shards(self):
-            return layout
-
-    expected, local_stats, _ = _epoch_and_warnings(LocalInShards(damaged_local), workers=0)
+    # the damaged local copy, read in the same shards
+    in_shards = open_store(damaged_local, kind="disk", imgsz=64, shard_bytes=shard_bytes)
+    expected, local_stats, _ = _epoch_and_warnings(in_shards, workers=0)
     assert local_stats["damaged_record_ids"] == [record]
     for workers in (0, 2):
         store = streamed()
@@ -707,21 +699,21 @@ def test_a_streamed_encoded_store_gives_the_local_encoded_batches_with_workers(u
 
     # auto: the upload's disk store is at imgsz 64, so at 96 the encoded store (the JPEGs, any imgsz) is streamed
     stored = open_store(uploaded, "train", kind="stream", imgsz=96, cache_dir=tmp_path, cache_bytes=8 << 20,
-                        shard_bytes=1)  # a shard per record
+                        shard_bytes=1, window=3)  # a shard per record, three shuffled together
     assert (stored.upload_kind, stored.decoded, stored.imgsz) == ("encoded", False, None)
     assert stored.description["upload_kind"] == "encoded" and len(stored.bounds) - 1 == len(stored)
     with open_store(uploaded, "train", kind="stream", imgsz=64, cache_dir=tmp_path) as auto_at_64:
         assert auto_at_64.upload_kind == "disk"  # a disk store at the loader's imgsz: nothing to decode
-    layout = stored.shards()
     with open_store(dataset[1], "train", kind="encoded") as local:
         assert [stored.read_image(i) for i in range(len(local))] == [local.read_image(i) for i in range(len(local))]
-
-        class LocalInShards(type(local)):  # the local copy of the same store, read in the same shards
-            def shards(self):
-                return layout
-
-        with fastload.loader(LocalInShards(local.path), imgsz=96, batch_size=3, workers=0, seed=2) as reference:
-            expected = list(reference)
+        assert local.shards() is None  # a local store is visited in any order...
+    # ...unless opened in the stream's shards: then its loader gives the stream's batches
+    in_shards = open_store(dataset[1], "train", kind="encoded", shard_bytes=1, window=3)
+    assert np.array_equal(in_shards.shards().ids, stored.shards().ids) and in_shards.shards().window == 3
+    with pytest.raises(ValueError, match="window must be >= 1 shard, got 0"):
+        open_store(dataset[1], "train", kind="encoded", shard_bytes=1, window=0)
+    with fastload.loader(in_shards, imgsz=96, batch_size=3, workers=0, seed=2) as reference:
+        expected = list(reference)
     with fastload.loader(stored, imgsz=96, batch_size=3, workers=2, seed=2) as streamed:
         assert streamed.engine.sampler.partners == "batch"
         got = list(streamed)

@@ -45,17 +45,16 @@ from typing import Any, Callable
 import numpy as np
 
 from fastload.data.checksum import file_crc32, record_checksum
-from fastload.store.base import DamagedRecordError, ReadAhead, Shards, StoreError
+from fastload.store.base import DamagedRecordError, ReadAhead, StoreError
 from fastload.store.objects.client import s3_client
 from fastload.store.objects.manifest import MANIFEST, Manifest, fetch, read_manifest
 from fastload.store.objects.transfer import Download, download, partial_path
 from fastload.store.objects.urls import parse_url
 from fastload.store.encoded import ARRAYS as ENCODED_ARRAYS
 from fastload.store.encoded import IMAGES, read_encoded_meta
-from fastload.store.packed import PIXELS, PackedStore, RecordFileStore, read_meta
+from fastload.store.packed import PIXELS, SHARD_BYTES, PackedStore, RecordFileStore, read_meta
 from fastload.store.shm import flock_current, pid_alive
 
-SHARD_BYTES = 64 << 20
 CACHE_BYTES = 4 << 30
 READ_AHEAD = 2  # shards: one downloading while the next waits its turn keeps the connection busy
 UPLOAD_KINDS = ("auto", "disk", "encoded")  # which uploaded store a stream reads (StreamingStore's upload_kind)
@@ -92,18 +91,6 @@ os.register_at_fork(before=lambda: _FETCHING.acquire(), after_in_parent=lambda: 
 def stream_cache_root() -> Path:
     """Where streamed stores keep their shards: ``$FASTLOAD_CACHE_DIR``, else ``<tmp>/fastload-stream``."""
     return Path(os.environ.get("FASTLOAD_CACHE_DIR") or Path(tempfile.gettempdir()) / "fastload-stream")
-
-
-def shard_bounds(offsets: np.ndarray, shard_bytes: int) -> np.ndarray:
-    """``int64 [k + 1]``: shard ``s`` holds records ``bounds[s] .. bounds[s + 1]``, consecutive records of about
-    ``shard_bytes`` (a record larger than that is a shard of its own)."""
-    offsets = np.asarray(offsets, np.int64)
-    n = len(offsets) - 1
-    bounds = [0]
-    while bounds[-1] < n:
-        end = int(np.searchsorted(offsets, offsets[bounds[-1]] + shard_bytes, side="right")) - 1
-        bounds.append(min(n, max(end, bounds[-1] + 1)))
-    return np.asarray(bounds, np.int64)
 
 
 class ShardCache:
@@ -242,9 +229,7 @@ class StreamingStore(PackedStore):
             "shard_bytes": int(shard_bytes), "window": int(window), "upload_kind": self.upload_kind,
             "read_ahead": int(read_ahead)}
         self.path = str(manifest.url.child(rel))
-        self.window = int(window)
-        self.bounds = shard_bounds(self.offsets, int(shard_bytes))
-        self._shard_of = np.repeat(np.arange(len(self.bounds) - 1), np.diff(self.bounds)).astype(np.int64)
+        self.read_in_shards(int(shard_bytes), int(window))
         largest = int(np.diff(self.offsets[self.bounds]).max(initial=0))
         if cache_bytes < (self.window + 1) * largest:
             raise StoreError(f"cache_bytes={cache_bytes} cannot hold window + 1 = {self.window + 1} shards of up to "
@@ -292,9 +277,6 @@ class StreamingStore(PackedStore):
             self._read_records_index(root, ENCODED_ARRAYS)
             self.decoded, self.imgsz, self.load_rule = False, None, None
         return kind, rel
-
-    def shards(self) -> Shards:
-        return Shards(self._shard_of, self.window)
 
     def read_ahead(self, indices: np.ndarray) -> ReadAhead | None:
         if self.read_ahead_shards < 1 or len(indices) == 0:
