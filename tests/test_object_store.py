@@ -21,7 +21,7 @@ import pytest
 
 from fastload.store import open_store
 from fastload.store.base import Store, StoreError
-from store_helpers import run_cli
+from store_helpers import check_staged_copy_alone, run_cli
 
 moto_server = pytest.importorskip("moto.server", reason="moto[server] (the dev extra) runs the local S3 server")
 pytest.importorskip("boto3", reason="boto3 (the s3 extra) is the S3 client")
@@ -136,6 +136,23 @@ def test_stage_from_url_equals_the_local_stores(uploaded, dataset, tmp_path, cap
     assert "every record verified" in capsys.readouterr().out
     _assert_same_records(target / "data.yaml", dataset[1])
     assert run_cli(["unstage", str(target)]) == 0 and not target.exists()
+
+
+def test_a_store_staged_from_a_url_is_self_contained(s3_env, tmp_path, capsys):
+    import yaml
+
+    from fastload.data.synthetic import make_synthetic_dataset
+    from fastload.store.upload import convert_to_url
+
+    data = make_synthetic_dataset(tmp_path / "ds", n_train=4, n_val=2, nc=3, seed=1, max_size=96)
+    url = f"s3://{BUCKET}/stores/self-contained"
+    convert_to_url(data, "lmdb", url, imgsz=64, splits="train", workers=1, progress=False, log=lambda *_: None)
+    target = tmp_path / "staged"
+    assert run_cli(["stage", url, "--to", str(target), "--no-progress"]) == 0
+    assert yaml.safe_load((target / "data.yaml").read_text())["path"] == str(target)  # not the converting machine's
+    check_staged_copy_alone(target, tmp_path / "ds", capsys)  # as on a node that never had the images
+    assert run_cli(["info", str(target)]) == 0  # the val split, not converted, is named as absent
+    assert "[val] no store of it here, and its images are not at " in capsys.readouterr().out
 
 
 def test_info_and_verify_accept_the_url(uploaded, dataset, capsys):
