@@ -57,7 +57,8 @@ def open_store(
     Args:
       data: ``data.yaml`` path, dict, ``DataConfig``, or a store directory (lmdb / disk / ram, or a
         ``fastload convert`` output folder holding a ``data.yaml``), or ``s3://bucket/prefix[/data.yaml]`` of an
-        uploaded store: its ``disk`` store at ``imgsz`` is streamed (:class:`fastload.store.stream.StreamingStore`).
+        uploaded store: one of the split's stores is streamed (:class:`fastload.store.stream.StreamingStore`; with
+        ``upload_kind="auto"``, its ``disk`` store when it has one at ``imgsz``, else its ``encoded`` store).
       split: ``train``, ``val`` or ``test``.
       kind: ``auto`` or one of ``files | lmdb | encoded | disk | ram | gpu | stream``. ``ram`` on a yaml without a recorded
         ram store builds one in shared memory on demand (removed when the last user exits).
