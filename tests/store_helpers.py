@@ -26,6 +26,25 @@ def make_faults_dataset(root: Path, n_good: int = 6) -> tuple[Path, dict[str, st
     return yaml_path, {fault: str(path) for fault, path in plant_faults(root).items()}
 
 
+def check_staged_copy_alone(staged: Path, sources: Path, capsys) -> None:
+    """With the dataset folder ``sources`` removed, the staged copy ``staged`` still serves as a dataset: its
+    data.yaml's ``path`` is the copy, ``fastload info`` describes its splits from their stores, the loader reads
+    them."""
+    import json
+
+    import fastload
+
+    shutil.rmtree(sources)
+    capsys.readouterr()
+    assert run_cli(["info", str(staged / "data.yaml"), "--json"]) == 0, capsys.readouterr().err
+    info = json.loads(capsys.readouterr().out)
+    assert info["splits"] and all(s["images"] > 0 and s["described_by"].startswith(str(staged))
+                                  for s in info["splits"].values())
+    assert run_cli(["verify", str(staged / "data.yaml"), "--no-progress"]) == 0
+    with fastload.loader(staged / "data.yaml", imgsz=64, batch_size=2, workers=0) as loader:
+        assert sum(len(paths) for _, _, paths, _ in loader) == info["splits"]["train"]["images"]
+
+
 def copy_tree(src: Path, dst: Path) -> Path:
     shutil.copytree(src, dst)
     return dst

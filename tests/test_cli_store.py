@@ -10,7 +10,7 @@ import pytest
 
 from fastload.data.index import build_index
 from fastload.store import open_store
-from store_helpers import make_faults_dataset, run_cli
+from store_helpers import check_staged_copy_alone, make_faults_dataset, run_cli
 
 
 @pytest.fixture(scope="module")
@@ -131,6 +131,22 @@ def test_stage_converted_stores(synth_yaml, tmp_path):
         assert s.kind == "disk" and Path(s.path).parent == target  # relative store paths follow the copy
     assert run_cli(["verify", str(target), "--no-progress"]) == 0
     assert run_cli(["unstage", str(target)]) == 0
+
+
+def test_a_staged_store_folder_is_self_contained(tmp_path, capsys):
+    import yaml
+
+    from fastload.data.synthetic import make_synthetic_dataset
+
+    data = make_synthetic_dataset(tmp_path / "ds", n_train=4, n_val=2, nc=3, seed=1, max_size=96)
+    assert run_cli(["convert", str(data), "--to", "lmdb", "--out", str(tmp_path / "o"), "--workers", "1",
+                    "--no-progress"]) == 0
+    target = tmp_path / "staged"
+    assert run_cli(["stage", str(tmp_path / "o"), "--to", str(target), "--no-progress"]) == 0
+    staged_yaml = yaml.safe_load((target / "data.yaml").read_text())
+    assert staged_yaml["path"] == str(target)  # not the dataset's root
+    assert staged_yaml["train"] == str((tmp_path / "ds" / "images" / "train").resolve())  # what compat matches by
+    check_staged_copy_alone(target, tmp_path / "ds", capsys)
 
 
 def test_unstage_lists_and_removes_stale_shm(synth_yaml, shm_root, capsys):

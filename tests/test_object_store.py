@@ -2,7 +2,8 @@
 stage / verify / info from it, a half-finished upload refused, faults injected between the client and the
 server by a small HTTP proxy (a dropped connection and 5xx answers mid-range, retried and resumed; a truncated,
 damaged or missing object named) with nothing wrong delivered, and a loader streaming the store in shards
-through a cache smaller than the dataset: the local store's batches in the same order, the budget kept."""
+through a cache smaller than the dataset: the local store's batches in the same order, the budget kept; a record
+damaged in the bucket named, skipped and counted as a local store's, a cached shard damaged on disk fetched again."""
 from __future__ import annotations
 
 import http.client
@@ -20,8 +21,8 @@ import numpy as np
 import pytest
 
 from fastload.store import open_store
-from fastload.store.base import StoreError
-from store_helpers import run_cli
+from fastload.store.base import Store, StoreError
+from store_helpers import check_staged_copy_alone, run_cli
 
 moto_server = pytest.importorskip("moto.server", reason="moto[server] (the dev extra) runs the local S3 server")
 pytest.importorskip("boto3", reason="boto3 (the s3 extra) is the S3 client")
@@ -136,6 +137,23 @@ def test_stage_from_url_equals_the_local_stores(uploaded, dataset, tmp_path, cap
     assert "every record verified" in capsys.readouterr().out
     _assert_same_records(target / "data.yaml", dataset[1])
     assert run_cli(["unstage", str(target)]) == 0 and not target.exists()
+
+
+def test_a_store_staged_from_a_url_is_self_contained(s3_env, tmp_path, capsys):
+    import yaml
+
+    from fastload.data.synthetic import make_synthetic_dataset
+    from fastload.store.upload import convert_to_url
+
+    data = make_synthetic_dataset(tmp_path / "ds", n_train=4, n_val=2, nc=3, seed=1, max_size=96)
+    url = f"s3://{BUCKET}/stores/self-contained"
+    convert_to_url(data, "lmdb", url, imgsz=64, splits="train", workers=1, progress=False, log=lambda *_: None)
+    target = tmp_path / "staged"
+    assert run_cli(["stage", url, "--to", str(target), "--no-progress"]) == 0
+    assert yaml.safe_load((target / "data.yaml").read_text())["path"] == str(target)  # not the converting machine's
+    check_staged_copy_alone(target, tmp_path / "ds", capsys)  # as on a node that never had the images
+    assert run_cli(["info", str(target)]) == 0  # the val split, not converted, is named as absent
+    assert "[val] no store of it here, and its images are not at " in capsys.readouterr().out
 
 
 def test_info_and_verify_accept_the_url(uploaded, dataset, capsys):
@@ -494,13 +512,9 @@ def test_a_streamed_loader_gives_the_local_batches_within_its_cache_budget(uploa
     assert cache.fetched > shards
     assert reached == 2 * list(range(2, len(stored) + 1, 2))  # the loader told each epoch's read-ahead its place
     assert max(peak) <= budget and len(peak) == 2 * cache.fetched, peak
-    layout = stored.shards()
-
-    class LocalInShards(type(local)):  # the local copy of the same store, read in the same shards
-        def shards(self):
-            return layout
-
-    reference = fastload.loader(LocalInShards(local.path), imgsz=64, batch_size=2, workers=0, seed=5)
+    # the local copy of the same store, read in the same shards
+    reference = fastload.loader(open_store(dataset[1], "train", kind="disk", imgsz=64, shard_bytes=shard_bytes),
+                                imgsz=64, batch_size=2, workers=0, seed=5)
     assert reference.engine.sampler.partners == "batch"
     expected = list(reference) + list(reference)
     assert len(got) == len(expected) == 2 * len(streamed)
@@ -542,23 +556,159 @@ def test_read_ahead_fetches_the_next_shards_of_the_order_as_the_consumer_moves(u
         open_store(uploaded, "train", kind="stream", imgsz=64, cache_dir=tmp_path, read_ahead=-1)
 
 
-@pytest.mark.parametrize("upload_kind,records", [("disk", "train-64.disk/pixels.bin"),
-                                                 ("encoded", "train.encoded/images.bin")])
-def test_a_damaged_shard_is_never_served(uploaded, tmp_path, upload_kind, records):
-    url = _copy_prefix(uploaded, f"stream-damaged-{upload_kind}")
-    build = json.loads(_client().get_object(Bucket=BUCKET, Key=f"stream-damaged-{upload_kind}/fastload-manifest.json")
-                       ["Body"].read())["build"]
-    key = f"stream-damaged-{upload_kind}/builds/{build}/{records}"
+def _damage_in_bucket(uploaded: str, prefix: str, records: str, at: int) -> str:
+    """The URL of a copy of the upload under ``prefix`` whose records file (``records``, inside the build) has
+    byte ``at`` flipped, same size: only the record checksums can tell."""
+    url = _copy_prefix(uploaded, prefix)
+    build = json.loads(_client().get_object(Bucket=BUCKET, Key=f"{prefix}/fastload-manifest.json")["Body"].read())["build"]
+    key = f"{prefix}/builds/{build}/{records}"
     data = bytearray(_client().get_object(Bucket=BUCKET, Key=key)["Body"].read())
-    data[10] ^= 0xFF  # a byte of the first record, same size: only the record checksums can tell
+    data[at] ^= 0xFF
     _client().put_object(Bucket=BUCKET, Key=key, Body=bytes(data))
-    stored = open_store(url, "train", kind="stream", imgsz=64, cache_dir=tmp_path, cache_bytes=2 * len(data),
-                        shard_bytes=len(data) // 4, upload_kind=upload_kind)
+    return url
+
+
+def _flip_byte(path: Path, at: int) -> None:
+    with open(path, "r+b") as f:
+        byte = os.pread(f.fileno(), 1, at)
+        os.pwrite(f.fileno(), bytes([byte[0] ^ 0xFF]), at)
+
+
+RECORDS_OF = {"disk": "train-64.disk/pixels.bin", "encoded": "train.encoded/images.bin"}
+
+
+@pytest.mark.parametrize("upload_kind", ["disk", "encoded"])
+def test_a_record_damaged_in_the_bucket_is_named_never_served_and_its_shard_kept(uploaded, dataset, tmp_path,
+                                                                                 upload_kind, monkeypatch):
+    from fastload.store.base import DamagedRecordError
+
+    url = _damage_in_bucket(uploaded, f"stream-damaged-{upload_kind}", RECORDS_OF[upload_kind], 10)
+    with open_store(dataset[1], "train", kind=upload_kind, imgsz=64) as local:
+        expected = [np.asarray(local.read_image(i)).copy() for i in range(len(local))]
+        shard_bytes = int(local.offsets[3])  # records 0-2 in the first shard
+    stored = open_store(url, "train", kind="stream", imgsz=64, cache_dir=tmp_path, cache_bytes=8 << 20,
+                        shard_bytes=shard_bytes, upload_kind=upload_kind)
     assert stored.upload_kind == upload_kind and stored.decoded == (upload_kind == "disk")
-    with pytest.raises(StoreError, match=f"s3://{BUCKET}/{key}: record 0 .* fails its crc32"):
+    assert stored.bounds[1] == 3 < len(stored)  # record 0 shares its shard; other shards follow
+    source_reads = []
+    real_read = stored._record_at_source
+    monkeypatch.setattr(stored, "_record_at_source", lambda i: source_reads.append(i) or real_read(i))
+    for _ in range(2):
+        with pytest.raises(DamagedRecordError) as err:
+            stored.read_image(0)
+        message = str(err.value)
+        assert "\n" not in message and err.value.kind == "checksum"
+        assert f"{stored.path}, record 0 ({stored.im_files[0]}): crc32 mismatch in the uploaded object" in message
+    # read again from the bucket once when downloaded, once on the first read; then known in this process
+    assert source_reads == [0, 0] and stored.cache.fetched == 1 and stored.refetched == 0
+    assert stored.cache.path(0).is_file()  # the shard is kept: its other records are good
+    for i in range(1, len(stored)):  # they, and the other shards, read as the local store's
+        assert np.array_equal(np.asarray(stored.read_image(i)), expected[i])
+    assert stored.refetched == 0 and source_reads == [0, 0]
+
+
+def test_a_record_damaged_on_the_way_is_read_again_and_repaired_before_its_shard_is_kept(uploaded, dataset, tmp_path,
+                                                                                          monkeypatch):
+    import dataclasses
+
+    from fastload.store import stream
+
+    with open_store(dataset[1], "train", kind="disk", imgsz=64) as local:
+        expected = [np.asarray(local.read_image(i)).copy() for i in range(2)]
+    stored = open_store(uploaded, "train", kind="stream", imgsz=64, cache_dir=tmp_path, shard_bytes=int(expected[0].nbytes),
+                        upload_kind="disk")
+    real_download = stream.download
+    downloads = []
+
+    def first_one_damaged(client, items):  # the shard's download: byte 10 of its first record flipped on the way
+        downloads.append(items[0].size)
+        if len(downloads) == 1:
+            def damaged_then_checked(downloaded: Path, check=items[0].check) -> None:
+                _flip_byte(downloaded, 10)
+                check(downloaded)
+            items = [dataclasses.replace(items[0], check=damaged_then_checked)]
+        return real_download(client, items)
+
+    monkeypatch.setattr(stream, "download", first_one_damaged)
+    source_reads = []
+    real_read = stored._record_at_source
+    monkeypatch.setattr(stored, "_record_at_source", lambda i: source_reads.append(i) or real_read(i))
+    assert np.array_equal(np.asarray(stored.read_image(1)), expected[1])  # shard 1: record 1
+    assert source_reads == [1] and stored.refetched == 0 and stored.cache.fetched == 1
+    assert downloads[1] == stored.nbytes(1) and len(downloads) == 2  # the shard, then record 1 alone
+    assert stored.record_ok(1)  # the cached shard holds the bucket's bytes
+
+
+def _epoch_and_warnings(data, **kw) -> tuple[list, dict, list[str]]:
+    """One epoch's batches of a loader on ``data``, its stats, and the damaged-record warnings it gave."""
+    import warnings
+
+    import fastload
+    from fastload.engines.base import DamagedRecordWarning
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with fastload.loader(data, imgsz=64, batch_size=2, seed=5, **kw) as ld:
+            batches = [(np.asarray(imgs).copy(), np.asarray(targets).copy(), list(paths)) for imgs, targets, paths, _ in ld]
+            stats = ld.stats()
+    return batches, stats, [str(w.message) for w in caught if issubclass(w.category, DamagedRecordWarning)]
+
+
+def test_a_streamed_loader_skips_a_record_damaged_in_the_bucket_as_a_local_store_does(uploaded, dataset, tmp_path):
+    from fastload.store.base import DamagedRecordError
+    from fastload.store.packed import PIXELS
+
+    record = 3
+    with open_store(dataset[1], "train", kind="disk", imgsz=64) as local:
+        at = int(local.offsets[record]) + 10
+        shard_bytes = 2 * int(np.diff(local.offsets).max())
+        damaged_local = Path(shutil.copytree(local.path, tmp_path / "local.disk"))
+    _flip_byte(damaged_local / PIXELS, at)  # the same byte of the same record, in a local copy
+    url = _damage_in_bucket(uploaded, "stream-damaged-loader", RECORDS_OF["disk"], at)
+
+    def streamed() -> Store:
+        return open_store(url, "train", kind="stream", imgsz=64, cache_dir=tmp_path / "cache", shard_bytes=shard_bytes,
+                          upload_kind="disk")
+
+    # the damaged local copy, read in the same shards
+    in_shards = open_store(damaged_local, kind="disk", imgsz=64, shard_bytes=shard_bytes)
+    expected, local_stats, _ = _epoch_and_warnings(in_shards, workers=0)
+    assert local_stats["damaged_record_ids"] == [record]
+    for workers in (0, 2):
+        store = streamed()
+        got, stats, warned = _epoch_and_warnings(store, workers=workers)
+        file = store.im_files[record]
+        assert len(warned) == 1 and f"{store.path}, record {record} ({file}): crc32 mismatch in the uploaded" in warned[0]
+        assert stats["damaged_records"] == 1 and stats["damaged_record_ids"] == [record]
+        assert stats["damaged_by_kind"]["checksum"] == 1
+        assert stats["replaced_samples"] == local_stats["replaced_samples"] >= 1
+        assert all(file not in paths for _, _, paths in got)  # never delivered; every other record is
+        assert {p for _, _, paths in got for p in paths} == set(store.im_files) - {file}
+        assert len(got) == len(expected)  # the local copy's batches, the same record skipped the same way
+        for (imgs, targets, paths), (ref_imgs, ref_targets, ref_paths) in zip(got, expected):
+            assert np.array_equal(imgs, ref_imgs) and np.array_equal(targets, ref_targets) and paths == ref_paths
+    with pytest.raises(DamagedRecordError) as err:
+        _epoch_and_warnings(streamed(), workers=2, strict=True)
+    message = str(err.value)
+    assert "\n" not in message and f"record {record} ({file})" in message and url in message
+
+
+def test_a_shard_damaged_on_the_nodes_disk_is_fetched_again(uploaded, dataset, tmp_path, monkeypatch):
+    for upload_kind in ("disk", "encoded"):
+        with open_store(dataset[1], "train", kind=upload_kind, imgsz=64) as local:
+            expected = np.asarray(local.read_image(1)).copy()
+            shard_bytes = int(local.offsets[3])  # records 0-2 in the first shard
+        stored = open_store(uploaded, "train", kind="stream", imgsz=64, cache_dir=tmp_path / upload_kind,
+                            shard_bytes=shard_bytes, upload_kind=upload_kind)
+        cached = stored.cached_shard(0)
+        assert stored.bounds[1] == 3 and stored.cache.fetched == 1
+        _flip_byte(cached, int(stored.offsets[1]) + 10)  # record 1 flipped on this disk after the download
+        fetched, _ = _record_fetches(stored, monkeypatch)
+        assert np.array_equal(np.asarray(stored.read_image(1)), expected)  # the shard fetched again: intact
+        assert fetched == [0] and stored.refetched == 1 and stored.cache.fetched == 2
+        assert stored.record_ok(1) and stored.record_ok(0)  # the new copy in the cache
         stored.read_image(0)
-    assert stored.cache.used() == 0 and not list(stored.cache.folder.glob("shard-*"))
-    assert len(stored.read_image(len(stored) - 1)) > 0  # the intact shards still read
+        assert stored.refetched == 1 and stored.cache.fetched == 2
 
 
 def test_a_streamed_encoded_store_gives_the_local_encoded_batches_with_workers(uploaded, dataset, tmp_path):
@@ -566,21 +716,21 @@ def test_a_streamed_encoded_store_gives_the_local_encoded_batches_with_workers(u
 
     # auto: the upload's disk store is at imgsz 64, so at 96 the encoded store (the JPEGs, any imgsz) is streamed
     stored = open_store(uploaded, "train", kind="stream", imgsz=96, cache_dir=tmp_path, cache_bytes=8 << 20,
-                        shard_bytes=1)  # a shard per record
+                        shard_bytes=1, window=3)  # a shard per record, three shuffled together
     assert (stored.upload_kind, stored.decoded, stored.imgsz) == ("encoded", False, None)
     assert stored.description["upload_kind"] == "encoded" and len(stored.bounds) - 1 == len(stored)
     with open_store(uploaded, "train", kind="stream", imgsz=64, cache_dir=tmp_path) as auto_at_64:
         assert auto_at_64.upload_kind == "disk"  # a disk store at the loader's imgsz: nothing to decode
-    layout = stored.shards()
     with open_store(dataset[1], "train", kind="encoded") as local:
         assert [stored.read_image(i) for i in range(len(local))] == [local.read_image(i) for i in range(len(local))]
-
-        class LocalInShards(type(local)):  # the local copy of the same store, read in the same shards
-            def shards(self):
-                return layout
-
-        with fastload.loader(LocalInShards(local.path), imgsz=96, batch_size=3, workers=0, seed=2) as reference:
-            expected = list(reference)
+        assert local.shards() is None  # a local store is visited in any order...
+    # ...unless opened in the stream's shards: then its loader gives the stream's batches
+    in_shards = open_store(dataset[1], "train", kind="encoded", shard_bytes=1, window=3)
+    assert np.array_equal(in_shards.shards().ids, stored.shards().ids) and in_shards.shards().window == 3
+    with pytest.raises(ValueError, match="window must be >= 1 shard, got 0"):
+        open_store(dataset[1], "train", kind="encoded", shard_bytes=1, window=0)
+    with fastload.loader(in_shards, imgsz=96, batch_size=3, workers=0, seed=2) as reference:
+        expected = list(reference)
     with fastload.loader(stored, imgsz=96, batch_size=3, workers=2, seed=2) as streamed:
         assert streamed.engine.sampler.partners == "batch"
         got = list(streamed)

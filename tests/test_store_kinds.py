@@ -33,8 +33,10 @@ def test_importing_the_store_factory_does_not_import_the_converter():
 
 
 def test_open_store_refuses_keywords_the_kind_does_not_take(synth_yaml):
-    with pytest.raises(TypeError, match=r"open_store\(kind='disk'\) takes no 'device' keyword; it takes none"):
+    with pytest.raises(TypeError, match=r"open_store\(kind='disk'\) takes no 'device' keyword; it takes shard_bytes, window"):
         open_store(synth_yaml, kind="disk", device="cpu")
+    with pytest.raises(TypeError, match=r"open_store\(kind='lmdb'\) takes no 'shard_bytes' keyword; it takes none"):
+        open_store(synth_yaml, kind="lmdb", shard_bytes=1)  # no byte ranges of records to read in shards
     with pytest.raises(TypeError, match=r"open_store\(kind='auto'\) takes no 'workers' keyword"):
         open_store(synth_yaml, kind="auto", workers=1)
     with pytest.raises(TypeError, match=r"open_store\(kind='files'\) takes no 'share' keyword; it takes cache, workers"):

@@ -91,6 +91,8 @@ class DamagedRecordError(StoreError):
         self.store_kind = store_kind
         if store_kind == "files":  # no stored checksum to verify: the source image itself is bad
             hint = "replace the image or remove it from the dataset"
+        elif store_kind == "stream":  # the bucket's copy is bad: verify on the store's own URL cannot run
+            hint = "upload the store again (`fastload convert DATA.yaml --out URL --force`)"
         else:
             hint = f"check the store with `fastload verify {self.path}`"
         super().__init__(f"{self.path}, record {self.record} ({self.file}): {reason}; {hint}")

@@ -21,6 +21,7 @@ from fastload.store.base import IncompleteStoreError, Store, StoreError
 from fastload.store.files import FileStore
 from fastload.store.kinds import (
     AUTO_ORDER,
+    IN_SHARDS,
     PARTIAL,
     REMOTE_KINDS,
     detect_kind,
@@ -56,7 +57,8 @@ def open_store(
     Args:
       data: ``data.yaml`` path, dict, ``DataConfig``, or a store directory (lmdb / disk / ram, or a
         ``fastload convert`` output folder holding a ``data.yaml``), or ``s3://bucket/prefix[/data.yaml]`` of an
-        uploaded store: its ``disk`` store at ``imgsz`` is streamed (:class:`fastload.store.stream.StreamingStore`).
+        uploaded store: one of the split's stores is streamed (:class:`fastload.store.stream.StreamingStore`; with
+        ``upload_kind="auto"``, its ``disk`` store when it has one at ``imgsz``, else its ``encoded`` store).
       split: ``train``, ``val`` or ``test``.
       kind: ``auto`` or one of ``files | lmdb | encoded | disk | ram | gpu | stream``. ``ram`` on a yaml without a recorded
         ram store builds one in shared memory on demand (removed when the last user exits).
@@ -64,9 +66,12 @@ def open_store(
       load_rule: the loaded-image rule (:data:`fastload.data.images.LoadRule`) decoded stores must have been
         made with: ``auto`` skips the others, a ram store built on demand has a segment per rule, and a decoded
         store asked for by kind or path that was made with another rule is refused (StoreError).
-      kwargs: passed to the GPU store (``kind="gpu"``: ``device``, ``share``, ``chunk_bytes``, ``base``) or
-        ``build_index`` (``kind="files"``: ``cache``, ``workers``, ``progress``); any other keyword, or one with
-        another kind (``auto`` takes none), raises TypeError.
+      kwargs: passed to the GPU store (``kind="gpu"``: ``device``, ``share``, ``chunk_bytes``, ``base``),
+        ``build_index`` (``kind="files"``: ``cache``, ``workers``, ``progress``), the streamed store (``kind="stream"``:
+        :class:`~fastload.store.stream.StreamingStore`'s keywords), or, for ``kind="disk" | "encoded" | "ram"``,
+        ``shard_bytes`` and ``window``: the store is read in shards as a streamed copy of it is
+        (:meth:`~fastload.store.packed.RecordFileStore.read_in_shards`), so its loader gives the stream's batches;
+        any other keyword, or one with another kind (``auto`` takes none), raises TypeError.
     """
     # an unknown kind, or a keyword the kind does not take, fails here, before anything is opened
     takes = store_kind(kind).open_keywords if kind != "auto" else ()
@@ -89,6 +94,10 @@ def open_store(
         return remote
     if kind in REMOTE_KINDS:
         raise StoreError(f"kind={kind!r} reads a store uploaded to object storage (s3://BUCKET/PREFIX), not {data!r}")
+    if kwargs and takes == IN_SHARDS:
+        local = open_store(data, split, kind, imgsz, load_rule=load_rule)
+        local.read_in_shards(**kwargs)  # type: ignore[attr-defined]  # the kinds that take IN_SHARDS have it
+        return local
     if kind == "gpu":
         return _open_gpu(data, split, imgsz, load_rule, **kwargs)
 

@@ -80,6 +80,17 @@ def dataset_info(target: str | Path, splits: Sequence[str] | None = None) -> dic
     if unfinished:
         out["unfinished"] = {str(p): finish_hint(p) for p in unfinished}
     for split in splits or list(cfg.splits):
+        recorded = cfg.stores.get(split, {})
+        gone = [src for src in cfg.splits.get(split, []) if not Path(src).exists()]
+        # the yaml of stores staged or copied without their images: a split is described from its store's index,
+        # and one that has no store here (not converted) is named as absent unless it was asked for
+        described = _split_from_store(recorded, cfg.names) if gone and recorded else None
+        if described is not None:
+            out["splits"][split] = described
+            continue
+        if gone and cfg.stores and not recorded and not splits:
+            out.setdefault("absent", {})[split] = f"no store of it here, and its images are not at {gone[0]}"
+            continue
         index = build_index(cfg, split, progress=False)
         rep = index.report
         stats = _split_stats(index.labels, index.shapes, cfg.names)
@@ -97,6 +108,24 @@ def dataset_info(target: str | Path, splits: Sequence[str] | None = None) -> dic
             stats["mixed_stores"] = why
         out["splits"][split] = stats
     return out
+
+
+def _split_from_store(recorded: dict[str, Path], names: Sequence[str]) -> dict[str, Any] | None:
+    """A split's info from the index of the first of its ``recorded`` stores that opens (its source images are
+    not there to scan), or None when none opens."""
+    for kind, path in recorded.items():
+        try:
+            store = open_path(path)
+        except StoreError:
+            continue
+        with store:
+            stats = _split_stats(store.labels, store.shapes, names)
+        stats.update(bytes=tree_bytes(path), stores={k: str(p) for k, p in recorded.items()}, described_by=str(path))
+        why = mixed_sources(recorded)
+        if why:
+            stats["mixed_stores"] = why
+        return stats
+    return None
 
 
 def url_info(url: str, splits: Sequence[str] | None = None) -> dict[str, Any]:
@@ -164,6 +193,8 @@ def format_info(info: dict[str, Any], top: int = 20) -> str:
         lines.append(f"uploaded {up['created']}: {up['objects']} objects, {fmt_bytes(up['bytes'])}")
     for split, s in info["splits"].items():
         lines.append(f"[{split}] {s['images']} images, {s['backgrounds']} backgrounds, {s['instances']} instances, {fmt_bytes(s['bytes'])}")
+        if s.get("described_by"):
+            lines.append(f"  from the index of {s['described_by']} (the source images are not there to scan)")
         extra = [f"{k.replace('_', ' ')} {s[k]}" for k in ("without_label_file", "empty_label_file", "corrupt", "labels_without_image") if k in s]
         if extra:
             lines.append("  " + ", ".join(extra))
@@ -187,6 +218,8 @@ def format_info(info: dict[str, Any], top: int = 20) -> str:
         if s.get("mixed_stores"):
             lines.append(f"  WARNING: these stores come from different datasets ({s['mixed_stores']}); loaders refuse "
                          f"them until the dataset is converted again with --force")
+    for split, why in info.get("absent", {}).items():
+        lines.append(f"[{split}] {why}")
     for path, hint in info.get("unfinished", {}).items():
         lines.append(f"UNFINISHED {path}: {hint}")
     return "\n".join(lines)

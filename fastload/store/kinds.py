@@ -91,18 +91,22 @@ def _ram_path(cfg: DataConfig, name: str, out_dir: Path, imgsz: int, load_rule: 
     return ram_segment_path(cfg, name, imgsz, load_rule)
 
 
+# what a store of records back to back in one file takes to be read in shards as a streamed copy of it is
+# (RecordFileStore.read_in_shards): the same batches as the stream's loader
+IN_SHARDS = ("shard_bytes", "window")
+
 STORE_KINDS: dict[str, StoreKind] = {k.name: k for k in (
     StoreKind("files", "fastload.store.files:FileStore", auto_rank=4, open_keywords=("cache", "workers", "progress")),
     StoreKind("lmdb", "fastload.store.lmdb_store:LmdbStore", "fastload.store.lmdb_store:write_lmdb",
               _in_out("{name}.lmdb"), auto_rank=2, resumable=True),
     # the same encoded images in one flat file: what object storage streams in byte ranges
     StoreKind("encoded", "fastload.store.encoded:EncodedStore", "fastload.store.encoded:write_encoded",
-              _in_out("{name}.encoded"), auto_rank=3),
+              _in_out("{name}.encoded"), auto_rank=3, open_keywords=IN_SHARDS),
     StoreKind("disk", "fastload.store.packed:PackedStore", "fastload.store.packed:write_disk",
-              _in_out("{name}-{imgsz}{rule}.disk"), decoded=True, auto_rank=1),
+              _in_out("{name}-{imgsz}{rule}.disk"), decoded=True, auto_rank=1, open_keywords=IN_SHARDS),
     # pinned in shared memory until `fastload unstage` (or a reboot; open_store then rebuilds it)
     StoreKind("ram", "fastload.store.packed:RamStore", "fastload.store.packed:write_ram", _ram_path, decoded=True,
-              auto_rank=0),
+              auto_rank=0, open_keywords=IN_SHARDS),
     StoreKind("gpu", "fastload.store.gpu:GpuStore", decoded=True, on_host=False,
               open_keywords=("device", "share", "chunk_bytes", "base")),
     # a disk or encoded store in object storage, read in shards into a node-local cache (open_store of an s3://

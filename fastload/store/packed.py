@@ -35,6 +35,7 @@ from fastload.store import shm
 from fastload.store.base import (
     PACKED_SCHEMA,
     IncompleteStoreError,
+    Shards,
     Store,
     StoreError,
     check_schema,
@@ -48,6 +49,7 @@ from fastload.store.writing import Progress, decoded_shrink, decoded_task, paral
 META = "meta.json"
 PIXELS = "pixels.bin"
 ARRAYS = ("offsets", "hw", "shapes", "labels", "label_counts", "checksums")
+SHARD_BYTES = 64 << 20  # about how many bytes of records one shard holds (RecordFileStore.read_in_shards)
 
 
 def read_meta(path: Path) -> dict[str, Any]:
@@ -88,6 +90,8 @@ class RecordFileStore(Store):
     #: check records against their checksums when read (False only to measure what the check costs:
     #: ``benchmarks/store_read.py --check-cost``)
     check_on_read = True
+    #: set by :meth:`read_in_shards`: shard ``s`` holds records ``bounds[s] .. bounds[s + 1]``; None: no shards
+    bounds: np.ndarray | None = None
 
     def __init__(self, path: str | Path) -> None:
         super().__init__()
@@ -122,6 +126,24 @@ class RecordFileStore(Store):
 
     def nbytes(self, i: int) -> int:
         return int(self.offsets[i + 1] - self.offsets[i])
+
+    def read_in_shards(self, shard_bytes: int = SHARD_BYTES, window: int = 1) -> None:
+        """Have the loader visit this store shard by shard (:meth:`shards`): runs of consecutive records of about
+        ``shard_bytes``, ``window`` of them shuffled together per epoch (:func:`fastload.order.shard_permutation`).
+
+        A streamed store (:class:`fastload.store.stream.StreamingStore`) is read so; a local copy of the store it
+        streams, read in shards of the same ``shard_bytes`` and ``window``, gives its loader the same batches
+        (``open_store(..., kind="disk" | "encoded" | "ram", shard_bytes=..., window=...)``)."""
+        if int(shard_bytes) < 1:
+            raise ValueError(f"shard_bytes must be >= 1, got {shard_bytes}")
+        if int(window) < 1:
+            raise ValueError(f"window must be >= 1 shard, got {window}")
+        self.bounds = shard_bounds(self.offsets, int(shard_bytes))
+        self.window = int(window)
+        self._shard_of = np.repeat(np.arange(len(self.bounds) - 1), np.diff(self.bounds)).astype(np.int64)
+
+    def shards(self) -> Shards | None:
+        return None if self.bounds is None else Shards(self._shard_of, self.window)
 
     def _handles(self) -> tuple[str, ...]:
         return ("_mm",)
@@ -288,6 +310,18 @@ class PackedWriter:
         if not self._fh.closed:
             self._fh.close()
         shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def shard_bounds(offsets: np.ndarray, shard_bytes: int) -> np.ndarray:
+    """``int64 [k + 1]``: shard ``s`` holds records ``bounds[s] .. bounds[s + 1]``, consecutive records of about
+    ``shard_bytes`` (a record larger than that is a shard of its own)."""
+    offsets = np.asarray(offsets, np.int64)
+    n = len(offsets) - 1
+    bounds = [0]
+    while bounds[-1] < n:
+        end = int(np.searchsorted(offsets, offsets[bounds[-1]] + shard_bytes, side="right")) - 1
+        bounds.append(min(n, max(end, bounds[-1] + 1)))
+    return np.asarray(bounds, np.int64)
 
 
 def replace_dir(src: Path, dst: Path) -> None:

@@ -9,6 +9,10 @@ Staging ``s3://bucket/prefix`` (a store uploaded by ``fastload convert --out URL
 manifest lists with parallel ranged reads (:mod:`fastload.store.objects`), each checked against the
 manifest's size and crc32, then checks every record of every store (:func:`~fastload.store.verify.verify_target`).
 
+Either way the staged ``data.yaml`` is self-contained: its ``path`` is the staged folder (the split keys still
+name the source images, which the compat layers match stores by), so the loader, ``fastload info`` and
+``fastload verify`` on it work once the source images are gone or on another machine.
+
 Free space is checked first (``os.statvfs``); the copy goes into a hidden temporary sibling, every
 file is read back and compared (size + crc32) and only then renamed to the target. A marker file
 ``.fastload-staged.json`` records what was staged; :func:`unstage` refuses to delete a folder
@@ -159,6 +163,8 @@ def stage(
         yaml_path = None
         if cfg is not None:
             yaml_path = _write_staged_yaml(cfg, tmp, to, split_values)
+        elif (source / "data.yaml").is_file():
+            _point_yaml_at_copy(tmp / "data.yaml", source / "data.yaml", to, str(source.resolve()))
         _publish(tmp, to, str(source.resolve()), len(files), total)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -219,6 +225,8 @@ def _stage_url(url: str, to: Path, *, progress: bool, log: Callable[[str], None]
             first = "; ".join(line.strip() for line in damaged[0].format().splitlines()[:3])
             raise StoreError(f"staging {url}: {first.replace(str(tmp), url)} ({len(damaged)} store(s) failed); "
                              f"nothing was kept")
+        if yaml_path.is_file():
+            _point_yaml_at_copy(yaml_path, yaml_path, to, url)
         _publish(tmp, to, url, len(manifest.objects), manifest.nbytes)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -248,6 +256,22 @@ def _write_staged_yaml(cfg: DataConfig, tmp: Path, final: Path, split_values: di
     out = tmp / "data.yaml"
     out.write_text(f"# staged by `fastload stage` from {cfg.origin}\n" + yaml.safe_dump(raw, sort_keys=False, allow_unicode=True))
     return out
+
+
+def _point_yaml_at_copy(copied: Path, original: Path, final: Path, source: str) -> None:
+    """Rewrite ``copied``, the ``data.yaml`` of a staged store folder that will be ``final``, so that the copy is
+    self-contained: its ``path`` (the dataset root) is ``final``, not the source's root, which may be gone or on
+    another machine. The split keys keep naming the source images, absolute (resolved as ``original``, the
+    yaml before staging, resolves them): the compat layers find a split's store by those paths, and ``fastload
+    info`` describes a split whose images are gone from its store's index."""
+    cfg = load_data_config(original)
+    raw = dict(cfg.raw)
+    raw["path"] = str(final)
+    for split, sources in cfg.splits.items():
+        paths = [str(p) for p in sources]
+        raw[split] = paths[0] if len(paths) == 1 else paths
+    copied.write_text(f"# staged by `fastload stage` from {source}: the stores under `fastload:` are in this folder\n"
+                      + yaml.safe_dump(raw, sort_keys=False, allow_unicode=True))
 
 
 def unstage(path: str | Path, *, force: bool = False, log: Callable[[str], None] = print) -> None:

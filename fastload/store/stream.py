@@ -9,6 +9,15 @@ downloaded when the store opens. Every record of a shard is checked against its 
 in the cache, and again when read (a decoded record on its first read in each process, an encoded one on every
 read, as their local stores do).
 
+A record that fails its crc32 is read again from the bucket, alone (one small ranged read), to tell where it was
+damaged. At download: when the second read is intact the first was damaged on the way and is repaired in the
+shard; when it fails too the uploaded object itself is damaged there, and the shard is kept anyway (its other
+records are good). At read: when the bucket's bytes fail too the record is damaged at the source:
+:class:`~fastload.store.base.DamagedRecordError` names it (store URL, record, source file), so a loader with
+``strict=False`` skips and counts it as for a local store, and ``strict=True`` stops; when the bucket's bytes are
+intact the cached shard was damaged on this node's disk after its download: it is removed and fetched again, once.
+Nothing that fails its crc32 is ever returned.
+
 The cache is a folder on a local disk or ``/dev/shm`` (``cache_dir``; default ``$FASTLOAD_CACHE_DIR`` or
 ``<tmp>/fastload-stream``) holding at most ``cache_bytes`` of shards, counted as the bytes of the files in it,
 downloads in progress included: room for a new shard is made by removing the least recently read ones. The
@@ -36,17 +45,16 @@ from typing import Any, Callable
 import numpy as np
 
 from fastload.data.checksum import file_crc32, record_checksum
-from fastload.store.base import ReadAhead, Shards, StoreError
+from fastload.store.base import DamagedRecordError, ReadAhead, StoreError
 from fastload.store.objects.client import s3_client
 from fastload.store.objects.manifest import MANIFEST, Manifest, fetch, read_manifest
 from fastload.store.objects.transfer import Download, download, partial_path
 from fastload.store.objects.urls import parse_url
 from fastload.store.encoded import ARRAYS as ENCODED_ARRAYS
 from fastload.store.encoded import IMAGES, read_encoded_meta
-from fastload.store.packed import PIXELS, PackedStore, RecordFileStore, read_meta
+from fastload.store.packed import PIXELS, SHARD_BYTES, PackedStore, RecordFileStore, read_meta
 from fastload.store.shm import flock_current, pid_alive
 
-SHARD_BYTES = 64 << 20
 CACHE_BYTES = 4 << 30
 READ_AHEAD = 2  # shards: one downloading while the next waits its turn keeps the connection busy
 UPLOAD_KINDS = ("auto", "disk", "encoded")  # which uploaded store a stream reads (StreamingStore's upload_kind)
@@ -83,18 +91,6 @@ os.register_at_fork(before=lambda: _FETCHING.acquire(), after_in_parent=lambda: 
 def stream_cache_root() -> Path:
     """Where streamed stores keep their shards: ``$FASTLOAD_CACHE_DIR``, else ``<tmp>/fastload-stream``."""
     return Path(os.environ.get("FASTLOAD_CACHE_DIR") or Path(tempfile.gettempdir()) / "fastload-stream")
-
-
-def shard_bounds(offsets: np.ndarray, shard_bytes: int) -> np.ndarray:
-    """``int64 [k + 1]``: shard ``s`` holds records ``bounds[s] .. bounds[s + 1]``, consecutive records of about
-    ``shard_bytes`` (a record larger than that is a shard of its own)."""
-    offsets = np.asarray(offsets, np.int64)
-    n = len(offsets) - 1
-    bounds = [0]
-    while bounds[-1] < n:
-        end = int(np.searchsorted(offsets, offsets[bounds[-1]] + shard_bytes, side="right")) - 1
-        bounds.append(min(n, max(end, bounds[-1] + 1)))
-    return np.asarray(bounds, np.int64)
 
 
 class ShardCache:
@@ -233,9 +229,7 @@ class StreamingStore(PackedStore):
             "shard_bytes": int(shard_bytes), "window": int(window), "upload_kind": self.upload_kind,
             "read_ahead": int(read_ahead)}
         self.path = str(manifest.url.child(rel))
-        self.window = int(window)
-        self.bounds = shard_bounds(self.offsets, int(shard_bytes))
-        self._shard_of = np.repeat(np.arange(len(self.bounds) - 1), np.diff(self.bounds)).astype(np.int64)
+        self.read_in_shards(int(shard_bytes), int(window))
         largest = int(np.diff(self.offsets[self.bounds]).max(initial=0))
         if cache_bytes < (self.window + 1) * largest:
             raise StoreError(f"cache_bytes={cache_bytes} cannot hold window + 1 = {self.window + 1} shards of up to "
@@ -246,6 +240,8 @@ class StreamingStore(PackedStore):
         self.records_url = manifest.object_url(f"{rel}/{RECORD_FILES[self.upload_kind]}")
         self.cache = ShardCache(upload_root / f"{Path(rel).name}-shards-{int(shard_bytes)}", int(cache_bytes))
         self._checked: np.ndarray | None = None
+        self._damaged_at_source: set[int] = set()  # records whose uploaded bytes fail their crc32 (in every process)
+        self.refetched = 0  # shards this process found damaged in the cache and fetched again
         # shard files this process has mapped, most recently read last: at most those an epoch reads at once
         self._maps: OrderedDict[int, np.ndarray] = OrderedDict()
         self._max_maps = self.window + self.read_ahead_shards + 1
@@ -282,9 +278,6 @@ class StreamingStore(PackedStore):
             self.decoded, self.imgsz, self.load_rule = False, None, None
         return kind, rel
 
-    def shards(self) -> Shards:
-        return Shards(self._shard_of, self.window)
-
     def read_ahead(self, indices: np.ndarray) -> ReadAhead | None:
         if self.read_ahead_shards < 1 or len(indices) == 0:
             return None
@@ -296,10 +289,61 @@ class StreamingStore(PackedStore):
 
     def read_image(self, i: int) -> np.ndarray | bytes:  # type: ignore[override]
         """Record ``i``: the loaded RGB image of a disk store (checked on its first read in this process), or the
-        image bytes of an encoded one (checked on every read), from its shard in the cache."""
-        if self.decoded:
-            return super().read_image(i)
-        return self._encoded_record(self.check_index(i))
+        image bytes of an encoded one (checked on every read), from its shard in the cache.
+
+        A record that fails its crc32 is read again from the bucket: damaged there too, it raises
+        :class:`~fastload.store.base.DamagedRecordError` (and does at once on later reads in this process);
+        intact there, its cached shard was damaged on this node's disk: the shard is fetched again and the record
+        read from the new copy (still failing: DamagedRecordError)."""
+        i = self.check_index(i)
+        if i in self._damaged_at_source:
+            raise self._source_damage(i)
+        try:
+            return self._checked_record(i)
+        except DamagedRecordError as e:
+            if e.kind != "checksum":
+                raise
+        if not self._intact(i, self._record_at_source(i)):
+            self._damaged_at_source.add(i)
+            raise self._source_damage(i)
+        self._drop_damaged_copy(int(self._shard_of[i]), i)
+        return self._checked_record(i)
+
+    def _checked_record(self, i: int) -> np.ndarray | bytes:
+        """Record ``i`` from the cache, checked as its local store checks it."""
+        return super().read_image(i) if self.decoded else self._encoded_record(i)
+
+    def _intact(self, i: int, record: bytes | np.ndarray) -> bool:
+        return record_checksum(record, self.labels[i]) == int(self.checksums[i])
+
+    def _source_damage(self, i: int) -> DamagedRecordError:
+        return self.damaged(i, "checksum", "crc32 mismatch in the uploaded object (damaged or changed in the bucket "
+                                           "after the upload: read again from there, it fails again)")
+
+    def _record_at_source(self, i: int) -> bytes:
+        """Record ``i``'s bytes read again from the uploaded object: one ranged read, retried as a shard's."""
+        with tempfile.TemporaryDirectory(prefix="fastload-record-") as folder:
+            dest = Path(folder) / "record"
+            # no check in the download: its callers compare the bytes with the record's crc32 themselves
+            download(s3_client(), [Download(self.records_url, self.nbytes(i), None, dest, start=int(self.offsets[i]),
+                                            object_size=int(self.offsets[-1]), check=lambda _: None)])
+            return dest.read_bytes()
+
+    def _drop_damaged_copy(self, shard: int, i: int) -> None:
+        """Remove the cache's copy of ``shard``, whose record ``i`` was found damaged on this node's disk, so that
+        the next read fetches the shard again."""
+        self._maps.pop(shard, None)
+        path = self.cache.path(shard)
+        try:
+            with open(path, "rb") as f:
+                start = int(self.offsets[i] - self.offsets[self.bounds[shard]])
+                damaged = not self._intact(i, os.pread(f.fileno(), self.nbytes(i), start))
+        except FileNotFoundError:  # removed meanwhile (room made, or another process dropped it)
+            return
+        # another process that met the damage may have fetched the shard again already: keep its new copy
+        if damaged:
+            path.unlink(missing_ok=True)
+            self.refetched += 1
 
     def _handles(self) -> tuple[str, ...]:
         return ("_checked", "_maps")
@@ -342,12 +386,16 @@ class StreamingStore(PackedStore):
         first = int(self.offsets[a])
 
         def check(downloaded: Path) -> None:  # every record, before the shard is where readers look
-            with open(downloaded, "rb") as f:
+            with open(downloaded, "r+b") as f:
                 for i in range(a, b):
-                    record = os.pread(f.fileno(), self.nbytes(i), int(self.offsets[i]) - first)
-                    if record_checksum(record, self.labels[i]) != int(self.checksums[i]):
-                        raise StoreError(f"{self.records_url}: record {i} ({self.im_files[i]}) fails its crc32 (changed "
-                                         f"or damaged after the upload); shard {shard} was not kept")
+                    at = int(self.offsets[i]) - first
+                    if self._intact(i, os.pread(f.fileno(), self.nbytes(i), at)):
+                        continue
+                    again = self._record_at_source(i)
+                    if self._intact(i, again):  # damaged on the way here: the bucket's bytes are good
+                        os.pwrite(f.fileno(), again, at)
+                    # else damaged in the bucket: the shard is kept for its other records, and every read of
+                    # this one fails its crc32 and names it (read_image)
 
         download(s3_client(), [Download(self.records_url, self._shard_nbytes(shard), None, dest, start=first,
                                         object_size=int(self.offsets[-1]), check=check)])
