@@ -37,7 +37,7 @@ import numpy as np
 
 from fastload.data.checksum import file_crc32, record_checksum
 from fastload.store.base import ReadAhead, Shards, StoreError
-from fastload.store.objects.client import s3_client
+from fastload.store.objects.client import RetryPolicy, retry_policy, s3_client
 from fastload.store.objects.manifest import MANIFEST, Manifest, fetch, read_manifest
 from fastload.store.objects.transfer import Download, download, partial_path
 from fastload.store.objects.urls import parse_url
@@ -206,21 +206,25 @@ class StreamingStore(PackedStore):
       upload_kind: which uploaded store is read: ``disk`` (decoded images at ``imgsz``: nothing to decode, about
         five times the bytes to download), ``encoded`` (the JPEGs: decoded on the node, the fewest bytes), or
         ``auto``: the disk store when the upload holds one at ``imgsz``, else the encoded store.
+      retry_seconds: how long a request that keeps failing (the server down, hung or restarting) is retried before
+        the read fails (:func:`~fastload.store.objects.client.retry_policy`); default ``$FASTLOAD_RETRY_SECONDS``,
+        else 600; 0: one try. Resolved here, so the loader's workers and Ray actors use the same budget.
     """
 
     kind = "stream"
 
     def __init__(self, url: str, split: str = "train", imgsz: int = 640, *, cache_dir: str | Path | None = None,
                  cache_bytes: int = CACHE_BYTES, shard_bytes: int = SHARD_BYTES, window: int = 1,
-                 read_ahead: int = READ_AHEAD, upload_kind: str = "auto") -> None:
+                 read_ahead: int = READ_AHEAD, upload_kind: str = "auto", retry_seconds: float | None = None) -> None:
         if int(window) < 1:
             raise ValueError(f"window must be >= 1 shard, got {window}")
         if int(read_ahead) < 0:
             raise ValueError(f"read_ahead must be >= 0 shards (0: none), got {read_ahead}")
         if upload_kind not in UPLOAD_KINDS:
             raise ValueError(f"upload_kind must be one of {', '.join(UPLOAD_KINDS)}, got {upload_kind!r}")
+        self.retry = retry_policy(retry_seconds)
         url = url[: -len("/data.yaml")] if url.endswith("/data.yaml") else url
-        manifest = read_manifest(parse_url(url))
+        manifest = read_manifest(parse_url(url), policy=self.retry)
         self.build = manifest.build
         digest = hashlib.sha1(str(manifest.url).encode()).hexdigest()[:10]
         upload_root = Path(cache_dir or stream_cache_root()) / f"{manifest.url.bucket}-{digest}-{manifest.build}"
@@ -231,7 +235,7 @@ class StreamingStore(PackedStore):
             "url": str(manifest.url), "split": split, "imgsz": int(imgsz), "build": manifest.build,
             "cache_dir": None if cache_dir is None else str(cache_dir), "cache_bytes": int(cache_bytes),
             "shard_bytes": int(shard_bytes), "window": int(window), "upload_kind": self.upload_kind,
-            "read_ahead": int(read_ahead)}
+            "read_ahead": int(read_ahead), "retry_seconds": self.retry.seconds}
         self.path = str(manifest.url.child(rel))
         self.window = int(window)
         self.bounds = shard_bounds(self.offsets, int(shard_bytes))
@@ -259,7 +263,7 @@ class StreamingStore(PackedStore):
         if kind == "auto":
             kind = "disk" if "disk" in stores else "encoded"
             if kind == "disk" and "encoded" in stores:  # a disk store at another imgsz: the encoded one serves any
-                _fetch_index(manifest, stores["disk"], upload_root / stores["disk"], PIXELS)
+                _fetch_index(manifest, stores["disk"], upload_root / stores["disk"], PIXELS, self.retry)
                 fetched = "disk"
                 if int(read_meta(upload_root / stores["disk"])["imgsz"]) != imgsz:
                     kind = "encoded"
@@ -271,7 +275,7 @@ class StreamingStore(PackedStore):
         rel = stores[kind]
         root = upload_root / rel
         if kind != fetched:  # fetched above: its files were checked against the manifest's sizes and crcs there
-            _fetch_index(manifest, rel, root, RECORD_FILES[kind])
+            _fetch_index(manifest, rel, root, RECORD_FILES[kind], self.retry)
         if kind == "disk":
             self._read_index(root)
             if self.imgsz != imgsz:
@@ -350,7 +354,7 @@ class StreamingStore(PackedStore):
                                          f"or damaged after the upload); shard {shard} was not kept")
 
         download(s3_client(), [Download(self.records_url, self._shard_nbytes(shard), None, dest, start=first,
-                                        object_size=int(self.offsets[-1]), check=check)])
+                                        object_size=int(self.offsets[-1]), check=check)], policy=self.retry)
 
 
 class ShardReadAhead:
@@ -430,9 +434,9 @@ def _uploaded_stores(manifest: Manifest, split: str) -> dict[str, str]:
     return {k: str(p) for k, p in splits[split].get("stores", {}).items()}
 
 
-def _fetch_index(manifest: Manifest, rel: str, root: Path, records: str) -> None:
+def _fetch_index(manifest: Manifest, rel: str, root: Path, records: str, policy: RetryPolicy) -> None:
     """Download the files of the store at ``rel`` other than its ``records`` file into ``root`` (kept when already
-    there, intact)."""
+    there, intact), retried within ``policy``."""
     wanted = [(p[len(rel) + 1:], size, crc) for p, size, crc in manifest.objects
               if p.startswith(rel + "/") and p != f"{rel}/{records}"]
     if not wanted:
@@ -443,4 +447,4 @@ def _fetch_index(manifest: Manifest, rel: str, root: Path, records: str) -> None
         root.mkdir(parents=True, exist_ok=True)
         index_only = Manifest(manifest.url, manifest.build, tuple((f"{rel}/{p}", s, c) for p, s, c in missing),
                               manifest.info, manifest.created)
-        fetch(index_only, root.parent)
+        fetch(index_only, root.parent, policy=policy)
