@@ -1,8 +1,9 @@
 """Stores in object storage against a local S3 server (moto's server mode, in this process): convert to a URL,
 stage / verify / info from it, a half-finished upload refused, faults injected between the client and the
-server by a small HTTP proxy (a dropped connection and 5xx answers mid-range, retried and resumed; a truncated,
-damaged or missing object named) with nothing wrong delivered, and a loader streaming the store in shards
-through a cache smaller than the dataset: the local store's batches in the same order, the budget kept."""
+server by a small HTTP proxy (a dropped connection and 5xx answers mid-range, retried and resumed; a hung server
+waited for within the retry budget, then named in one line; a truncated, damaged or missing object named) with
+nothing wrong delivered, and a loader streaming the store in shards through a cache smaller than the dataset: the
+local store's batches in the same order, the budget kept."""
 from __future__ import annotations
 
 import http.client
@@ -105,8 +106,8 @@ def _record_fetches(stored, monkeypatch) -> tuple[list[int], threading.Semaphore
     arrived = threading.Semaphore(0)
     real_fetch = stored._fetch_shard
 
-    def recorded(shard: int, dest: Path) -> None:
-        real_fetch(shard, dest)
+    def recorded(shard: int, dest: Path, stop=None) -> None:
+        real_fetch(shard, dest, stop)
         fetched.append(shard)
         arrived.release()
 
@@ -517,6 +518,25 @@ def test_an_outage_shorter_than_the_budget_is_only_a_wait_mid_epoch(uploaded, tm
     assert err and all(re.fullmatch(rf"fastload: {re.escape(records)} unavailable for \d+ s \(ReadTimeoutError\); "
                                     rf"retrying for up to \d+ s more \(retry budget: retry_seconds=30\)", line)
                        for line in err), err
+
+
+def test_a_read_ahead_stopped_during_an_outage_gives_up_its_retries(uploaded, tmp_path, proxy_for, short_timeouts):
+    """A loader closed (or interrupted) while the server is down does not wait out the budget in its read-ahead."""
+    store = open_store(uploaded, "train", kind="stream", imgsz=64, cache_dir=tmp_path, shard_bytes=1, read_ahead=2,
+                       upload_kind="encoded", retry_seconds=600)
+    proxy = proxy_for("/builds/", [])
+    proxy.hang()
+    ahead = store.read_ahead(np.arange(len(store)))
+    for _ in range(500):  # until the read-ahead's download is stuck on the hung server
+        if proxy.unanswered:
+            break
+        time.sleep(0.01)
+    assert proxy.unanswered
+    stopping = threading.Thread(target=ahead.stop)
+    stopping.start()
+    stopping.join(timeout=60)  # the download's try in flight times out, then no retry: not the 600 s budget
+    assert not stopping.is_alive() and store.cache.fetched == 0
+    assert not [p for p in store.cache.folder.iterdir() if not p.name.endswith(".lock")]  # no partial shard left
 
 
 def test_a_missing_bucket_is_named_and_the_bucket_check_is_retried(s3_env, dataset, proxy_for, capsys):

@@ -294,9 +294,10 @@ class StreamingStore(PackedStore):
             return None
         return ShardReadAhead(self, self._shard_of[np.asarray(indices, np.int64)], self.read_ahead_shards)
 
-    def cached_shard(self, shard: int) -> Path:
-        """The cache's file of ``shard``, downloaded (and checked) first when it is not there."""
-        return self.cache.get(shard, self._shard_nbytes(shard), lambda dest: self._fetch_shard(shard, dest))
+    def cached_shard(self, shard: int, stop: threading.Event | None = None) -> Path:
+        """The cache's file of ``shard``, downloaded (and checked) first when it is not there; ``stop`` set
+        meanwhile abandons the download (:func:`~fastload.store.objects.transfer.download`)."""
+        return self.cache.get(shard, self._shard_nbytes(shard), lambda dest: self._fetch_shard(shard, dest, stop))
 
     def read_image(self, i: int) -> np.ndarray | bytes:  # type: ignore[override]
         """Record ``i``: the loaded RGB image of a disk store (checked on its first read in this process), or the
@@ -341,7 +342,7 @@ class StreamingStore(PackedStore):
     def _shard_nbytes(self, shard: int) -> int:
         return int(self.offsets[self.bounds[shard + 1]] - self.offsets[self.bounds[shard]])
 
-    def _fetch_shard(self, shard: int, dest: Path) -> None:
+    def _fetch_shard(self, shard: int, dest: Path, stop: threading.Event | None = None) -> None:
         a, b = int(self.bounds[shard]), int(self.bounds[shard + 1])
         first = int(self.offsets[a])
 
@@ -354,7 +355,7 @@ class StreamingStore(PackedStore):
                                          f"or damaged after the upload); shard {shard} was not kept")
 
         download(s3_client(), [Download(self.records_url, self._shard_nbytes(shard), None, dest, start=first,
-                                        object_size=int(self.offsets[-1]), check=check)], policy=self.retry)
+                                        object_size=int(self.offsets[-1]), check=check)], policy=self.retry, stop=stop)
 
 
 class ShardReadAhead:
@@ -387,6 +388,7 @@ class ShardReadAhead:
         self.first, self.last = first[need], last[need]  # the positions where each is needed first and last
         self._position = 0
         self._stopped = False
+        self._abandon = threading.Event()  # set by stop(): the download in progress gives up its retries at once
         self._changed = threading.Condition()
         self._thread = threading.Thread(target=self._run, name="fastload-read-ahead", daemon=True)
         self._thread.start()
@@ -399,8 +401,9 @@ class ShardReadAhead:
     def stop(self) -> None:
         with self._changed:
             self._stopped = True
+            self._abandon.set()
             self._changed.notify()
-        self._thread.join()  # a download in progress finishes (it is one shard)
+        self._thread.join()  # a download in progress ends: it is one shard, and it retries no more
 
     def _horizon(self, position: int) -> int:
         """How many shards of :attr:`sequence` may be in the cache once the consumer is at ``position``."""
@@ -414,6 +417,7 @@ class ShardReadAhead:
                 if self._stopped:
                     return
                 position = self._position
+                self._abandon = threading.Event()  # this download's own: a failed download sets it too
             if self.last[k] < position:  # the consumer is past it already (read on demand)
                 continue
             for later in reversed(range(k)):  # the shards still needed: newer than any behind the consumer
@@ -421,7 +425,7 @@ class ShardReadAhead:
                     self.store.cache.touch(int(self.sequence[later]))
             try:
                 with _FETCHING:  # see its comment: no fork while this thread downloads
-                    self.store.cached_shard(shard)
+                    self.store.cached_shard(shard, self._abandon)
             except StoreError:
                 pass  # the read that needs it fetches it again and raises this error there
 

@@ -168,19 +168,20 @@ def with_retries(call: Callable[[], T], url: ObjectUrl, what: str, policy: Retry
             failed_for = now - failing_since
             if not retryable(exc):
                 raise object_error(exc, url, what) from exc
-            if failed_for >= policy.seconds or (cancelled is not None and cancelled.is_set()):
-                tried = f"{tries} {'try' if tries == 1 else 'tries'}"
-                raise object_error(exc, url, what, after=f" after {tried} in {failed_for:.0f} s (retry budget: "
-                                                         f"{policy.budget()})") from exc
-            retry += 1
-            if on_retry is not None:
-                on_retry(exc)
-            _report_wait(url, exc, failed_for, policy)
-            pause = min(policy.wait_s(retry), policy.seconds - failed_for)  # the last try at the budget's end
-            if cancelled is not None:
-                cancelled.wait(pause)
-            else:
-                time.sleep(pause)
+            if failed_for < policy.seconds and not (cancelled is not None and cancelled.is_set()):
+                retry += 1
+                if on_retry is not None:
+                    on_retry(exc)
+                _report_wait(url, exc, failed_for, policy)
+                pause = min(policy.wait_s(retry), policy.seconds - failed_for)  # the last try at the budget's end
+                if cancelled is None:
+                    time.sleep(pause)
+                    continue
+                if not cancelled.wait(pause):  # woken early when cancelled: no try after that
+                    continue
+            tried = f"{tries} {'try' if tries == 1 else 'tries'}"
+            raise object_error(exc, url, what, after=f" after {tried} in {failed_for:.0f} s (retry budget: "
+                                                     f"{policy.budget()})") from exc
 
 
 # The last time this process said that a request keeps failing: the ranged reads of a shard, the objects of a

@@ -58,14 +58,16 @@ class TransferStats:
 
 
 def download(client: Any, items: Sequence[Download], *, parallel: int = PARALLEL, part_bytes: int = PART_BYTES,
-             policy: RetryPolicy | None = None, progress: Callable[[int], None] | None = None) -> TransferStats:
+             policy: RetryPolicy | None = None, progress: Callable[[int], None] | None = None,
+             stop: threading.Event | None = None) -> TransferStats:
     """Fetch ``items`` with parallel ranged GETs, each retried within ``policy`` (default: :func:`retry_policy`);
     returns the stats. Raises StoreError naming the URL when an object is missing, has another size than
     expected, fails its crc32 or keeps failing; nothing of a failed call is left at any ``dest``, and no
-    temporary file is left either."""
+    temporary file is left either. ``stop``, once set, abandons the download (its requests stop retrying and it
+    raises); the download sets it itself when one of its requests fails for good."""
     policy = policy or retry_policy()
     stats = TransferStats(objects=len(items))
-    stop = threading.Event()
+    stop = stop or threading.Event()
     temps = [partial_path(item.dest) for item in items]
     fds: list[int] = []
     try:
