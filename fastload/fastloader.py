@@ -504,8 +504,9 @@ def loader(
     Args:
         data: a ``data.yaml`` path, a dict with the same keys, a ``DataConfig`` or an open ``Store``
             (then ``split`` and ``store`` are ignored), or ``s3://bucket/prefix[/data.yaml]``: the split's
-            uploaded ``disk`` store streamed in shards (docs/object-storage.md; cache options through
-            ``open_store(url, split, kind="stream", cache_dir=..., cache_bytes=...)`` passed as ``data``).
+            uploaded ``disk`` store streamed in shards (docs/object-storage.md; cache and retry options through
+            ``open_store(url, split, kind="stream", cache_dir=..., cache_bytes=..., retry_seconds=...)`` passed as
+            ``data``; the retry budget's default is ``$FASTLOAD_RETRY_SECONDS``, else 600 s).
             A ``Store`` passed in (here or as ``store``) stays open when the loader closes: it is the
             caller's to close.
         split: ``train``, ``val`` or ``test``.
