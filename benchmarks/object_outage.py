@@ -153,8 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--shard-kb", type=int, default=128, help="bytes of a shard, in KiB")
-    ap.add_argument("--cache-fraction", type=float, default=0.25, help="the shard cache's budget, a fraction of the store's "
-                    "bytes (at least 3 of its largest shard)")
+    ap.add_argument("--cache-fraction", type=float, default=0.25,
+                    help="the shard cache's budget, a fraction of the store's bytes (at least 3 of its largest shard)")
     ap.add_argument("--after", type=int, default=3, help="batches delivered before the outage starts")
     args = ap.parse_args(argv)
     outages = [float(s) for s in args.outages.split(",") if s]
@@ -189,7 +189,8 @@ def main(argv: list[str] | None = None) -> int:
                 largest = int(np.diff(probe.offsets[probe.bounds]).max())
             args.cache_bytes = max(int(manifest.nbytes * args.cache_fraction), 3 * largest)
             print(f"{args.images} synthetic images, encoded store of {manifest.nbytes / 2**20:.1f} MiB ({stored} bytes "
-                  f"in the bucket); {shards} shards of about {args.shard_kb} KiB, cache of {args.cache_bytes >> 10} KiB, "
+                  f"in the bucket); {shards} shards of about {args.shard_kb} KiB, cache of "
+                  f"{args.cache_bytes >> 10} KiB, "
                   f"read-ahead 1, "
                   f"cpu engine, {args.workers} workers, batch {args.batch}; retry budget: {retry_policy().budget()}")
             expected, _ = epoch(url, root / "cache-warm-up", args)  # imports, kernels, the page cache: not timed

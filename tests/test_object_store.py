@@ -471,6 +471,7 @@ def short_timeouts(monkeypatch):
     monkeypatch.setattr(client, "READ_TIMEOUT_S", 0.5)
     monkeypatch.setattr(client, "REPORT_AFTER_S", 0.0)
     monkeypatch.setattr(client, "_last_report", [-math.inf])  # no line said yet in this process
+    monkeypatch.setattr(client, "_outage", [None, -math.inf])  # and no outage going on
     return client
 
 
@@ -491,7 +492,8 @@ def test_a_hung_server_is_retried_for_the_budget_then_one_line_names_the_url(upl
                              rf"retrying for up to 2 s more \(retry budget: FASTLOAD_RETRY_SECONDS=2\)", err[0])
     assert wait_line, err[0]
     assert re.fullmatch(rf"fastload stage: {re.escape(uploaded)}/builds/\S+: HEAD failed after \d+ tries in \d+ s "
-                        rf"\(retry budget: FASTLOAD_RETRY_SECONDS=2\): ReadTimeoutError: Read timeout on endpoint URL: .*",
+                        rf"\(retry budget: FASTLOAD_RETRY_SECONDS=2\): ReadTimeoutError: Read timeout on endpoint "
+                        rf"URL: .*",
                         err[1]), err[1]
     assert 2 <= waited < 2 + 15  # the budget, then the last tries' timeouts: bounded, never botocore's 6 x 60 s
     assert SECRET not in "\n".join(err) and not (tmp_path / "x").exists()
@@ -555,11 +557,36 @@ def test_a_read_ahead_stopped_during_an_outage_gives_up_its_retries(uploaded, tm
     assert not [p for p in store.cache.folder.iterdir() if not p.name.endswith(".lock")]  # no partial shard left
 
 
+def test_an_outage_past_the_budget_ends_the_read_ahead_and_the_reads_waiting_for_it(uploaded, tmp_path, proxy_for,
+                                                                                     short_timeouts):
+    """The read-ahead gives up on a shard after the budget and stops; the read that waited for that download raises
+    its error rather than spend a budget of its own: the server is not asked again by either."""
+    from fastload.store.objects.client import UnavailableError
+
+    store = open_store(uploaded, "train", kind="stream", imgsz=64, cache_dir=tmp_path, shard_bytes=1, read_ahead=2,
+                       upload_kind="encoded", retry_seconds=1)
+    proxy = proxy_for("/builds/", [])
+    proxy.hang()
+    ahead = store.read_ahead(np.arange(len(store)))  # downloads the shard of record 0 first
+    for _ in range(500):
+        if proxy.unanswered:
+            break
+        time.sleep(0.01)
+    with pytest.raises(UnavailableError) as info:
+        store.read_image(0)  # waits for the read-ahead's download of its shard, which gives up
+    ahead._thread.join(timeout=30)
+    assert not ahead._thread.is_alive()  # ended by itself: no other shard tried
+    tries = re.search(rf"^{re.escape(str(store.records_url))}: HEAD failed after (\d+) tries in \d+ s", str(info.value))
+    assert tries and proxy.unanswered == int(tries.group(1)), (proxy.unanswered, str(info.value))
+    ahead.stop()
+
+
 def test_a_missing_bucket_is_named_and_the_bucket_check_is_retried(s3_env, dataset, proxy_for, capsys):
     from fastload.store.objects.manifest import check_writable
 
     capsys.readouterr()
-    assert run_cli(["convert", str(dataset[0]), "--to", "encoded", "--out", "s3://nosuchbucket-fl/x", "--no-progress"]) == 1
+    argv = ["convert", str(dataset[0]), "--to", "encoded", "--out", "s3://nosuchbucket-fl/x", "--no-progress"]
+    assert run_cli(argv) == 1
     err = capsys.readouterr().err.strip()
     assert err == ("fastload convert: s3://nosuchbucket-fl/x: the bucket nosuchbucket-fl does not exist (or these "
                    "credentials cannot see it)"), err

@@ -37,7 +37,7 @@ import numpy as np
 
 from fastload.data.checksum import file_crc32, record_checksum
 from fastload.store.base import ReadAhead, Shards, StoreError
-from fastload.store.objects.client import RetryPolicy, retry_policy, s3_client
+from fastload.store.objects.client import RetryPolicy, UnavailableError, retry_policy, s3_client
 from fastload.store.objects.manifest import MANIFEST, Manifest, fetch, read_manifest
 from fastload.store.objects.transfer import Download, download, partial_path
 from fastload.store.objects.urls import parse_url
@@ -98,7 +98,9 @@ def shard_bounds(offsets: np.ndarray, shard_bytes: int) -> np.ndarray:
 
 
 class ShardCache:
-    """Shard files in ``folder``, at most ``budget`` bytes of them (downloads in progress included)."""
+    """Shard files in ``folder``, at most ``budget`` bytes of them (downloads in progress included). A download
+    that gave up after the retry budget leaves its error beside the shard (``.shard-N.unavailable``) for the
+    processes that waited for it."""
 
     def __init__(self, folder: Path, budget: int) -> None:
         self.folder = Path(folder)
@@ -126,13 +128,21 @@ class ShardCache:
         with contextlib.suppress(FileNotFoundError):
             _mark_used(path)
             return path
+        asked = time.time_ns()
+        unavailable = self.folder / f".shard-{shard:06d}.unavailable"
         # one process (or the read-ahead thread) downloads it, the others wait
         lock = flock_current(self.folder / f".shard-{shard:06d}.lock")
         _HELD_LOCKS.add(lock)
         try:
             if not path.is_file():
+                _raise_if_given_up_since(unavailable, asked)
                 self._reserve(path, nbytes)
-                fetch_into(path)
+                try:
+                    fetch_into(path)
+                except UnavailableError as e:  # said to those waiting for this download: see _raise_if_given_up_since
+                    unavailable.write_text(str(e))
+                    raise
+                unavailable.unlink(missing_ok=True)
                 with self._counting:
                     self.fetched += 1
         finally:
@@ -180,6 +190,14 @@ class ShardCache:
             pid = partial.name.rsplit("-", 1)[-1]
             if pid.isdigit() and not pid_alive(int(pid)):
                 partial.unlink(missing_ok=True)
+
+
+def _raise_if_given_up_since(unavailable: Path, asked: int) -> None:
+    """Raise the error of the download of a shard that gave up (the server down for the whole retry budget) after
+    ``asked`` (ns), while this read waited for it: trying again would make the read wait through a second budget."""
+    with contextlib.suppress(FileNotFoundError):
+        if unavailable.stat().st_mtime_ns >= asked:
+            raise UnavailableError(unavailable.read_text())
 
 
 def _mark_used(path: Path) -> None:
@@ -370,7 +388,9 @@ class ShardReadAhead:
     just used, so the cache's least-recently-used rule removes shards behind the consumer, never one fetched
     ahead and not read yet. The download goes through :meth:`ShardCache.get` like any read: checked before it
     is kept, within the budget, once per node (a worker that needs the shard meanwhile waits for it). A shard
-    it cannot fetch is left to the read that needs it, which downloads it again and reports the error.
+    it cannot fetch is left to the read that needs it, which downloads it again and reports the error; when the
+    server was out for the whole retry budget, the thread ends, and the reads that waited for that download
+    raise its error instead of waiting through a budget of their own.
 
     Args:
       store: the streamed store.
@@ -426,6 +446,8 @@ class ShardReadAhead:
             try:
                 with _FETCHING:  # see its comment: no fork while this thread downloads
                     self.store.cached_shard(shard, self._abandon)
+            except UnavailableError:
+                return  # the server is out for longer than the budget: the reads waiting for this shard say so
             except StoreError:
                 pass  # the read that needs it fetches it again and raises this error there
 

@@ -45,6 +45,10 @@ class MissingObjectError(StoreError):
     """The object does not exist (its bucket does)."""
 
 
+class UnavailableError(StoreError):
+    """Requests that kept failing (the server down, hung or unreachable) for the whole retry budget."""
+
+
 class ShortRead(ConnectionError):
     """A response body that ended before the bytes it promised (a dropped connection the client did not notice)."""
 
@@ -144,30 +148,52 @@ def retryable(exc: BaseException) -> bool:
     return isinstance(exc, transient)
 
 
+# This process's outage: since when its requests have been failing with none answered in between (None: the last
+# one was answered), and its latest failure. A request that starts failing during an outage counts its budget from
+# the outage's start, so the reads that come one after another (the shards of a batch, the batches a worker has
+# queued) fail together once the server has been out for the budget, not each after a budget of its own.
+_outage: list[float | None] = [None, -math.inf]
+OUTAGE_GAP_S = 60.0  # no request failed for this long: the outage is over (a waiting one fails every 8 + 15 s at most)
+
+
+def _outage_start(now: float) -> float:
+    """When this process's outage began, given a failure ``now``: a new one unless a request failed recently."""
+    since, latest = _outage
+    if since is None or now - latest > OUTAGE_GAP_S:
+        since = now
+    _outage[:] = [since, now]
+    return since
+
+
 def with_retries(call: Callable[[], T], url: ObjectUrl, what: str, policy: RetryPolicy | None = None, *,
                  on_retry: Callable[[BaseException], None] | None = None, cancelled: threading.Event | None = None,
                  progress: Callable[[], int] = lambda: 0) -> T:
     """``call()``, retried with backoff while it fails with a :func:`retryable` error, for at most
-    ``policy.seconds`` after its first failure (``policy`` default: :func:`retry_policy`, read from the
-    environment now); the last try starts before then, so it gives up within the budget and one try's timeouts.
-    ``call`` resumes from its own state; ``progress()`` says how far it got: a failed try that got further than
-    the one before starts the count again (a slow, flaky link is not an outage). While it waits, a line on
-    stderr says so (:data:`REPORT_AFTER_S`, :data:`REPORT_EVERY_S`). Any other failure, a retryable one past the
-    budget, or one once ``cancelled`` is set, is raised as :func:`object_error`."""
+    ``policy.seconds`` after its first failure, or after the first failure of this process's outage when it
+    starts failing during one (``policy`` default: :func:`retry_policy`, read from the environment now); the last
+    try starts before then, so it gives up within the budget and one try's timeouts. ``call`` resumes from its
+    own state; ``progress()`` says how far it got: a failed try that got further than the one before starts the
+    count again (the server answered: a slow, flaky link is not an outage). While it waits, a line on stderr says
+    so (:data:`REPORT_AFTER_S`, :data:`REPORT_EVERY_S`). A retryable failure past the budget is raised as
+    :class:`UnavailableError` (its line names the tries and the time); any other, or one once ``cancelled`` is
+    set, as :func:`object_error`."""
     policy = policy or retry_policy()
     tries, retry, reached = 0, 0, 0
     failing_since: float | None = None
     while True:
         tries += 1
         try:
-            return call()
+            answer = call()
         except Exception as exc:
-            now = time.monotonic()
-            if failing_since is None or progress() != reached:  # the first failure, or the first since progress
-                reached, failing_since, retry = progress(), now, 0
-            failed_for = now - failing_since
             if not retryable(exc):
                 raise object_error(exc, url, what) from exc
+            now = time.monotonic()
+            if progress() != reached:  # the server answered part of it: no outage until now
+                reached, failing_since, retry, _outage[0] = progress(), None, 0, None
+            outage_began = _outage_start(now)
+            if failing_since is None:
+                failing_since = outage_began
+            failed_for = now - failing_since
             if failed_for < policy.seconds and not (cancelled is not None and cancelled.is_set()):
                 retry += 1
                 if on_retry is not None:
@@ -180,8 +206,11 @@ def with_retries(call: Callable[[], T], url: ObjectUrl, what: str, policy: Retry
                 if not cancelled.wait(pause):  # woken early when cancelled: no try after that
                     continue
             tried = f"{tries} {'try' if tries == 1 else 'tries'}"
-            raise object_error(exc, url, what, after=f" after {tried} in {failed_for:.0f} s (retry budget: "
-                                                     f"{policy.budget()})") from exc
+            error = object_error(exc, url, what, after=f" after {tried} in {failed_for:.0f} s (retry budget: "
+                                                       f"{policy.budget()})")
+            raise (UnavailableError(str(error)) if failed_for >= policy.seconds else error) from exc
+        _outage[0] = None
+        return answer
 
 
 # The last time this process said that a request keeps failing: the ranged reads of a shard, the objects of a
