@@ -134,8 +134,7 @@ def publish(files: Sequence[tuple[Path, str]], url: str, *, info: dict[str, Any]
     # the commit: from here on readers see the new build
     with_retries(lambda: writer.put_object(Bucket=where.bucket, Key=where.key, Body=manifest.as_json().encode(),
                                            ContentType="application/json"), where, "writing the manifest", policy)
-    builds = prefix.child(BUILDS)
-    removed = with_retries(lambda: _delete_other_builds(writer, prefix, build), builds,
+    removed = with_retries(lambda: _delete_other_builds(writer, prefix, build), prefix.child(BUILDS),
                            "removing the objects of earlier uploads (the new store is complete)", policy)
     log(f"uploaded {stats.objects} objects ({fmt_bytes(stats.nbytes)}) to {prefix}" +
         (f"; removed {removed} objects of the replaced or interrupted uploads" if removed else ""))
