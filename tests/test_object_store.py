@@ -480,7 +480,7 @@ def test_a_hung_server_is_retried_for_the_budget_then_one_line_names_the_url(upl
     # the objects of the store hang (accepted, never answered); the manifest still answers
     proxy = proxy_for("/builds/", [])
     proxy.hang()
-    monkeypatch.setenv("FASTLOAD_RETRY_SECONDS", "2")
+    monkeypatch.setenv("FASTLOAD_RETRY_SECONDS", "1")
     capsys.readouterr()
     began = time.monotonic()
     assert run_cli(["stage", uploaded, "--to", str(tmp_path / "x"), "--no-progress"]) == 1
@@ -489,13 +489,13 @@ def test_a_hung_server_is_retried_for_the_budget_then_one_line_names_the_url(upl
     # 16 requests in parallel, each retried: one line says the wait (once per REPORT_EVERY_S per process), one the end
     assert len(err) == 2 and proxy.unanswered > 16, (proxy.unanswered, err)
     wait_line = re.fullmatch(rf"fastload: ({re.escape(uploaded)}/builds/\S+) unavailable for 0 s \(ReadTimeoutError\); "
-                             rf"retrying for up to 2 s more \(retry budget: FASTLOAD_RETRY_SECONDS=2\)", err[0])
+                             rf"retrying for up to 1 s more \(retry budget: FASTLOAD_RETRY_SECONDS=1\)", err[0])
     assert wait_line, err[0]
     assert re.fullmatch(rf"fastload stage: {re.escape(uploaded)}/builds/\S+: HEAD failed after \d+ tries in \d+ s "
-                        rf"\(retry budget: FASTLOAD_RETRY_SECONDS=2\): ReadTimeoutError: Read timeout on endpoint "
+                        rf"\(retry budget: FASTLOAD_RETRY_SECONDS=1\): ReadTimeoutError: Read timeout on endpoint "
                         rf"URL: .*",
                         err[1]), err[1]
-    assert 2 <= waited < 2 + 15  # the budget, then the last tries' timeouts: bounded, never botocore's 6 x 60 s
+    assert 1 <= waited < 1 + 15  # the budget, then the last tries' timeouts: bounded, never botocore's 6 x 60 s
     assert SECRET not in "\n".join(err) and not (tmp_path / "x").exists()
     for budget, expected in (("0", f"{uploaded}/builds/"), ("ten", "FASTLOAD_RETRY_SECONDS='ten' in the environment: "
                                                                     "not a number of seconds >= 0")):
