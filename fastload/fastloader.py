@@ -505,9 +505,10 @@ def loader(
         data: a ``data.yaml`` path, a dict with the same keys, a ``DataConfig`` or an open ``Store``
             (then ``split`` and ``store`` are ignored), or ``s3://bucket/prefix[/data.yaml]``: one of the split's
             uploaded stores streamed in shards, as ``upload_kind="auto"`` picks it: the ``disk`` store when the
-            upload holds one at ``imgsz``, else the ``encoded`` store (docs/object-storage.md; the kind read and
-            the cache options through ``open_store(url, split, kind="stream", upload_kind=..., cache_dir=...,
-            cache_bytes=...)`` passed as ``data``).
+            upload holds one at ``imgsz``, else the ``encoded`` store (docs/object-storage.md; the kind read, the
+            cache and retry options through ``open_store(url, split, kind="stream", upload_kind=..., cache_dir=...,
+            cache_bytes=..., retry_seconds=...)`` passed as ``data``; the retry budget's default is
+            ``$FASTLOAD_RETRY_SECONDS``, else 600 s).
             A ``Store`` passed in (here or as ``store``) stays open when the loader closes: it is the
             caller's to close.
         split: ``train``, ``val`` or ``test``.

@@ -1,19 +1,23 @@
 """Stores in object storage against a local S3 server (moto's server mode, in this process): convert to a URL,
 stage / verify / info from it, a half-finished upload refused, faults injected between the client and the
-server by a small HTTP proxy (a dropped connection and 5xx answers mid-range, retried and resumed; a truncated,
-damaged or missing object named) with nothing wrong delivered, and a loader streaming the store in shards
-through a cache smaller than the dataset: the local store's batches in the same order, the budget kept; a record
-damaged in the bucket named, skipped and counted as a local store's, a cached shard damaged on disk fetched again."""
+server by a small HTTP proxy (a dropped connection and 5xx answers mid-range, retried and resumed; a hung server
+waited for within the retry budget, then named in one line; a truncated, damaged or missing object named) with
+nothing wrong delivered, and a loader streaming the store in shards through a cache smaller than the dataset: the
+local store's batches in the same order, the budget kept; a record damaged in the bucket named, skipped and counted
+as a local store's, a cached shard damaged on disk fetched again."""
 from __future__ import annotations
 
 import http.client
 import http.server
 import json
+import math
 import os
+import re
 import shutil
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -103,8 +107,8 @@ def _record_fetches(stored, monkeypatch) -> tuple[list[int], threading.Semaphore
     arrived = threading.Semaphore(0)
     real_fetch = stored._fetch_shard
 
-    def recorded(shard: int, dest: Path) -> None:
-        real_fetch(shard, dest)
+    def recorded(shard: int, dest: Path, stop=None) -> None:
+        real_fetch(shard, dest, stop)
         fetched.append(shard)
         arrived.release()
 
@@ -261,12 +265,18 @@ def test_an_interrupted_conversion_to_a_url_resumes_and_uploads(s3_env, dataset,
 class FaultyProxy:
     """An HTTP proxy in front of the S3 server that answers ranged GETs and PUTs of keys containing ``target``
     from a plan: ``"drop"`` sends the headers and half the body of a GET, then closes the connection (a PUT's
-    connection is closed without an answer); ``"503"`` answers Service Unavailable. Every ranged GET's path and
-    Range header, and every PUT's path, is recorded."""
+    connection is closed without an answer); ``"503"`` answers Service Unavailable. HEADs of paths containing
+    ``target`` are answered from ``head_plan`` (``"503"``). Every ranged GET's path and Range header, every PUT's
+    path and every such HEAD's path is recorded. :meth:`hang` makes it a hung server for the paths containing
+    ``target`` (a stopped process: connections accepted, no request answered) until :meth:`resume`."""
 
-    def __init__(self, upstream: str, target: str, plan: list[str]) -> None:
+    def __init__(self, upstream: str, target: str, plan: list[str], head_plan: tuple[str, ...] = ()) -> None:
         self.upstream = upstream.split("://", 1)[1]
-        self.target, self.plan, self.ranges, self.puts = target, list(plan), [], []
+        self.target, self.plan, self.ranges, self.puts, self.heads = target, list(plan), [], [], []
+        self.head_plan = list(head_plan)
+        self.answering = threading.Event()
+        self.answering.set()
+        self.unanswered = 0  # requests taken while hung
         proxy = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -276,9 +286,21 @@ class FaultyProxy:
                 pass
 
             def do_HEAD(self) -> None:
+                if self._hung():
+                    return
+                fault = None
+                if proxy.target in self.path:
+                    with threading.Lock():
+                        proxy.heads.append(self.path)
+                        fault = proxy.head_plan.pop(0) if proxy.head_plan else None
+                if fault == "503":
+                    self._unavailable(body=False)
+                    return
                 self._forward(body=False)
 
             def do_PUT(self) -> None:  # an upload: "drop" closes the connection without an answer
+                if self._hung():
+                    return
                 payload = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 fault = None
                 if proxy.target in self.path:
@@ -294,6 +316,8 @@ class FaultyProxy:
                 self._forward(body=True, payload=payload)
 
             def do_GET(self) -> None:
+                if self._hung():
+                    return
                 fault = None
                 if "Range" in self.headers and proxy.target in self.path:
                     with threading.Lock():
@@ -304,12 +328,21 @@ class FaultyProxy:
                     return
                 self._forward(body=True, cut=fault == "drop")
 
-            def _unavailable(self) -> None:
+            def _hung(self) -> bool:  # a hung server takes the request and never answers it
+                if proxy.answering.is_set() or proxy.target not in self.path:
+                    return False
+                proxy.unanswered += 1
+                proxy.answering.wait()
+                self.close_connection = True
+                return True
+
+            def _unavailable(self, body: bool = True) -> None:
                 payload = b"<Error><Code>ServiceUnavailable</Code><Message>injected</Message></Error>"
                 self.send_response(503)
                 self.send_header("Content-Length", str(len(payload)))
                 self.end_headers()
-                self.wfile.write(payload)
+                if body:
+                    self.wfile.write(payload)
 
             def _forward(self, *, body: bool, cut: bool = False, payload: bytes | None = None) -> None:
                 conn = http.client.HTTPConnection(proxy.upstream, timeout=10)
@@ -333,7 +366,14 @@ class FaultyProxy:
         self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
         self.thread.start()
 
+    def hang(self) -> None:
+        self.answering.clear()
+
+    def resume(self) -> None:
+        self.answering.set()
+
     def close(self) -> None:
+        self.resume()
         self.server.shutdown()
         self.server.server_close()
 
@@ -342,8 +382,8 @@ class FaultyProxy:
 def proxy_for(s3_env, monkeypatch):
     proxies: list[FaultyProxy] = []
 
-    def start(target: str, plan: list[str]) -> FaultyProxy:
-        proxy = FaultyProxy(s3_env["AWS_ENDPOINT_URL"], target, plan)
+    def start(target: str, plan: list[str], head_plan: tuple[str, ...] = ()) -> FaultyProxy:
+        proxy = FaultyProxy(s3_env["AWS_ENDPOINT_URL"], target, plan, head_plan)
         monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
         proxies.append(proxy)
         return proxy
@@ -367,7 +407,7 @@ def test_a_dropped_connection_and_5xx_mid_range_are_retried_and_resumed(uploaded
     proxy = proxy_for(rel, [None, "drop", None, "503", "503"])
     dest = tmp_path / "pixels.bin"
     stats = download(s3_client(), [Download(manifest.object_url(rel), size, crc, dest)], part_bytes=part, parallel=1,
-                     policy=RetryPolicy(attempts=4, base_s=0.01))
+                     policy=RetryPolicy(seconds=30, base_s=0.01))
     assert stats.retries == 3
     ranges = [r for _, r in proxy.ranges]
     # the dropped range resumed at the byte where the cut came, not at its start
@@ -382,7 +422,8 @@ def test_an_upload_that_fails_midway_leaves_readers_the_old_store_or_none(upload
     from fastload.store.objects import client
     from fastload.store.objects.manifest import read_manifest
 
-    monkeypatch.setattr(client, "DEFAULT_RETRY", client.RetryPolicy(attempts=2, base_s=0.01))  # botocore's: 2 tries
+    monkeypatch.setattr(client, "WRITE_ATTEMPTS", 2)  # botocore's tries of a PUT
+    monkeypatch.setenv("FASTLOAD_RETRY_SECONDS", "0")  # and no retry after them
     replaced = _copy_prefix(uploaded, "upload-fault")
     old = read_manifest(replaced)
     capsys.readouterr()
@@ -404,6 +445,22 @@ def test_an_upload_that_fails_midway_leaves_readers_the_old_store_or_none(upload
     assert "holds no finished fastload store" in capsys.readouterr().err
 
 
+def test_an_upload_that_fails_past_botocores_tries_is_sent_again_within_the_budget(s3_env, dataset, proxy_for,
+                                                                                    monkeypatch):
+    from fastload.store.objects import client
+    from fastload.store.objects.manifest import publish, read_manifest
+
+    monkeypatch.setattr(client, "WRITE_ATTEMPTS", 1)  # botocore gives up at once: the budget's retries take over
+    monkeypatch.setenv("FASTLOAD_RETRY_SECONDS", "30")
+    url = f"s3://{BUCKET}/upload-retried"
+    proxy = proxy_for("upload-retried/builds/", ["drop", "503"])  # a dropped connection, a 503, then through
+    publish([(dataset[0], "data.yaml")], url, info={}, log=lambda *_: None)
+    assert len(proxy.puts) == 3
+    assert read_manifest(url).objects[0][0] == "data.yaml" and _client().get_object(
+        Bucket=BUCKET, Key=f"upload-retried/builds/{read_manifest(url).build}/data.yaml")["Body"].read() == \
+        dataset[0].read_bytes()
+
+
 def test_a_range_that_keeps_failing_gives_up_naming_the_url(uploaded, proxy_for, tmp_path):
     from fastload.store.objects.client import RetryPolicy, s3_client
     from fastload.store.objects.manifest import read_manifest
@@ -412,12 +469,148 @@ def test_a_range_that_keeps_failing_gives_up_naming_the_url(uploaded, proxy_for,
     manifest = read_manifest(uploaded)
     items = [Download(manifest.object_url(rel), size, crc, tmp_path / rel) for rel, size, crc in manifest.objects
              if rel.startswith("train-64.disk/")]
-    proxy_for("train-64.disk/pixels.bin", ["503"] * 3)
+    proxy = proxy_for("train-64.disk/pixels.bin", ["503"] * 1000)
     with pytest.raises(StoreError) as info:
-        download(s3_client(), items, policy=RetryPolicy(attempts=3, base_s=0.01))
+        download(s3_client(), items, policy=RetryPolicy(seconds=0.3, base_s=0.01))
     message = str(info.value)
-    assert str(manifest.object_url("train-64.disk/pixels.bin")) in message and "after 3 attempts" in message
+    assert str(manifest.object_url("train-64.disk/pixels.bin")) in message and "ServiceUnavailable" in message
+    assert f"after {len(proxy.ranges)} tries in 0 s (retry budget: 0.3 s)" in message, message
+    assert len(proxy.ranges) > 3  # retried until the budget was spent
     assert not [p for p in tmp_path.rglob("*") if p.is_file()]  # nothing half-downloaded, no temporary file left
+
+
+@pytest.fixture
+def short_timeouts(monkeypatch):
+    """Timeouts of half a second (a hung server costs these tests little) and a wait reported from its first
+    retry; the module :mod:`fastload.store.objects.client`."""
+    from fastload.store.objects import client
+
+    monkeypatch.setattr(client, "CONNECT_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(client, "READ_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(client, "REPORT_AFTER_S", 0.0)
+    monkeypatch.setattr(client, "_last_report", [-math.inf])  # no line said yet in this process
+    monkeypatch.setattr(client, "_outage", [None, -math.inf])  # and no outage going on
+    return client
+
+
+def test_a_hung_server_is_retried_for_the_budget_then_one_line_names_the_url(uploaded, proxy_for, short_timeouts,
+                                                                             monkeypatch, tmp_path, capsys):
+    # the objects of the store hang (accepted, never answered); the manifest still answers
+    proxy = proxy_for("/builds/", [])
+    proxy.hang()
+    monkeypatch.setenv("FASTLOAD_RETRY_SECONDS", "1")
+    capsys.readouterr()
+    began = time.monotonic()
+    assert run_cli(["stage", uploaded, "--to", str(tmp_path / "x"), "--no-progress"]) == 1
+    waited = time.monotonic() - began
+    err = capsys.readouterr().err.strip().splitlines()
+    # 16 requests in parallel, each retried: one line says the wait (once per REPORT_EVERY_S per process), one the end
+    assert len(err) == 2 and proxy.unanswered > 16, (proxy.unanswered, err)
+    wait_line = re.fullmatch(rf"fastload: ({re.escape(uploaded)}/builds/\S+) unavailable for 0 s \(ReadTimeoutError\); "
+                             rf"retrying for up to 1 s more \(retry budget: FASTLOAD_RETRY_SECONDS=1\)", err[0])
+    assert wait_line, err[0]
+    assert re.fullmatch(rf"fastload stage: {re.escape(uploaded)}/builds/\S+: HEAD failed after \d+ tries in \d+ s "
+                        rf"\(retry budget: FASTLOAD_RETRY_SECONDS=1\): ReadTimeoutError: Read timeout on endpoint "
+                        rf"URL: .*",
+                        err[1]), err[1]
+    assert 1 <= waited < 1 + 15  # the budget, then the last tries' timeouts: bounded, never botocore's 6 x 60 s
+    assert SECRET not in "\n".join(err) and not (tmp_path / "x").exists()
+    for budget, expected in (("0", f"{uploaded}/builds/"), ("ten", "FASTLOAD_RETRY_SECONDS='ten' in the environment: "
+                                                                    "not a number of seconds >= 0")):
+        monkeypatch.setenv("FASTLOAD_RETRY_SECONDS", budget)  # 0: one try, no retry; a bad value named
+        assert run_cli(["stage", uploaded, "--to", str(tmp_path / "x"), "--no-progress"]) == 1
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and expected in err[0] and (budget != "0" or "after 1 try in 0 s" in err[0]), err
+    with pytest.raises(ValueError, match="retry_seconds must be a number of seconds >= 0"):
+        open_store(uploaded, kind="stream", retry_seconds=-1)
+
+
+def test_an_outage_shorter_than_the_budget_is_only_a_wait_mid_epoch(uploaded, tmp_path, proxy_for, short_timeouts,
+                                                                    capfd):
+    import fastload
+
+    def streamed(cache: Path):  # a shard per record, fetched one ahead of the loader
+        return open_store(uploaded, "train", kind="stream", imgsz=64, cache_dir=cache, shard_bytes=1, read_ahead=1,
+                          upload_kind="encoded", retry_seconds=30)
+
+    with fastload.loader(streamed(tmp_path / "direct"), imgsz=64, batch_size=2, workers=0, seed=4) as uninterrupted:
+        expected = list(uninterrupted)
+    proxy = proxy_for("/builds/", [])
+    store = streamed(tmp_path / "through-proxy")
+    assert store.description["retry_seconds"] == 30  # what the Ray actors open it with
+    got = []
+    with fastload.loader(store, imgsz=64, batch_size=2, workers=0, seed=4) as ld:
+        for batch in ld:
+            got.append(batch)
+            if len(got) == 1:  # the server hangs for 1 s in the middle of the epoch
+                proxy.hang()
+                threading.Timer(1.0, proxy.resume).start()
+    assert proxy.unanswered > 0 and len(got) == len(expected) == 6
+    for (imgs, targets, paths, _), (ref_imgs, ref_targets, ref_paths, _) in zip(got, expected):
+        assert np.array_equal(np.asarray(imgs), np.asarray(ref_imgs))
+        assert np.array_equal(np.asarray(targets), np.asarray(ref_targets)) and list(paths) == list(ref_paths)
+    err = capfd.readouterr().err.strip().splitlines()
+    records = str(store.records_url)
+    assert err and all(re.fullmatch(rf"fastload: {re.escape(records)} unavailable for \d+ s \(ReadTimeoutError\); "
+                                    rf"retrying for up to \d+ s more \(retry budget: retry_seconds=30\)", line)
+                       for line in err), err
+
+
+def test_a_read_ahead_stopped_during_an_outage_gives_up_its_retries(uploaded, tmp_path, proxy_for, short_timeouts):
+    """A loader closed (or interrupted) while the server is down does not wait out the budget in its read-ahead."""
+    store = open_store(uploaded, "train", kind="stream", imgsz=64, cache_dir=tmp_path, shard_bytes=1, read_ahead=2,
+                       upload_kind="encoded", retry_seconds=600)
+    proxy = proxy_for("/builds/", [])
+    proxy.hang()
+    ahead = store.read_ahead(np.arange(len(store)))
+    for _ in range(500):  # until the read-ahead's download is stuck on the hung server
+        if proxy.unanswered:
+            break
+        time.sleep(0.01)
+    assert proxy.unanswered
+    stopping = threading.Thread(target=ahead.stop)
+    stopping.start()
+    stopping.join(timeout=60)  # the download's try in flight times out, then no retry: not the 600 s budget
+    assert not stopping.is_alive() and store.cache.fetched == 0
+    assert not [p for p in store.cache.folder.iterdir() if not p.name.endswith(".lock")]  # no partial shard left
+
+
+def test_an_outage_past_the_budget_ends_the_read_ahead_and_the_reads_waiting_for_it(uploaded, tmp_path, proxy_for,
+                                                                                     short_timeouts):
+    """The read-ahead gives up on a shard after the budget and stops; the read that waited for that download raises
+    its error rather than spend a budget of its own: the server is not asked again by either."""
+    from fastload.store.objects.client import UnavailableError
+
+    store = open_store(uploaded, "train", kind="stream", imgsz=64, cache_dir=tmp_path, shard_bytes=1, read_ahead=2,
+                       upload_kind="encoded", retry_seconds=1)
+    proxy = proxy_for("/builds/", [])
+    proxy.hang()
+    ahead = store.read_ahead(np.arange(len(store)))  # downloads the shard of record 0 first
+    for _ in range(500):
+        if proxy.unanswered:
+            break
+        time.sleep(0.01)
+    with pytest.raises(UnavailableError) as info:
+        store.read_image(0)  # waits for the read-ahead's download of its shard, which gives up
+    ahead._thread.join(timeout=30)
+    assert not ahead._thread.is_alive()  # ended by itself: no other shard tried
+    tries = re.search(rf"^{re.escape(str(store.records_url))}: HEAD failed after (\d+) tries in \d+ s", str(info.value))
+    assert tries and proxy.unanswered == int(tries.group(1)), (proxy.unanswered, str(info.value))
+    ahead.stop()
+
+
+def test_a_missing_bucket_is_named_and_the_bucket_check_is_retried(s3_env, dataset, proxy_for, capsys):
+    from fastload.store.objects.manifest import check_writable
+
+    capsys.readouterr()
+    argv = ["convert", str(dataset[0]), "--to", "encoded", "--out", "s3://nosuchbucket-fl/x", "--no-progress"]
+    assert run_cli(argv) == 1
+    err = capsys.readouterr().err.strip()
+    assert err == ("fastload convert: s3://nosuchbucket-fl/x: the bucket nosuchbucket-fl does not exist (or these "
+                   "credentials cannot see it)"), err
+    proxy = proxy_for(f"/{BUCKET}", [], head_plan=("503", "503"))  # the bucket's HEAD answers 503 twice
+    assert str(check_writable(f"s3://{BUCKET}/fresh")) == f"s3://{BUCKET}/fresh"
+    assert proxy.heads == [f"/{BUCKET}"] * 3
 
 
 @pytest.mark.parametrize("damage", ["truncated", "changed", "missing"])

@@ -112,7 +112,8 @@ STORE_KINDS: dict[str, StoreKind] = {k.name: k for k in (
     # a disk or encoded store in object storage, read in shards into a node-local cache (open_store of an s3://
     # URL); decoded or not as the uploaded store it reads (StreamingStore.decoded)
     StoreKind("stream", "fastload.store.stream:StreamingStore", remote=True,
-              open_keywords=("cache_dir", "cache_bytes", "shard_bytes", "window", "read_ahead", "upload_kind")),
+              open_keywords=("cache_dir", "cache_bytes", "shard_bytes", "window", "read_ahead", "upload_kind",
+                             "retry_seconds")),
 )}
 # Every kind open_store() knows.
 KINDS = tuple(STORE_KINDS)

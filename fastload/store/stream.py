@@ -46,7 +46,7 @@ import numpy as np
 
 from fastload.data.checksum import file_crc32, record_checksum
 from fastload.store.base import DamagedRecordError, ReadAhead, StoreError
-from fastload.store.objects.client import s3_client
+from fastload.store.objects.client import RetryPolicy, UnavailableError, retry_policy, s3_client
 from fastload.store.objects.manifest import MANIFEST, Manifest, fetch, read_manifest
 from fastload.store.objects.transfer import Download, download, partial_path
 from fastload.store.objects.urls import parse_url
@@ -94,7 +94,9 @@ def stream_cache_root() -> Path:
 
 
 class ShardCache:
-    """Shard files in ``folder``, at most ``budget`` bytes of them (downloads in progress included)."""
+    """Shard files in ``folder``, at most ``budget`` bytes of them (downloads in progress included). A download
+    that gave up after the retry budget leaves its error beside the shard (``.shard-N.unavailable``) for the
+    processes that waited for it."""
 
     def __init__(self, folder: Path, budget: int) -> None:
         self.folder = Path(folder)
@@ -122,13 +124,21 @@ class ShardCache:
         with contextlib.suppress(FileNotFoundError):
             _mark_used(path)
             return path
+        asked = time.time_ns()
+        unavailable = self.folder / f".shard-{shard:06d}.unavailable"
         # one process (or the read-ahead thread) downloads it, the others wait
         lock = flock_current(self.folder / f".shard-{shard:06d}.lock")
         _HELD_LOCKS.add(lock)
         try:
             if not path.is_file():
+                _raise_if_given_up_since(unavailable, asked)
                 self._reserve(path, nbytes)
-                fetch_into(path)
+                try:
+                    fetch_into(path)
+                except UnavailableError as e:  # said to those waiting for this download: see _raise_if_given_up_since
+                    unavailable.write_text(str(e))
+                    raise
+                unavailable.unlink(missing_ok=True)
                 with self._counting:
                     self.fetched += 1
         finally:
@@ -178,6 +188,14 @@ class ShardCache:
                 partial.unlink(missing_ok=True)
 
 
+def _raise_if_given_up_since(unavailable: Path, asked: int) -> None:
+    """Raise the error of the download of a shard that gave up (the server down for the whole retry budget) after
+    ``asked`` (ns), while this read waited for it: trying again would make the read wait through a second budget."""
+    with contextlib.suppress(FileNotFoundError):
+        if unavailable.stat().st_mtime_ns >= asked:
+            raise UnavailableError(unavailable.read_text())
+
+
 def _mark_used(path: Path) -> None:
     """Set ``path``'s modification time to now, to the nanosecond: the kernel's own clock for file times ticks
     in milliseconds, and uses a millisecond apart must still be told apart by the least-recently-used rule."""
@@ -202,21 +220,25 @@ class StreamingStore(PackedStore):
       upload_kind: which uploaded store is read: ``disk`` (decoded images at ``imgsz``: nothing to decode, about
         five times the bytes to download), ``encoded`` (the JPEGs: decoded on the node, the fewest bytes), or
         ``auto``: the disk store when the upload holds one at ``imgsz``, else the encoded store.
+      retry_seconds: how long a request that keeps failing (the server down, hung or restarting) is retried before
+        the read fails (:func:`~fastload.store.objects.client.retry_policy`); default ``$FASTLOAD_RETRY_SECONDS``,
+        else 600; 0: one try. Resolved here, so the loader's workers and Ray actors use the same budget.
     """
 
     kind = "stream"
 
     def __init__(self, url: str, split: str = "train", imgsz: int = 640, *, cache_dir: str | Path | None = None,
                  cache_bytes: int = CACHE_BYTES, shard_bytes: int = SHARD_BYTES, window: int = 1,
-                 read_ahead: int = READ_AHEAD, upload_kind: str = "auto") -> None:
+                 read_ahead: int = READ_AHEAD, upload_kind: str = "auto", retry_seconds: float | None = None) -> None:
         if int(window) < 1:
             raise ValueError(f"window must be >= 1 shard, got {window}")
         if int(read_ahead) < 0:
             raise ValueError(f"read_ahead must be >= 0 shards (0: none), got {read_ahead}")
         if upload_kind not in UPLOAD_KINDS:
             raise ValueError(f"upload_kind must be one of {', '.join(UPLOAD_KINDS)}, got {upload_kind!r}")
+        self.retry = retry_policy(retry_seconds)
         url = url[: -len("/data.yaml")] if url.endswith("/data.yaml") else url
-        manifest = read_manifest(parse_url(url))
+        manifest = read_manifest(parse_url(url), policy=self.retry)
         self.build = manifest.build
         digest = hashlib.sha1(str(manifest.url).encode()).hexdigest()[:10]
         upload_root = Path(cache_dir or stream_cache_root()) / f"{manifest.url.bucket}-{digest}-{manifest.build}"
@@ -227,7 +249,7 @@ class StreamingStore(PackedStore):
             "url": str(manifest.url), "split": split, "imgsz": int(imgsz), "build": manifest.build,
             "cache_dir": None if cache_dir is None else str(cache_dir), "cache_bytes": int(cache_bytes),
             "shard_bytes": int(shard_bytes), "window": int(window), "upload_kind": self.upload_kind,
-            "read_ahead": int(read_ahead)}
+            "read_ahead": int(read_ahead), "retry_seconds": self.retry.seconds}
         self.path = str(manifest.url.child(rel))
         self.read_in_shards(int(shard_bytes), int(window))
         largest = int(np.diff(self.offsets[self.bounds]).max(initial=0))
@@ -255,7 +277,7 @@ class StreamingStore(PackedStore):
         if kind == "auto":
             kind = "disk" if "disk" in stores else "encoded"
             if kind == "disk" and "encoded" in stores:  # a disk store at another imgsz: the encoded one serves any
-                _fetch_index(manifest, stores["disk"], upload_root / stores["disk"], PIXELS)
+                _fetch_index(manifest, stores["disk"], upload_root / stores["disk"], PIXELS, self.retry)
                 fetched = "disk"
                 if int(read_meta(upload_root / stores["disk"])["imgsz"]) != imgsz:
                     kind = "encoded"
@@ -267,7 +289,7 @@ class StreamingStore(PackedStore):
         rel = stores[kind]
         root = upload_root / rel
         if kind != fetched:  # fetched above: its files were checked against the manifest's sizes and crcs there
-            _fetch_index(manifest, rel, root, RECORD_FILES[kind])
+            _fetch_index(manifest, rel, root, RECORD_FILES[kind], self.retry)
         if kind == "disk":
             self._read_index(root)
             if self.imgsz != imgsz:
@@ -283,9 +305,10 @@ class StreamingStore(PackedStore):
             return None
         return ShardReadAhead(self, self._shard_of[np.asarray(indices, np.int64)], self.read_ahead_shards)
 
-    def cached_shard(self, shard: int) -> Path:
-        """The cache's file of ``shard``, downloaded (and checked) first when it is not there."""
-        return self.cache.get(shard, self._shard_nbytes(shard), lambda dest: self._fetch_shard(shard, dest))
+    def cached_shard(self, shard: int, stop: threading.Event | None = None) -> Path:
+        """The cache's file of ``shard``, downloaded (and checked) first when it is not there; ``stop`` set
+        meanwhile abandons the download (:func:`~fastload.store.objects.transfer.download`)."""
+        return self.cache.get(shard, self._shard_nbytes(shard), lambda dest: self._fetch_shard(shard, dest, stop))
 
     def read_image(self, i: int) -> np.ndarray | bytes:  # type: ignore[override]
         """Record ``i``: the loaded RGB image of a disk store (checked on its first read in this process), or the
@@ -326,7 +349,7 @@ class StreamingStore(PackedStore):
             dest = Path(folder) / "record"
             # no check in the download: its callers compare the bytes with the record's crc32 themselves
             download(s3_client(), [Download(self.records_url, self.nbytes(i), None, dest, start=int(self.offsets[i]),
-                                            object_size=int(self.offsets[-1]), check=lambda _: None)])
+                                            object_size=int(self.offsets[-1]), check=lambda _: None)], policy=self.retry)
             return dest.read_bytes()
 
     def _drop_damaged_copy(self, shard: int, i: int) -> None:
@@ -381,7 +404,7 @@ class StreamingStore(PackedStore):
     def _shard_nbytes(self, shard: int) -> int:
         return int(self.offsets[self.bounds[shard + 1]] - self.offsets[self.bounds[shard]])
 
-    def _fetch_shard(self, shard: int, dest: Path) -> None:
+    def _fetch_shard(self, shard: int, dest: Path, stop: threading.Event | None = None) -> None:
         a, b = int(self.bounds[shard]), int(self.bounds[shard + 1])
         first = int(self.offsets[a])
 
@@ -398,7 +421,7 @@ class StreamingStore(PackedStore):
                     # this one fails its crc32 and names it (read_image)
 
         download(s3_client(), [Download(self.records_url, self._shard_nbytes(shard), None, dest, start=first,
-                                        object_size=int(self.offsets[-1]), check=check)])
+                                        object_size=int(self.offsets[-1]), check=check)], policy=self.retry, stop=stop)
 
 
 class ShardReadAhead:
@@ -413,7 +436,9 @@ class ShardReadAhead:
     just used, so the cache's least-recently-used rule removes shards behind the consumer, never one fetched
     ahead and not read yet. The download goes through :meth:`ShardCache.get` like any read: checked before it
     is kept, within the budget, once per node (a worker that needs the shard meanwhile waits for it). A shard
-    it cannot fetch is left to the read that needs it, which downloads it again and reports the error.
+    it cannot fetch is left to the read that needs it, which downloads it again and reports the error; when the
+    server was out for the whole retry budget, the thread ends, and the reads that waited for that download
+    raise its error instead of waiting through a budget of their own.
 
     Args:
       store: the streamed store.
@@ -431,6 +456,7 @@ class ShardReadAhead:
         self.first, self.last = first[need], last[need]  # the positions where each is needed first and last
         self._position = 0
         self._stopped = False
+        self._abandon = threading.Event()  # set by stop(): the download in progress gives up its retries at once
         self._changed = threading.Condition()
         self._thread = threading.Thread(target=self._run, name="fastload-read-ahead", daemon=True)
         self._thread.start()
@@ -443,8 +469,9 @@ class ShardReadAhead:
     def stop(self) -> None:
         with self._changed:
             self._stopped = True
+            self._abandon.set()
             self._changed.notify()
-        self._thread.join()  # a download in progress finishes (it is one shard)
+        self._thread.join()  # a download in progress ends: it is one shard, and it retries no more
 
     def _horizon(self, position: int) -> int:
         """How many shards of :attr:`sequence` may be in the cache once the consumer is at ``position``."""
@@ -458,6 +485,7 @@ class ShardReadAhead:
                 if self._stopped:
                     return
                 position = self._position
+                self._abandon = threading.Event()  # this download's own: a failed download sets it too
             if self.last[k] < position:  # the consumer is past it already (read on demand)
                 continue
             for later in reversed(range(k)):  # the shards still needed: newer than any behind the consumer
@@ -465,7 +493,9 @@ class ShardReadAhead:
                     self.store.cache.touch(int(self.sequence[later]))
             try:
                 with _FETCHING:  # see its comment: no fork while this thread downloads
-                    self.store.cached_shard(shard)
+                    self.store.cached_shard(shard, self._abandon)
+            except UnavailableError:
+                return  # the server is out for longer than the budget: the reads waiting for this shard say so
             except StoreError:
                 pass  # the read that needs it fetches it again and raises this error there
 
@@ -478,9 +508,9 @@ def _uploaded_stores(manifest: Manifest, split: str) -> dict[str, str]:
     return {k: str(p) for k, p in splits[split].get("stores", {}).items()}
 
 
-def _fetch_index(manifest: Manifest, rel: str, root: Path, records: str) -> None:
+def _fetch_index(manifest: Manifest, rel: str, root: Path, records: str, policy: RetryPolicy) -> None:
     """Download the files of the store at ``rel`` other than its ``records`` file into ``root`` (kept when already
-    there, intact)."""
+    there, intact), retried within ``policy``."""
     wanted = [(p[len(rel) + 1:], size, crc) for p, size, crc in manifest.objects
               if p.startswith(rel + "/") and p != f"{rel}/{records}"]
     if not wanted:
@@ -491,4 +521,4 @@ def _fetch_index(manifest: Manifest, rel: str, root: Path, records: str) -> None
         root.mkdir(parents=True, exist_ok=True)
         index_only = Manifest(manifest.url, manifest.build, tuple((f"{rel}/{p}", s, c) for p, s, c in missing),
                               manifest.info, manifest.created)
-        fetch(index_only, root.parent)
+        fetch(index_only, root.parent, policy=policy)

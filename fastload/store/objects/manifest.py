@@ -25,7 +25,7 @@ from fastload._version import __version__
 from fastload.data.checksum import file_crc32
 from fastload.store.base import StoreError
 from fastload.store.objects.client import (
-    DEFAULT_RETRY, MissingObjectError, RetryPolicy, object_error, s3_client, with_retries,
+    MissingObjectError, RetryPolicy, missing_bucket, retry_policy, s3_client, with_retries,
 )
 from fastload.store.objects.transfer import PARALLEL, PART_BYTES, Download, TransferStats, download, upload
 from fastload.store.objects.urls import ObjectUrl, parse_url
@@ -65,9 +65,10 @@ class Manifest:
                            "info": self.info}, indent=1)
 
 
-def read_manifest(url: str | ObjectUrl, client: Any = None, policy: RetryPolicy = DEFAULT_RETRY) -> Manifest:
-    """The manifest of the store at ``url``; a StoreError naming it when there is none (nothing uploaded there,
-    or an upload that did not finish) or it cannot be read."""
+def read_manifest(url: str | ObjectUrl, client: Any = None, policy: RetryPolicy | None = None) -> Manifest:
+    """The manifest of the store at ``url`` (retried within ``policy``, default :func:`retry_policy`); a
+    StoreError naming it when there is none (nothing uploaded there, or an upload that did not finish) or it
+    cannot be read."""
     prefix = parse_url(url) if isinstance(url, str) else url
     where = prefix.child(MANIFEST)
     client = client or s3_client()
@@ -92,16 +93,17 @@ def read_manifest(url: str | ObjectUrl, client: Any = None, policy: RetryPolicy 
         raise StoreError(f"{where}: damaged manifest ({e})") from None
 
 
-def check_writable(url: str, *, force: bool = False) -> ObjectUrl:
-    """The prefix ``url`` names, once its bucket is known to exist and it holds no store (or ``force``)."""
+def check_writable(url: str, *, force: bool = False, policy: RetryPolicy | None = None) -> ObjectUrl:
+    """The prefix ``url`` names, once its bucket is known to exist and it holds no store (or ``force``); both
+    checked within ``policy`` (default :func:`retry_policy`)."""
     prefix = parse_url(url)
     client = s3_client()
     try:
-        client.head_bucket(Bucket=prefix.bucket)
-    except Exception as exc:
-        raise object_error(exc, prefix, "checking the bucket") from exc
+        with_retries(lambda: client.head_bucket(Bucket=prefix.bucket), prefix, "checking the bucket", policy)
+    except MissingObjectError:  # HEAD answers have no body: a missing bucket is a bare 404, no NoSuchBucket code
+        raise missing_bucket(prefix) from None
     try:
-        old = read_manifest(prefix, client)
+        old = read_manifest(prefix, client, policy)
     except NoManifestError:
         return prefix
     if not force:
@@ -111,48 +113,49 @@ def check_writable(url: str, *, force: bool = False) -> ObjectUrl:
 
 
 def publish(files: Sequence[tuple[Path, str]], url: str, *, info: dict[str, Any], force: bool = False,
-            parallel: int = PARALLEL, log: Callable[[str], None] = print) -> Manifest:
+            parallel: int = PARALLEL, log: Callable[[str], None] = print,
+            policy: RetryPolicy | None = None) -> Manifest:
     """Upload ``files`` (local path, relative path) as a new build under ``url``, then its manifest, then delete
-    the objects of every other build there. A prefix that already holds a store is refused unless ``force``."""
-    prefix = check_writable(url, force=force)
+    the objects of every other build there; every request retried within ``policy`` (default
+    :func:`retry_policy`). A prefix that already holds a store is refused unless ``force``."""
+    policy = policy or retry_policy()
+    prefix = check_writable(url, force=force, policy=policy)
     writer = s3_client(botocore_retries=True)
     build = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + secrets.token_hex(4)
     objects = tuple((rel, *file_crc32(path)) for path, rel in files)
     manifest = Manifest(prefix, build, objects, info, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
     try:
-        stats = upload(writer, [(path, manifest.object_url(rel)) for path, rel in files], parallel=parallel)
+        stats = upload(writer, [(path, manifest.object_url(rel)) for path, rel in files], parallel=parallel,
+                       policy=policy)
     except StoreError as exc:  # the manifest was not written: say what readers see, not only what failed
         raise StoreError(f"{exc}; nothing was published: readers of {prefix} still see what it held before (the "
                          f"upload's manifest was not written); run the command again") from exc
     where = prefix.child(MANIFEST)
-    try:  # the commit: from here on readers see the new build
-        writer.put_object(Bucket=where.bucket, Key=where.key, Body=manifest.as_json().encode(),
-                          ContentType="application/json")
-    except Exception as exc:
-        raise object_error(exc, where, "writing the manifest") from exc
-    removed = _delete_other_builds(writer, prefix, build)
+    # the commit: from here on readers see the new build
+    with_retries(lambda: writer.put_object(Bucket=where.bucket, Key=where.key, Body=manifest.as_json().encode(),
+                                           ContentType="application/json"), where, "writing the manifest", policy)
+    removed = with_retries(lambda: _delete_other_builds(writer, prefix, build), prefix.child(BUILDS),
+                           "removing the objects of earlier uploads (the new store is complete)", policy)
     log(f"uploaded {stats.objects} objects ({fmt_bytes(stats.nbytes)}) to {prefix}" +
         (f"; removed {removed} objects of the replaced or interrupted uploads" if removed else ""))
     return manifest
 
 
 def _delete_other_builds(client: Any, prefix: ObjectUrl, build: str) -> int:
+    """Delete the objects under ``builds/`` of every build but ``build``; how many (a retry lists them again)."""
     builds = prefix.child(BUILDS)
     keep = f"{builds.key}/{build}/"
     stale: list[str] = []
-    try:
-        for page in client.get_paginator("list_objects_v2").paginate(Bucket=prefix.bucket, Prefix=builds.key + "/"):
-            stale += [o["Key"] for o in page.get("Contents", []) if not o["Key"].startswith(keep)]
-        for i in range(0, len(stale), 1000):  # DeleteObjects takes at most 1000 keys
-            client.delete_objects(Bucket=prefix.bucket,
-                                  Delete={"Objects": [{"Key": k} for k in stale[i:i + 1000]], "Quiet": True})
-    except Exception as exc:
-        raise object_error(exc, builds, "removing the objects of earlier uploads (the new store is complete)") from exc
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=prefix.bucket, Prefix=builds.key + "/"):
+        stale += [o["Key"] for o in page.get("Contents", []) if not o["Key"].startswith(keep)]
+    for i in range(0, len(stale), 1000):  # DeleteObjects takes at most 1000 keys
+        client.delete_objects(Bucket=prefix.bucket,
+                              Delete={"Objects": [{"Key": k} for k in stale[i:i + 1000]], "Quiet": True})
     return len(stale)
 
 
 def fetch(manifest: Manifest, dest: Path, *, parallel: int = PARALLEL, part_bytes: int = PART_BYTES,
-          policy: RetryPolicy = DEFAULT_RETRY, progress: Callable[[int], None] | None = None,
+          policy: RetryPolicy | None = None, progress: Callable[[int], None] | None = None,
           client: Any = None) -> TransferStats:
     """Download every object ``manifest`` lists into the folder ``dest`` (each checked against its size and crc32;
     see :func:`~fastload.store.objects.transfer.download`)."""

@@ -1,10 +1,12 @@
 """Moving whole objects between object storage and local files.
 
 Downloads split each object into ranges read in parallel by a thread pool; a range whose connection drops
-or that meets a 5xx is retried with backoff from the byte where it stopped. Every object lands in a hidden
+or that meets a 5xx is retried with backoff from the byte where it stopped, for as long as the retry budget
+allows (:func:`~fastload.store.objects.client.with_retries`). Every object lands in a hidden
 temporary file beside its destination and is renamed into place only once its size and crc32 match what was
 expected, so a half-downloaded or damaged object is never where a reader looks. Uploads send each file whole
-(botocore splits big ones into parts and retries them).
+(botocore splits big ones into parts and retries them; a file whose upload fails is sent again within the
+budget).
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from typing import Any, Callable, Sequence
 
 from fastload.data.checksum import file_crc32
 from fastload.store.base import StoreError
-from fastload.store.objects.client import DEFAULT_RETRY, RetryPolicy, ShortRead, object_error, with_retries
+from fastload.store.objects.client import RetryPolicy, ShortRead, retry_policy, with_retries
 from fastload.store.objects.urls import ObjectUrl
 
 PART_BYTES = 8 << 20  # one ranged GET; big enough to amortise a request, small enough to spread one object
@@ -56,17 +58,21 @@ class TransferStats:
 
 
 def download(client: Any, items: Sequence[Download], *, parallel: int = PARALLEL, part_bytes: int = PART_BYTES,
-             policy: RetryPolicy = DEFAULT_RETRY, progress: Callable[[int], None] | None = None) -> TransferStats:
-    """Fetch ``items`` with parallel ranged GETs; returns the stats. Raises StoreError naming the URL when an
-    object is missing, has another size than expected, fails its crc32 or keeps failing; nothing of a failed
-    call is left at any ``dest``, and no temporary file is left either."""
+             policy: RetryPolicy | None = None, progress: Callable[[int], None] | None = None,
+             stop: threading.Event | None = None) -> TransferStats:
+    """Fetch ``items`` with parallel ranged GETs, each retried within ``policy`` (default: :func:`retry_policy`);
+    returns the stats. Raises StoreError naming the URL when an object is missing, has another size than
+    expected, fails its crc32 or keeps failing; nothing of a failed call is left at any ``dest``, and no
+    temporary file is left either. ``stop``, once set, abandons the download (its requests stop retrying and it
+    raises); the download sets it itself when one of its requests fails for good."""
+    policy = policy or retry_policy()
     stats = TransferStats(objects=len(items))
-    stop = threading.Event()
+    stop = stop or threading.Event()
     temps = [partial_path(item.dest) for item in items]
     fds: list[int] = []
     try:
         with cf.ThreadPoolExecutor(max_workers=max(1, parallel), thread_name_prefix="fastload-get") as pool:
-            _run_all(pool, stop, [lambda item=item: _check_size(client, item, policy) for item in items])
+            _run_all(pool, stop, [lambda item=item: _check_size(client, item, policy, stop) for item in items])
             jobs = []
             for item, temp in zip(items, temps):
                 temp.parent.mkdir(parents=True, exist_ok=True)
@@ -120,8 +126,9 @@ def _run_all(pool: cf.ThreadPoolExecutor, stop: threading.Event, jobs: Sequence[
         raise
 
 
-def _check_size(client: Any, item: Download, policy: RetryPolicy) -> None:
-    head = with_retries(lambda: client.head_object(Bucket=item.url.bucket, Key=item.url.key), item.url, "HEAD", policy)
+def _check_size(client: Any, item: Download, policy: RetryPolicy, stop: threading.Event) -> None:
+    head = with_retries(lambda: client.head_object(Bucket=item.url.bucket, Key=item.url.key), item.url, "HEAD", policy,
+                        cancelled=stop)
     expected = item.size if item.object_size is None else item.object_size
     if int(head["ContentLength"]) != expected:
         raise StoreError(f"{item.url}: the object is {head['ContentLength']} bytes, the manifest lists {expected} "
@@ -154,30 +161,28 @@ def _read_range(client: Any, url: ObjectUrl, fd: int, base: int, start: int, end
             raise ShortRead(f"the response ended at byte {pos} of {start}-{end}")
 
     with_retries(attempt, url, f"reading bytes {base + start}-{base + end}", policy,
-                 on_retry=lambda exc: stats.add(retries=1), cancelled=stop.is_set)
+                 on_retry=lambda exc: stats.add(retries=1), cancelled=stop, progress=lambda: pos)
 
 
-def upload(client: Any, files: Sequence[tuple[Path, ObjectUrl]], *, parallel: int = PARALLEL) -> TransferStats:
-    """Upload each local file to its URL (``client`` with botocore's retries: see
-    :func:`~fastload.store.objects.client.s3_client`), then check each object's size with a HEAD."""
+def upload(client: Any, files: Sequence[tuple[Path, ObjectUrl]], *, parallel: int = PARALLEL,
+           policy: RetryPolicy | None = None) -> TransferStats:
+    """Upload each local file to its URL (``client`` with botocore's retries for short faults: see
+    :func:`~fastload.store.objects.client.s3_client`; a file whose upload still fails is sent again within
+    ``policy``, default :func:`retry_policy`), then check each object's size with a HEAD."""
+    policy = policy or retry_policy()
     stats = TransferStats(objects=len(files))
+    stop = threading.Event()  # set by the first upload that fails for good: the others stop retrying
 
     def send(path: Path, url: ObjectUrl) -> None:
-        try:
+        def put_and_measure() -> int:
             client.upload_file(str(path), url.bucket, url.key)
-            size = int(client.head_object(Bucket=url.bucket, Key=url.key)["ContentLength"])
-        except Exception as exc:
-            raise _upload_error(exc, url) from exc
+            return int(client.head_object(Bucket=url.bucket, Key=url.key)["ContentLength"])
+
+        size = with_retries(put_and_measure, url, "upload", policy, cancelled=stop)
         if size != path.stat().st_size:
             raise StoreError(f"{url}: uploaded {path.stat().st_size} bytes from {path}, the server holds {size}")
         stats.add(nbytes=size)
 
     with cf.ThreadPoolExecutor(max_workers=max(1, parallel), thread_name_prefix="fastload-put") as pool:
-        _run_all(pool, threading.Event(), [lambda p=p, u=u: send(p, u) for p, u in files])
+        _run_all(pool, stop, [lambda p=p, u=u: send(p, u) for p, u in files])
     return stats
-
-
-def _upload_error(exc: BaseException, url: ObjectUrl) -> StoreError:
-    # boto3's upload_file wraps the ClientError it met (S3UploadFailedError): report the one inside
-    inner = exc.__context__ if type(exc).__name__ == "S3UploadFailedError" and exc.__context__ else exc
-    return object_error(inner, url, "upload")
