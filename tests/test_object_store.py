@@ -813,14 +813,14 @@ def test_a_record_damaged_on_the_way_is_read_again_and_repaired_before_its_shard
     real_download = stream.download
     downloads = []
 
-    def first_one_damaged(client, items):  # the shard's download: byte 10 of its first record flipped on the way
+    def first_one_damaged(client, items, **options):  # the shard's download: byte 10 of its first record flipped on the way
         downloads.append(items[0].size)
         if len(downloads) == 1:
             def damaged_then_checked(downloaded: Path, check=items[0].check) -> None:
                 _flip_byte(downloaded, 10)
                 check(downloaded)
             items = [dataclasses.replace(items[0], check=damaged_then_checked)]
-        return real_download(client, items)
+        return real_download(client, items, **options)
 
     monkeypatch.setattr(stream, "download", first_one_damaged)
     source_reads = []
