@@ -7,6 +7,7 @@ local store's batches in the same order, the budget kept; a record damaged in th
 as a local store's, a cached shard damaged on disk fetched again."""
 from __future__ import annotations
 
+import contextlib
 import http.client
 import http.server
 import json
@@ -672,11 +673,17 @@ def test_a_streamed_loader_gives_the_local_batches_within_its_cache_budget(uploa
     with open_store(dataset[1], "train", kind="disk", imgsz=64) as local:
         record = int(np.diff(local.offsets).max())
         total = int(local.offsets[-1])
-    # shards of at least two records, a cache of three of them: well under the dataset
-    shard_bytes, budget = 2 * record, 3 * 2 * record
-    assert budget < total
-    stored = open_store(uploaded + "/data.yaml", "train", kind="stream", imgsz=64, cache_dir=tmp_path / "cache",
-                        cache_bytes=budget, shard_bytes=shard_bytes)
+    # shards of at least two records, a cache of three of them beside the index files: well under the dataset
+    shard_bytes = 2 * record
+    options = dict(kind="stream", imgsz=64, cache_dir=tmp_path / "cache", shard_bytes=shard_bytes)
+    with open_store(uploaded + "/data.yaml", "train", **options) as probe:
+        resident = probe.cache.resident_bytes()
+    budget = 3 * probe.cache.on_disk(shard_bytes) + resident
+    assert budget - resident < total  # room for fewer shards than the dataset's
+    with pytest.raises(StoreError, match=f"cache_bytes={budget - 1} cannot hold window \\+ 1 = 3 shards .*shard_bytes="
+                                         f"{shard_bytes}.* in cache_dir {tmp_path / 'cache'}; raise cache_bytes"):
+        open_store(uploaded + "/data.yaml", "train", cache_bytes=budget - 1, window=2, **options)
+    stored = open_store(uploaded + "/data.yaml", "train", cache_bytes=budget, **options)
     cache = stored.cache
     shards = len(stored.bounds) - 1
     assert shards >= 4 and stored.read_ahead_shards == 2  # several shards; the default read-ahead fits the cache
@@ -730,13 +737,15 @@ def test_read_ahead_fetches_the_next_shards_of_the_order_as_the_consumer_moves(u
     order = shard_permutation(stored.shards().ids, epoch=3, seed=1)
     need = list(dict.fromkeys(stored.shards().ids[order].tolist()))  # the shards in the order first needed
     starts = [int(np.flatnonzero(stored.shards().ids[order] == s)[0]) for s in need]
-    size = np.diff(stored.offsets[stored.bounds])
+    size = [stored.cache.on_disk(n) for n in np.diff(stored.offsets[stored.bounds])]
     # room for the three shards the consumer needs once it reaches the second one, not for a fourth
-    stored.cache.budget = int(size[need[1]] + size[need[2]] + max(size[need[0]], size[need[3]]))
+    stored.cache.budget = (stored.cache.resident_bytes() + size[need[1]] + size[need[2]]
+                           + max(size[need[0]], size[need[3]]))
     ahead = stored.read_ahead(order)
     for _ in range(3):  # the consumer at position 0: its shard and the next two
         assert arrived.acquire(timeout=30)
     stored.read_image(int(order[0]))  # the first shard is read after the others arrived: the most recently used
+    stored.close()  # and let go (unmapped), as reading the second shard would: a shard a process maps is never removed
     ahead.reached(starts[1])  # the consumer reached the second shard: one more comes, in place of the first
     assert arrived.acquire(timeout=30)
     ahead.stop()
@@ -933,31 +942,169 @@ def test_a_streamed_encoded_store_gives_the_local_encoded_batches_with_workers(u
         assert np.array_equal(np.asarray(targets), np.asarray(ref_targets)) and list(paths) == list(ref_paths)
 
 
-def test_the_shard_cache_removes_the_least_recently_read_and_dead_downloads(tmp_path):
+def _writes(nbytes: int):
+    """A shard's download of ``nbytes``, as the stream does it: into the reserved partial file, then renamed."""
     from fastload.store.objects.transfer import partial_path
-    from fastload.store.stream import ShardCache
 
-    def writes(nbytes: int):
-        def into(dest: Path) -> None:  # as a download does: into the reserved partial file, then renamed
-            partial_path(dest).write_bytes(b"x" * nbytes)
-            os.replace(partial_path(dest), dest)
-        return into
+    def into(dest: Path) -> None:
+        partial_path(dest).write_bytes(b"x" * nbytes)
+        os.replace(partial_path(dest), dest)
+    return into
 
-    cache = ShardCache(tmp_path, budget=300)
+
+def test_the_shard_cache_removes_the_least_recently_read_and_dead_downloads(tmp_path):
+    from fastload.store.stream import ShardCache, hold_upload
+
+    held = hold_upload(tmp_path, "url-", "build")  # the store's upload, open
+    cache = ShardCache(tmp_path, "url-build", "store-shards-1", budget=0)
+    block = cache.block
+    cache.budget = cache.used() + 3 * block  # the folders, and three shards of a block
     for shard in range(3):
-        cache.get(shard, 100, writes(100))
+        cache.get(shard, block, _writes(block))
     for shard, when in ((0, 3), (1, 1), (2, 2)):  # shard 1 read longest ago
         os.utime(cache.path(shard), (when, when))
-    cache.get(3, 100, writes(100))
+    cache.get(3, block, _writes(block))
     assert not cache.path(1).exists() and all(cache.path(s).exists() for s in (0, 2, 3))
-    assert cache.used() == 300 and cache.evicted == 1 and cache.fetched == 4
+    assert cache.used() == cache.budget and cache.evicted == 1 and cache.fetched == 4
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    (tmp_path / f".shard-000009.bin.download-{dead.pid}").write_bytes(b"x" * 250)  # a download killed midway
-    cache.get(4, 100, writes(100))
-    assert cache.used() <= 300 and not list(tmp_path.glob(".shard-000009*"))
-    with pytest.raises(StoreError, match="raise cache_bytes"):
-        cache.get(5, 400, writes(400))
+    (cache.folder / f".shard-000009.bin.download-{dead.pid}").write_bytes(b"x" * 2 * block)  # killed midway
+    cache.get(4, block, _writes(block))
+    assert cache.used() <= cache.budget and not list(tmp_path.rglob(".shard-000009*"))
+    with pytest.raises(StoreError, match=f"the stream cache {tmp_path} .* cannot hold a shard of .* raise cache_bytes"):
+        cache.get(5, 4 * block, _writes(4 * block))
+    os.close(held)
+
+
+def test_one_budget_bounds_the_whole_cache_dir_unread_uploads_first_mapped_shards_never(tmp_path):
+    from fastload.store.stream import ShardCache, hold_upload
+
+    (tmp_path / "not-a-cache-folder").mkdir()  # counted, never removed: the cache removes only its own folders
+    (tmp_path / "not-a-cache-folder" / "notes.txt").write_text("kept")
+    old = hold_upload(tmp_path, "url-", "old")
+    old_cache = ShardCache(tmp_path, "url-old", "store-shards-1", budget=1 << 30)
+    other = hold_upload(tmp_path, "elsewhere-", "b")
+    other_cache = ShardCache(tmp_path, "elsewhere-b", "store-shards-1", budget=1 << 30)
+    block = old_cache.block
+    for shard in range(2):
+        other_cache.get(shard, block, _writes(block))
+        old_cache.get(shard, block, _writes(block))  # read after the other upload's: more recently
+    os.close(old)  # its reader ended: the old build is read by no process now
+    new = hold_upload(tmp_path, "url-", "new")  # the same URL's new build, as a store opening it does
+    # the replaced build is gone, folder and all, when the new one opens; the other upload is kept
+    assert not (tmp_path / "url-old").exists() and other_cache.path(1).exists()
+    cache = ShardCache(tmp_path, "url-new", "store-shards-1", budget=0)
+    cache.budget = cache.used() + block  # one more shard: then the other upload's two make room, then its folder
+    cache.get(0, block, _writes(block))
+    assert cache.used() <= cache.budget
+    os.close(other)  # the other upload's reader ended too
+    os.utime(cache.path(0), (1, 1))  # this store's shard read longest ago: still removed after the unread upload's
+    for shard in (1, 2):
+        cache.get(shard, block, _writes(block))
+        assert cache.used() <= cache.budget
+    assert not (tmp_path / "elsewhere-b").exists()  # its shards went first, then its folder
+    assert [cache.path(s).exists() for s in range(3)] == [True, True, True]
+    # a mapped shard is never removed: the least recently read one goes instead, and with every shard mapped a
+    # download waits for room, then says so in one line
+    mapped = cache.map(0)
+    assert mapped is not None and len(mapped) == block
+    os.utime(cache.path(0), (1, 1))  # and read longest ago
+    for shard in (3, 4):
+        cache.get(shard, block, _writes(block))
+        assert cache.path(0).exists() and cache.used() <= cache.budget
+    pinned = [cache.map(s) for s in (1, 2, 3, 4)]
+    cache.budget = cache.used()
+    cache.wait_s = 0.2
+    with pytest.raises(StoreError, match=f"the stream cache {tmp_path} .* found no room for a shard of {block} bytes "
+                                         "in 0 s: .* being read .* raise cache_bytes"):
+        cache.get(5, block, _writes(block))
+    assert not [line for line in Path("/proc/self/maps").read_text().splitlines()
+                if str(tmp_path) in line and "(deleted)" in line]
+    del mapped, pinned  # the readers moved on: their shards may go
+    cache.get(5, block, _writes(block))
+    assert cache.used() <= cache.budget and not cache.path(0).exists() and cache.map(5) is not None
+    assert (tmp_path / "not-a-cache-folder" / "notes.txt").read_text() == "kept"
+    os.close(new)
+
+
+def _publish_again(url: str) -> str:
+    """Publish the store at ``url`` again under a new build (its objects copied there), as a re-upload with
+    ``--force`` does; the new build's id."""
+    prefix = url.split(f"s3://{BUCKET}/", 1)[1]
+    doc = json.loads(_client().get_object(Bucket=BUCKET, Key=f"{prefix}/fastload-manifest.json")["Body"].read())
+    old, new = doc["build"], doc["build"] + "-again"
+    for key in _keys(f"{prefix}/builds/{old}/"):
+        _client().copy_object(Bucket=BUCKET, Key=key.replace(f"/builds/{old}/", f"/builds/{new}/"),
+                              CopySource={"Bucket": BUCKET, "Key": key})
+    _client().put_object(Bucket=BUCKET, Key=f"{prefix}/fastload-manifest.json", Body=json.dumps(dict(doc, build=new)))
+    return new
+
+
+def _mapped_deleted(pid: int, under: Path) -> list[str]:
+    """The files under ``under`` removed while ``pid`` or a process it started maps them (from /proc)."""
+    parents = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parents[int(entry.name)] = int((entry / "stat").read_bytes().rsplit(b")", 1)[1].split()[1])
+            except (OSError, IndexError):
+                pass
+    pids, frontier = {pid}, {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier} - pids
+        pids |= frontier
+    found = []
+    for p in pids:
+        with contextlib.suppress(OSError):
+            found += [line.split(None, 5)[-1].strip() for line in Path(f"/proc/{p}/maps").read_text().splitlines()
+                      if str(under) in line and line.endswith("(deleted)")]
+    return found
+
+
+def test_two_builds_and_another_url_share_one_budget_with_forked_workers(uploaded, tmp_path, monkeypatch):
+    """One cache_dir, one budget, read by a loader's two forked workers and its read-ahead while another URL's
+    store is open and the URL's previous build was read before: at every download, in every process, the bytes
+    under cache_dir stay within cache_bytes and no process maps a shard removed from it."""
+    import fastload
+    from fastload.store import stream
+
+    url, other_url = _copy_prefix(uploaded, "shared-cache"), _copy_prefix(uploaded, "shared-cache-other")
+    cache_dir = tmp_path / "cache"
+    options = dict(kind="stream", imgsz=64, cache_dir=cache_dir, upload_kind="disk")
+    with open_store(url, "train", **options) as probe:
+        shard_bytes = int(np.diff(probe.offsets).max())  # a shard per record
+        room = probe.cache.on_disk(shard_bytes)
+    other = open_store(other_url, "train", shard_bytes=shard_bytes, cache_bytes=1 << 20, **options)
+    other.read_image(0)  # one shard of another URL's store, open for the whole test
+    old = open_store(url, "train", shard_bytes=shard_bytes, cache_bytes=1 << 20, **options)
+    budget = other.cache.used() + 4 * room  # the index files of two uploads, the other's shard, and 4 shards
+    for i in range(len(old)):  # every shard of the build about to be replaced
+        old.read_image(i)
+    old_folder = old.cache.folder.parent
+    old.close()
+    monkeypatch.setattr(stream, "ROOM_WAIT_S", 10.0)  # a download that waits longer for room fails the test
+    build = _publish_again(url)
+    stored = open_store(url, "train", shard_bytes=shard_bytes, cache_bytes=budget, **options)
+    assert stored.build == build and not old_folder.exists()  # the replaced build went when the new one opened
+    assert other.cache.path(0).exists() and stored.cache.used() <= budget
+    log = tmp_path / "downloads.log"
+    loader_pid = os.getpid()
+    real_download = stream.download
+
+    def measured(*args, **kwargs):  # in the loader's read-ahead thread and in its workers (forked with it)
+        real_download(*args, **kwargs)
+        with open(log, "a") as f:
+            f.write(json.dumps([stored.cache.used(), _mapped_deleted(loader_pid, cache_dir)]) + "\n")
+
+
+    monkeypatch.setattr(stream, "download", measured)
+    with fastload.loader(stored, imgsz=64, batch_size=2, workers=2, seed=4) as streamed:
+        assert [sum(len(b[0]) for b in streamed) for _ in range(2)] == [len(stored)] * 2
+    seen = [json.loads(line) for line in log.read_text().splitlines()]
+    assert len(seen) > len(stored.bounds) - 1  # shards were removed and downloaded again
+    assert max(used for used, _ in seen) <= budget and not [d for _, d in seen if d], seen
+    other.close()
+    stored.close()
 
 
 def test_ray_actors_open_the_streamed_store_into_their_node_cache(dataset, s3_env, tmp_path, local_ray, monkeypatch):
@@ -1065,11 +1212,11 @@ def test_a_process_forked_during_a_shard_download_does_not_keep_its_lock(tmp_pat
         partial_path(dest).write_bytes(b"x")
         os.replace(partial_path(dest), dest)
 
-    cache = ShardCache(tmp_path, budget=100)
+    cache = ShardCache(tmp_path, "upload", "store-shards-1", budget=1 << 20)
     cache.get(0, 1, fork_while_downloading)
     assert started.wait(timeout=30)  # the child runs (its fork handlers ran before its target)
     try:  # the child still lives: the shard's lock is free all the same
-        os.close(flock_current(tmp_path / ".shard-000000.lock", wait=False))
+        os.close(flock_current(cache.folder / ".shard-000000.lock", wait=False))
     finally:
         release.set()
         children[0].join()

@@ -19,10 +19,12 @@ intact the cached shard was damaged on this node's disk after its download: it i
 Nothing that fails its crc32 is ever returned.
 
 The cache is a folder on a local disk or ``/dev/shm`` (``cache_dir``; default ``$FASTLOAD_CACHE_DIR`` or
-``<tmp>/fastload-stream``) holding at most ``cache_bytes`` of shards, counted as the bytes of the files in it,
-downloads in progress included: room for a new shard is made by removing the least recently read ones. The
-processes of one machine (the CPU engine's workers, the ranks of a node) share it: one downloads a shard,
-the others wait for it (a lock file per shard).
+``<tmp>/fastload-stream``), one for the whole node: ``cache_bytes`` bounds what ``du`` says of all of it, every
+upload, build, store and shard size together, downloads in progress and index files included
+(:class:`ShardCache`). Room for a new shard is made by removing shards no process maps: those of uploads no
+process has open first (a replaced build is removed whole when its successor opens), then the least recently
+read ones. The processes of one machine (the CPU engine's workers, the ranks of a node, other runs) share it:
+one downloads a shard, the others wait for it (a lock file per shard).
 
 The loader visits a streamed store shard by shard (:func:`fastload.order.shard_permutation`, through
 :meth:`StreamingStore.shards`), so an epoch needs about ``window`` shards at a time and reads each one once
@@ -33,14 +35,19 @@ cache, so a worker finds them there instead of waiting on their download.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
+import mmap
 import os
+import shutil
+import stat
 import tempfile
 import threading
 import time
+import weakref
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -56,6 +63,10 @@ from fastload.store.packed import PIXELS, SHARD_BYTES, PackedStore, RecordFileSt
 from fastload.store.shm import flock_current, pid_alive
 
 CACHE_BYTES = 4 << 30
+ROOM_WAIT_S = 300.0  # how long a download waits for readers to let go of the shards whose room it needs
+ROOM_POLL_S = 0.05
+BUDGET_LOCK = ".budget.lock"  # at the cache's root: every room-making of the node, one at a time
+IN_USE_LOCK = ".in-use.lock"  # in an upload's folder: held shared by every process that has the upload open
 READ_AHEAD = 2  # shards: one downloading while the next waits its turn keeps the connection busy
 UPLOAD_KINDS = ("auto", "disk", "encoded")  # which uploaded store a stream reads (StreamingStore's upload_kind)
 RECORD_FILES = {"disk": PIXELS, "encoded": IMAGES}  # the file of each readable kind whose byte ranges are shards
@@ -94,14 +105,27 @@ def stream_cache_root() -> Path:
 
 
 class ShardCache:
-    """Shard files in ``folder``, at most ``budget`` bytes of them (downloads in progress included). A download
-    that gave up after the retry budget leaves its error beside the shard (``.shard-N.unavailable``) for the
-    processes that waited for it."""
+    """The shard files of one store, in ``root / upload / name``, under one budget for everything in ``root``.
 
-    def __init__(self, folder: Path, budget: int) -> None:
-        self.folder = Path(folder)
+    ``root`` is the node's cache (``cache_dir``): every upload, build, store, split and shard size streamed on the
+    node keeps its files there, and ``budget`` bounds the bytes on disk of all of them together, as ``du`` counts
+    them: shards, downloads in progress (at their full size from the start), index files and folders. Room for a
+    new shard is made under one lock file at the root (``.budget.lock``), by removing, least recently read first,
+    the shards of uploads no process has open (a replaced build, a dataset read before), then those of the uploads
+    being read. A shard that a process maps is never removed (its readers hold a shared lock on it while mapped,
+    :meth:`map`): removed, it would keep its blocks out of ``du``'s sight for as long as the map lives. When
+    nothing can be removed yet the download waits for a reader to move on, up to :attr:`wait_s` seconds. A
+    download that gave up after the retry budget leaves its error beside the shard (``.shard-N.unavailable``)
+    for the processes that waited for it.
+    """
+
+    def __init__(self, root: Path, upload: str, name: str, budget: int) -> None:
+        self.root = Path(root)
+        self.folder = self.root / upload / name
         self.budget = int(budget)
         self.folder.mkdir(parents=True, exist_ok=True)
+        self.block = os.statvfs(self.root).f_frsize  # a file takes whole blocks of the file system
+        self.wait_s = ROOM_WAIT_S
         self.fetched = 0  # shards this process downloaded
         self._counting = threading.Lock()  # the read-ahead thread and the reads download different shards at once
         self.evicted = 0  # shards this process removed to make room
@@ -109,17 +133,30 @@ class ShardCache:
     def path(self, shard: int) -> Path:
         return self.folder / f"shard-{shard:06d}.bin"
 
-    def used(self) -> int:
-        """Bytes of the files in the folder now (shards and downloads in progress; lock files are empty)."""
-        total = 0
-        for entry in os.scandir(self.folder):
-            with contextlib.suppress(FileNotFoundError):  # removed by another process meanwhile
-                total += entry.stat().st_size
+    def resident_bytes(self) -> int:
+        """The bytes on disk that no room-making removes while this store is open: its upload's index files, lock
+        files and folders, and the root's own folder."""
+        upload = self.folder.parent
+        total = tree_on_disk(upload, self.block) + os.lstat(self.root).st_blocks * 512
+        for shard in [*upload.glob("*/shard-*.bin"), *upload.glob("*/.shard-*.bin.download-*")]:
+            with contextlib.suppress(FileNotFoundError):
+                total -= _file_on_disk(shard.stat(), self.block)
         return total
 
-    def get(self, shard: int, nbytes: int, fetch_into: Callable[[Path], None]) -> Path:
+    def on_disk(self, nbytes: int) -> int:
+        """The bytes a file of ``nbytes`` takes on this file system: whole blocks."""
+        return -(-int(nbytes) // self.block) * self.block
+
+    def used(self) -> int:
+        """The bytes on disk of everything under the root now, as ``du`` counts them, a download in progress at its
+        full size (its file is created sparse at that size, and fills up as it downloads)."""
+        return tree_on_disk(self.root, self.block)
+
+    def get(self, shard: int, nbytes: int, fetch_into: Callable[[Path], None],
+            stop: threading.Event | None = None) -> Path:
         """The cached file of ``shard`` (``nbytes``), downloaded by ``fetch_into(path)`` when absent; the file is
-        marked as just used. Another process may remove it once this returns: reopen through ``get``."""
+        marked as just used. Another process may remove it once this returns: :meth:`map` it, or ``get`` again.
+        ``stop`` set while the download waits for room abandons it (StoreError)."""
         path = self.path(shard)
         with contextlib.suppress(FileNotFoundError):
             _mark_used(path)
@@ -127,12 +164,13 @@ class ShardCache:
         asked = time.time_ns()
         unavailable = self.folder / f".shard-{shard:06d}.unavailable"
         # one process (or the read-ahead thread) downloads it, the others wait
+        self.folder.mkdir(parents=True, exist_ok=True)  # removed while no process had its upload open
         lock = flock_current(self.folder / f".shard-{shard:06d}.lock")
         _HELD_LOCKS.add(lock)
         try:
             if not path.is_file():
                 _raise_if_given_up_since(unavailable, asked)
-                self._reserve(path, nbytes)
+                self._reserve(path, nbytes, stop or threading.Event())
                 try:
                     fetch_into(path)
                 except UnavailableError as e:  # said to those waiting for this download: see _raise_if_given_up_since
@@ -146,46 +184,207 @@ class ShardCache:
             os.close(lock)
         return path
 
+    def map(self, shard: int) -> np.ndarray | None:
+        """``shard``'s file mapped read-only in this process (a plain ndarray: slicing an np.memmap runs Python
+        code per slice), marked as just used; None when it is not in the cache. While the map, or any view of it,
+        is alive this process holds a shared lock on the file, and no process removes it to make room."""
+        path = self.path(shard)
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)  # waits only while a remover that took it first unlinks it
+            if not _still_at(fd, path):  # removed between the open and the lock
+                return None
+            _mark_used(path)
+            size = os.fstat(fd).st_size
+            if size == 0:
+                return np.zeros(0, np.uint8)
+            # the map keeps a duplicate of fd (the same open file): the shared lock lasts exactly as long as the map
+            return np.frombuffer(mmap.mmap(fd, size, prot=mmap.PROT_READ), np.uint8)
+        finally:
+            os.close(fd)
+
     def touch(self, shard: int) -> None:
         """Mark ``shard`` as just used, when it is in the cache (the least recently used are removed first)."""
         with contextlib.suppress(FileNotFoundError):
             _mark_used(self.path(shard))
 
-    def _reserve(self, path: Path, nbytes: int) -> None:
-        """Remove least recently used shards until ``nbytes`` more fit the budget, then take them: the download's
-        file, created at its full size while the budget lock is held."""
-        if nbytes > self.budget:
-            raise StoreError(f"the stream cache {self.folder} ({self.budget} bytes) cannot hold a shard of {nbytes} "
-                             f"bytes; raise cache_bytes")
-        lock = flock_current(self.folder / ".budget.lock")
-        _HELD_LOCKS.add(lock)
-        try:
-            self._drop_dead_downloads()
-            used = self.used()
-            while used + nbytes > self.budget:
-                shards = []
-                for p in self.folder.glob("shard-*.bin"):
-                    with contextlib.suppress(FileNotFoundError):
-                        shards.append((p.stat().st_mtime_ns, p.stat().st_size, p))
-                if not shards:
-                    raise StoreError(f"the stream cache {self.folder} ({self.budget} bytes) cannot hold a shard of "
-                                     f"{nbytes} bytes beside the {used} bytes being downloaded; raise cache_bytes")
-                _, size, oldest = min(shards)
-                oldest.unlink(missing_ok=True)
-                used -= size
-                self.evicted += 1
-            with open(partial_path(path), "wb") as f:
-                f.truncate(nbytes)
-        finally:
-            _HELD_LOCKS.discard(lock)
-            os.close(lock)
+    def _reserve(self, path: Path, nbytes: int, stop: threading.Event) -> None:
+        """Make room for ``nbytes`` more under the root's budget, then take it: the download's file, created at its
+        full size while the budget lock is held. Waits (without the lock) while every shard that could make room
+        is being read, up to :attr:`wait_s` seconds."""
+        need = self.on_disk(nbytes)
+        resident = self.resident_bytes()
+        if need + resident > self.budget:
+            raise StoreError(f"the stream cache {self.root} (cache_bytes={self.budget}) cannot hold a shard of "
+                             f"{nbytes} bytes beside the store's {resident} bytes of index files and folders; raise "
+                             f"cache_bytes")
+        deadline = time.monotonic() + self.wait_s
+        while True:
+            with _budget_locked(self.root):
+                _drop_dead_downloads(self.root)
+                used = self.used()
+                if used + need > self.budget:
+                    used -= self._evict(used + need - self.budget)
+                if used + need <= self.budget:
+                    with open(partial_path(path), "wb") as f:
+                        f.truncate(nbytes)
+                    return
+            if time.monotonic() > deadline:
+                raise StoreError(
+                    f"the stream cache {self.root} (cache_bytes={self.budget}) found no room for a shard of {nbytes} "
+                    f"bytes in {self.wait_s:.0f} s: its {used} bytes are index files, shards being read and downloads "
+                    f"in progress; raise cache_bytes (it must hold window + 1 shards of every store streamed on this "
+                    f"node at once)")
+            if stop.wait(ROOM_POLL_S):
+                raise StoreError(f"the download of {path.name} into {self.folder} was abandoned while it waited "
+                                 f"for room")
 
-    def _drop_dead_downloads(self) -> None:
-        """Remove the downloads of processes that died (killed mid-shard): their reserved room is free again."""
-        for partial in self.folder.glob(".shard-*.bin.download-*"):
-            pid = partial.name.rsplit("-", 1)[-1]
-            if pid.isdigit() and not pid_alive(int(pid)):
-                partial.unlink(missing_ok=True)
+    def _evict(self, excess: int) -> int:
+        """Remove shards until ``excess`` bytes are freed, or none is left that no process maps; returns the bytes
+        freed. The uploads no process has open go first, least recently read shards first, then their index files
+        and folders once no shard is left in them; then the shards of the uploads being read. The budget lock is
+        held."""
+        uploads = _uploads(self.root)
+        held = {upload: _held(upload) for upload in uploads}
+        freed = 0
+        for reading in (False, True):
+            shards = []
+            for upload in (u for u in uploads if held[u] == reading):
+                for shard in upload.glob("*/shard-*.bin"):
+                    with contextlib.suppress(FileNotFoundError):
+                        shards.append((shard.stat().st_mtime_ns, str(shard)))
+            for _, shard in sorted(shards):
+                if freed >= excess:
+                    return freed
+                removed = _remove_unmapped(Path(shard), self.block)
+                freed += removed
+                self.evicted += bool(removed)
+            if not reading:
+                freed += sum(_remove_if_unread(upload, self.block) for upload in uploads if not held[upload])
+        return freed
+
+
+def hold_upload(root: Path, family: str, build: str) -> int:
+    """Open the cache folder ``root / (family + build)`` of an upload for reading (made when absent): returns a
+    descriptor holding a shared lock on its ``.in-use.lock`` (a forked process holds it too, until it ends), which
+    keeps the folder's index files, and ranks its shards after those of uploads no process reads. The same URL's
+    other builds (``family`` + another build) that no process has open are removed now, all but the shards a
+    process still maps: a replaced build is never read again."""
+    root.mkdir(parents=True, exist_ok=True)
+    upload = root / (family + build)
+    block = os.statvfs(root).f_frsize
+    with _budget_locked(root):
+        for other in _uploads(root):
+            if other.name.startswith(family) and other != upload and not _held(other):
+                for shard in other.glob("*/shard-*.bin"):
+                    _remove_unmapped(shard, block)
+                _remove_if_unread(other, block)
+        upload.mkdir(exist_ok=True)
+        fd = os.open(upload / IN_USE_LOCK, os.O_RDONLY | os.O_CREAT, 0o666)
+        fcntl.flock(fd, fcntl.LOCK_SH)  # never waits: the exclusive lock is only tried under the budget lock
+    return fd
+
+
+def tree_on_disk(folder: Path, block: int) -> int:
+    """The bytes on disk of ``folder`` and everything under it (``du -s``), a file never fewer than its size in
+    whole ``block``s (a download in progress is created sparse at its full size)."""
+    total = 0
+    for parent, dirs, files in os.walk(folder):
+        # each folder is counted once, as its parent's entry (the top one on its own)
+        for name in [*([parent] if parent == str(folder) else []), *(os.path.join(parent, n) for n in dirs + files)]:
+            with contextlib.suppress(FileNotFoundError):  # removed by another process meanwhile
+                total += _file_on_disk(os.lstat(name), block)
+    return total
+
+
+def _file_on_disk(st: os.stat_result, block: int) -> int:
+    """The bytes on disk of a file: its blocks, or its size in whole ``block``s when more (a sparse file, which
+    fills up as it downloads); a folder's or link's blocks."""
+    whole = -(-st.st_size // block) * block if stat.S_ISREG(st.st_mode) else 0
+    return max(st.st_blocks * 512, whole)
+
+
+@contextlib.contextmanager
+def _budget_locked(root: Path) -> Iterator[None]:
+    lock = flock_current(root / BUDGET_LOCK)
+    _HELD_LOCKS.add(lock)
+    try:
+        yield
+    finally:
+        _HELD_LOCKS.discard(lock)
+        os.close(lock)
+
+
+def _uploads(root: Path) -> list[Path]:
+    """The uploads' folders in the cache: those :func:`hold_upload` made, and those of earlier versions (shard folders
+    without an in-use lock). Nothing else under ``root`` is ever removed, though counted in its bytes."""
+    return [Path(e.path) for e in os.scandir(root) if e.is_dir(follow_symlinks=False)
+            and ((Path(e.path) / IN_USE_LOCK).is_file() or any(Path(e.path).glob("*-shards-*")))]
+
+
+def _held(upload: Path) -> bool:
+    """True when a process has the upload open (:func:`hold_upload`); asked under the budget lock, so that no
+    process opens it meanwhile."""
+    try:
+        fd = os.open(upload / IN_USE_LOCK, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+
+
+def _remove_if_unread(upload: Path, block: int) -> int:
+    """Remove the folder of an upload no process has open once it holds no shard and no download; returns the bytes
+    on disk freed (its index files, lock files and folders)."""
+    if any(upload.glob("*/shard-*.bin")) or any(upload.glob("*/.shard-*.bin.download-*")):
+        return 0
+    nbytes = tree_on_disk(upload, block)
+    shutil.rmtree(upload, ignore_errors=True)
+    return nbytes
+
+
+def _remove_unmapped(shard: Path, block: int) -> int:
+    """Remove ``shard`` unless a process maps it (holds its shared lock); returns the bytes on disk freed, 0 when
+    it stays."""
+    try:
+        fd = os.open(shard, os.O_RDONLY)
+    except FileNotFoundError:
+        return 0
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return 0
+        if not _still_at(fd, shard):
+            return 0
+        st = os.fstat(fd)
+        shard.unlink()
+        return _file_on_disk(st, block)
+    finally:
+        os.close(fd)
+
+
+def _still_at(fd: int, path: Path) -> bool:
+    try:
+        return os.fstat(fd).st_ino == os.stat(path).st_ino
+    except FileNotFoundError:
+        return False
+
+
+def _drop_dead_downloads(root: Path) -> None:
+    """Remove the downloads of processes that died (killed mid-shard): their reserved room is free again."""
+    for partial in root.glob("*/*/.shard-*.bin.download-*"):
+        pid = partial.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and not pid_alive(int(pid)):
+            partial.unlink(missing_ok=True)
 
 
 def _raise_if_given_up_since(unavailable: Path, asked: int) -> None:
@@ -210,8 +409,10 @@ class StreamingStore(PackedStore):
       url: ``s3://bucket/prefix`` of a store uploaded by ``fastload convert --out`` (or ``.../data.yaml``).
       split: which split's store.
       imgsz: the loader's image size: an uploaded disk store must have been built at it.
-      cache_dir: the cache's root (default :func:`stream_cache_root`); each upload gets its own folder in it.
-      cache_bytes: the most bytes of shards the cache holds; at least ``window + 1`` shards.
+      cache_dir: the cache's root (default :func:`stream_cache_root`); each build of an upload gets its own folder
+        in it.
+      cache_bytes: the most bytes on disk under ``cache_dir``, for every store streamed on the node: at least
+        ``window + 1`` shards beside the store's index files (refused at open otherwise).
       shard_bytes: about how many bytes one shard (one ranged read) holds.
       window: how many consecutive shards an epoch shuffles together (:func:`fastload.order.shard_permutation`).
       read_ahead: how many shards beyond those being read the loader downloads in the background
@@ -241,8 +442,13 @@ class StreamingStore(PackedStore):
         manifest = read_manifest(parse_url(url), policy=self.retry)
         self.build = manifest.build
         digest = hashlib.sha1(str(manifest.url).encode()).hexdigest()[:10]
-        upload_root = Path(cache_dir or stream_cache_root()) / f"{manifest.url.bucket}-{digest}-{manifest.build}"
+        cache_root = Path(cache_dir or stream_cache_root())
+        family = f"{manifest.url.bucket}-{digest}-"  # the cache folders of every build of this URL
+        upload_root = cache_root / (family + manifest.build)
         super(RecordFileStore, self).__init__()  # Store's: the records are not in a folder to open and check
+        self._upload = (cache_root, family, manifest.build)
+        self._hold: weakref.finalize | None = None
+        self._hold_upload()  # before the index files land in its folder: nothing removes them while it is open
         self.upload_kind, rel = self._open_index(manifest, split, imgsz, upload_kind, upload_root)
         # how another process (a Ray actor on any node) opens this store into its own node's cache: small, JSON-able
         self.description: dict[str, Any] = {
@@ -252,21 +458,26 @@ class StreamingStore(PackedStore):
             "read_ahead": int(read_ahead), "retry_seconds": self.retry.seconds}
         self.path = str(manifest.url.child(rel))
         self.read_in_shards(int(shard_bytes), int(window))
+        self.cache = ShardCache(cache_root, upload_root.name, f"{Path(rel).name}-shards-{int(shard_bytes)}",
+                                int(cache_bytes))
         largest = int(np.diff(self.offsets[self.bounds]).max(initial=0))
-        if cache_bytes < (self.window + 1) * largest:
+        shard_room = max(self.cache.on_disk(largest), 1)
+        resident = self.cache.resident_bytes()
+        if cache_bytes < (self.window + 1) * shard_room + resident:
+            self.close()
             raise StoreError(f"cache_bytes={cache_bytes} cannot hold window + 1 = {self.window + 1} shards of up to "
-                             f"{largest} bytes of {self.path}; raise cache_bytes or lower shard_bytes")
+                             f"{largest} bytes (shard_bytes={int(shard_bytes)}) of {self.path} beside its {resident} "
+                             f"bytes of index files and folders in cache_dir {cache_root}; raise cache_bytes or lower "
+                             f"shard_bytes")
         # the shards being read (window) and those fetched ahead fit the cache together: nothing fetched ahead
         # pushes out a shard still being read
-        self.read_ahead_shards = min(int(read_ahead), int(cache_bytes) // max(largest, 1) - self.window)
+        self.read_ahead_shards = min(int(read_ahead), (int(cache_bytes) - resident) // shard_room - self.window)
         self.records_url = manifest.object_url(f"{rel}/{RECORD_FILES[self.upload_kind]}")
-        self.cache = ShardCache(upload_root / f"{Path(rel).name}-shards-{int(shard_bytes)}", int(cache_bytes))
         self._checked: np.ndarray | None = None
         self._damaged_at_source: set[int] = set()  # records whose uploaded bytes fail their crc32 (in every process)
         self.refetched = 0  # shards this process found damaged in the cache and fetched again
-        # shard files this process has mapped, most recently read last: at most those an epoch reads at once
+        # shard files this process has mapped, most recently read last: at most the window an epoch reads at once
         self._maps: OrderedDict[int, np.ndarray] = OrderedDict()
-        self._max_maps = self.window + self.read_ahead_shards + 1
 
     def _open_index(self, manifest: Manifest, split: str, imgsz: int, upload_kind: str,
                     upload_root: Path) -> tuple[str, str]:
@@ -308,7 +519,9 @@ class StreamingStore(PackedStore):
     def cached_shard(self, shard: int, stop: threading.Event | None = None) -> Path:
         """The cache's file of ``shard``, downloaded (and checked) first when it is not there; ``stop`` set
         meanwhile abandons the download (:func:`~fastload.store.objects.transfer.download`)."""
-        return self.cache.get(shard, self._shard_nbytes(shard), lambda dest: self._fetch_shard(shard, dest, stop))
+        self._hold_upload()
+        return self.cache.get(shard, self._shard_nbytes(shard), lambda dest: self._fetch_shard(shard, dest, stop),
+                              stop)
 
     def read_image(self, i: int) -> np.ndarray | bytes:  # type: ignore[override]
         """Record ``i``: the loaded RGB image of a disk store (checked on its first read in this process), or the
@@ -369,10 +582,20 @@ class StreamingStore(PackedStore):
             self.refetched += 1
 
     def _handles(self) -> tuple[str, ...]:
-        return ("_checked", "_maps")
+        return ("_checked", "_maps", "_hold")
 
     def close(self) -> None:
-        self._maps = OrderedDict()  # unmapped once no view handed out is alive
+        """Let the shards go (unmapped once no view handed out is alive) and the upload's folder: the cache removes
+        an upload no process has open first. A later read opens them again."""
+        self._maps = OrderedDict()
+        if self._hold is not None:
+            self._hold()
+
+    def _hold_upload(self) -> None:
+        """Hold this store's upload open in the cache (:func:`hold_upload`): again after :meth:`close`, or in a copy
+        unpickled in another process (a forked one shares its parent's hold)."""
+        if self._hold is None or not self._hold.alive:
+            self._hold = weakref.finalize(self, os.close, hold_upload(*self._upload))
 
     def _new_process(self) -> None:
         super()._new_process()
@@ -384,22 +607,30 @@ class StreamingStore(PackedStore):
             self._pid = os.getpid()
             self._new_process()
         shard = int(self._shard_of[i])
-        path = self.cached_shard(shard)  # marked as just used in the node's cache; downloaded when absent
-        mapped = self._maps.get(shard)
-        while mapped is None:
-            try:
-                # a plain ndarray view: slicing an np.memmap runs Python code per slice
-                mapped = np.memmap(path, dtype=np.uint8, mode="r").view(np.ndarray)
-            except FileNotFoundError:  # removed by another process to make room between get() and the map
-                path = self.cached_shard(shard)
-        # A mapped file removed from the cache stays readable (the same checked bytes) and keeps its blocks until
-        # unmapped: the few most recently read shards stay mapped, the views handed out keep theirs alive.
-        self._maps[shard] = mapped
-        self._maps.move_to_end(shard)
-        while len(self._maps) > self._max_maps:
-            self._maps.popitem(last=False)
+        mapped = self._mapped(shard)
         start = int(self.offsets[i] - self.offsets[self.bounds[shard]])
         return mapped[start : start + self.nbytes(i)]
+
+    def _mapped(self, shard: int) -> np.ndarray:
+        """``shard``'s file mapped in this process, marked as just used in the node's cache (downloaded when absent).
+
+        No process removes a shard another maps (:meth:`ShardCache.map`), so this one keeps at most ``window``
+        shards mapped (those an epoch reads at once; the least recently read let go first), and none while it
+        waits for a download, which may be waiting for the room those shards hold. A view handed out keeps its
+        shard mapped until it dies."""
+        mapped = self._maps.get(shard)
+        if mapped is not None:
+            self.cache.touch(shard)
+        else:
+            self._hold_upload()
+            while len(self._maps) >= self.window:
+                self._maps.popitem(last=False)
+            while (mapped := self.cache.map(shard)) is None:
+                self._maps.clear()
+                self.cached_shard(shard)
+            self._maps[shard] = mapped
+        self._maps.move_to_end(shard)
+        return mapped
 
     def _shard_nbytes(self, shard: int) -> int:
         return int(self.offsets[self.bounds[shard + 1]] - self.offsets[self.bounds[shard]])
