@@ -127,7 +127,8 @@ def main(argv: list[str] | None = None) -> int:
                 rows[f"{kind}: staged (stage time in epoch 1)"] = kind, run_epochs(staged.yaml_path, kind, args, stage_s)
                 shard_bytes = int(args.shard_mb * 2**20)
                 for name, budget in (("cache holds all", manifest.nbytes + shard_bytes),
-                                     ("cache holds 1/4", max(manifest.nbytes // 4, 2 * shard_bytes))):
+                                     # at least window + 1 = 2 shards beside the store's index files
+                                     ("cache holds 1/4", max(manifest.nbytes // 4, 2 * shard_bytes + (1 << 20)))):
                     for read_ahead in (0, args.read_ahead):
                         cache = root / f"cache-{kind}-{budget}"
                         stored = open_store(url, "train", kind="stream", imgsz=args.imgsz, cache_dir=cache,
