@@ -185,7 +185,8 @@ def main(argv: list[str] | None = None) -> int:
                           if k != "df" or own_tmpfs) + f"; du at its end {du_bytes(cache_dir)}")
         finally:
             if own_tmpfs:
-                subprocess.run(["umount", str(cache_dir)], check=False)
+                # --lazy: after an interrupt the workers may still hold it; detached now, freed once they end
+                subprocess.run(["umount", "--lazy", str(cache_dir)], check=False)
             server.kill()
             server.wait()
     print("over all runs: " + ", ".join(f"max {k} {v} ({v / budget:.2f}x)" for k, v in overall.items()

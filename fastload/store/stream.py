@@ -44,6 +44,7 @@ import stat
 import tempfile
 import threading
 import time
+import warnings
 import weakref
 from collections import OrderedDict
 from pathlib import Path
@@ -63,7 +64,8 @@ from fastload.store.packed import PIXELS, SHARD_BYTES, PackedStore, RecordFileSt
 from fastload.store.shm import flock_current, pid_alive
 
 CACHE_BYTES = 4 << 30
-ROOM_WAIT_S = 300.0  # how long a download waits for readers to let go of the shards whose room it needs
+ROOM_WAIT_S = 120.0  # how long a download waits for readers to let go of the shards whose room it needs
+ROOM_WARN_S = 10.0  # when it says that it waits: readers that hold every shard for longer than a render may be stuck
 ROOM_POLL_S = 0.05
 BUDGET_LOCK = ".budget.lock"  # at the cache's root: every room-making of the node, one at a time
 IN_USE_LOCK = ".in-use.lock"  # in an upload's folder: held shared by every process that has the upload open
@@ -114,7 +116,8 @@ class ShardCache:
     the shards of uploads no process has open (a replaced build, a dataset read before), then those of the uploads
     being read. A shard that a process maps is never removed (its readers hold a shared lock on it while mapped,
     :meth:`map`): removed, it would keep its blocks out of ``du``'s sight for as long as the map lives. When
-    nothing can be removed yet the download waits for a reader to move on, up to :attr:`wait_s` seconds. A
+    nothing can be removed, one download at a time may pass the budget by its own size (readers that hold every
+    shard may be waiting for it); the others wait for a reader to move on, up to :attr:`wait_s` seconds. A
     download that gave up after the retry budget leaves its error beside the shard (``.shard-N.unavailable``)
     for the processes that waited for it.
     """
@@ -213,26 +216,37 @@ class ShardCache:
 
     def _reserve(self, path: Path, nbytes: int, stop: threading.Event) -> None:
         """Make room for ``nbytes`` more under the root's budget, then take it: the download's file, created at its
-        full size while the budget lock is held. Waits (without the lock) while every shard that could make room
-        is being read, up to :attr:`wait_s` seconds."""
+        full size while the budget lock is held. When every shard that could make room is mapped, the download
+        takes the room anyway if the cache is within its budget (one shard over it at most, node-wide), else waits
+        (without the lock) for readers to move on, up to :attr:`wait_s` seconds."""
         need = self.on_disk(nbytes)
         resident = self.resident_bytes()
         if need + resident > self.budget:
             raise StoreError(f"the stream cache {self.root} (cache_bytes={self.budget}) cannot hold a shard of "
                              f"{nbytes} bytes beside the store's {resident} bytes of index files and folders; raise "
                              f"cache_bytes")
-        deadline = time.monotonic() + self.wait_s
+        start = time.monotonic()
+        warned = False
         while True:
             with _budget_locked(self.root):
                 _drop_dead_downloads(self.root)
                 used = self.used()
                 if used + need > self.budget:
                     used -= self._evict(used + need - self.budget)
-                if used + need <= self.budget:
+                # every shard left is mapped (the views a render holds, a worker's last shard while it waits for
+                # work): one download at a time passes the budget by its own size, so that those readers move on
+                if used + need <= self.budget or used <= self.budget:
                     with open(partial_path(path), "wb") as f:
                         f.truncate(nbytes)
                     return
-            if time.monotonic() > deadline:
+            waited = time.monotonic() - start
+            if waited > min(ROOM_WARN_S, self.wait_s) and not warned:
+                warned = True
+                warnings.warn(f"fastload: the stream cache {self.root} (cache_bytes={self.budget}) has waited "
+                              f"{waited:.0f} s for room for a shard: readers map every shard in it (a render maps the "
+                              f"shards of its batch's images until it ends); cache_bytes should hold window + 1 shards "
+                              f"and those of a batch per loader worker", stacklevel=2)
+            if waited > self.wait_s:
                 raise StoreError(
                     f"the stream cache {self.root} (cache_bytes={self.budget}) found no room for a shard of {nbytes} "
                     f"bytes in {self.wait_s:.0f} s: its {used} bytes are index files, shards being read and downloads "
