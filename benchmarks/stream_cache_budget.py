@@ -105,6 +105,8 @@ class Sampler:
         self._thread.start()
 
     def sample(self) -> None:
+        if not self.root.is_dir():  # unmounted: the run ended with an error
+            return
         du = du_bytes(self.root)
         deleted = mapped_deleted_bytes(descendants(os.getpid()), self.root)
         now = {"du": du, "mapped deleted": deleted, "du + mapped deleted": du + deleted,

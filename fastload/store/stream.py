@@ -251,7 +251,7 @@ class ShardCache:
                     f"the stream cache {self.root} (cache_bytes={self.budget}) found no room for a shard of {nbytes} "
                     f"bytes in {self.wait_s:.0f} s: its {used} bytes are index files, shards being read and downloads "
                     f"in progress; raise cache_bytes (it must hold window + 1 shards of every store streamed on this "
-                    f"node at once)")
+                    f"node at once, and the shards of a batch per loader worker)")
             if stop.wait(ROOM_POLL_S):
                 raise StoreError(f"the download of {path.name} into {self.folder} was abandoned while it waited "
                                  f"for room")
