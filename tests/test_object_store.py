@@ -1026,7 +1026,17 @@ def test_one_budget_bounds_the_whole_cache_dir_unread_uploads_first_mapped_shard
                 if str(tmp_path) in line and "(deleted)" in line]
     del mapped, pinned  # the readers moved on: their shards may go, back within the budget
     cache.get(6, block, _writes(block))
-    assert cache.used() <= cache.budget and not cache.path(0).exists() and cache.map(6) is not None
+    assert cache.used() <= cache.budget and not cache.path(0).exists()
+    mapped = cache.map(6)
+    counted = cache.used()
+    cache.discard(6)  # a copy found damaged: out of the readers' sight, its bytes counted while it is mapped
+    assert not cache.path(6).exists() and cache.used() == counted
+    del mapped
+    cache.budget = counted
+    kept = sorted(p.name for p in cache.folder.glob("shard-*.bin"))
+    cache.get(7, block, _writes(block))  # the discarded copy, mapped no more, made the room: no shard went
+    assert not list(cache.folder.glob(".shard-000006.bin.*")) and cache.used() <= cache.budget
+    assert sorted(p.name for p in cache.folder.glob("shard-*.bin")) == sorted(kept + ["shard-000007.bin"])
     assert (tmp_path / "not-a-cache-folder" / "notes.txt").read_text() == "kept"
     os.close(new)
 

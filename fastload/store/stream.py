@@ -141,7 +141,7 @@ class ShardCache:
         files and folders, and the root's own folder."""
         upload = self.folder.parent
         total = tree_on_disk(upload, self.block) + os.lstat(self.root).st_blocks * 512
-        for shard in [*upload.glob("*/shard-*.bin"), *upload.glob("*/.shard-*.bin.download-*")]:
+        for shard in [*_shard_files(upload), *upload.glob("*/.shard-*.bin.download-*")]:
             with contextlib.suppress(FileNotFoundError):
                 total -= _file_on_disk(shard.stat(), self.block)
         return total
@@ -209,6 +209,12 @@ class ShardCache:
         finally:
             os.close(fd)
 
+    def discard(self, shard: int) -> None:
+        """Take ``shard``'s file out of the cache (a copy found damaged): readers no longer find it, and it is
+        removed, still counted meanwhile under a hidden name, once no process maps it."""
+        with contextlib.suppress(FileNotFoundError):
+            os.rename(self.path(shard), self.folder / f".shard-{shard:06d}.bin.discarded-{time.time_ns()}")
+
     def touch(self, shard: int) -> None:
         """Mark ``shard`` as just used, when it is in the cache (the least recently used are removed first)."""
         with contextlib.suppress(FileNotFoundError):
@@ -267,10 +273,10 @@ class ShardCache:
         for reading in (False, True):
             shards = []
             for upload in (u for u in uploads if held[u] == reading):
-                for shard in upload.glob("*/shard-*.bin"):
-                    with contextlib.suppress(FileNotFoundError):
-                        shards.append((shard.stat().st_mtime_ns, str(shard)))
-            for _, shard in sorted(shards):
+                for shard in _shard_files(upload):
+                    with contextlib.suppress(FileNotFoundError):  # discarded copies first
+                        shards.append((shard.name.startswith("shard-"), shard.stat().st_mtime_ns, str(shard)))
+            for *_, shard in sorted(shards):
                 if freed >= excess:
                     return freed
                 removed = _remove_unmapped(Path(shard), self.block)
@@ -293,7 +299,7 @@ def hold_upload(root: Path, family: str, build: str) -> int:
     with _budget_locked(root):
         for other in _uploads(root):
             if other.name.startswith(family) and other != upload and not _held(other):
-                for shard in other.glob("*/shard-*.bin"):
+                for shard in _shard_files(other):
                     _remove_unmapped(shard, block)
                 _remove_if_unread(other, block)
         upload.mkdir(exist_ok=True)
@@ -355,10 +361,15 @@ def _held(upload: Path) -> bool:
         os.close(fd)
 
 
+def _shard_files(upload: Path) -> list[Path]:
+    """The shard files in an upload's folder, and the copies taken out of it (:meth:`ShardCache.discard`)."""
+    return [*upload.glob("*/shard-*.bin"), *upload.glob("*/.shard-*.bin.discarded-*")]
+
+
 def _remove_if_unread(upload: Path, block: int) -> int:
     """Remove the folder of an upload no process has open once it holds no shard and no download; returns the bytes
     on disk freed (its index files, lock files and folders)."""
-    if any(upload.glob("*/shard-*.bin")) or any(upload.glob("*/.shard-*.bin.download-*")):
+    if _shard_files(upload) or any(upload.glob("*/.shard-*.bin.download-*")):
         return 0
     nbytes = tree_on_disk(upload, block)
     shutil.rmtree(upload, ignore_errors=True)
@@ -592,7 +603,7 @@ class StreamingStore(PackedStore):
             return
         # another process that met the damage may have fetched the shard again already: keep its new copy
         if damaged:
-            path.unlink(missing_ok=True)
+            self.cache.discard(shard)  # removed once no process maps it: its blocks stay counted until then
             self.refetched += 1
 
     def _handles(self) -> tuple[str, ...]:
