@@ -24,7 +24,7 @@ from fastload.augment.params import (
     visit_ids,
 )
 from fastload.data.images import loaded_shape
-from fastload.data.labels import img2label_path
+from fastload.data.labels import FlatLabels, img2label_path
 from fastload.engines.base import Batch, Engine, EngineSettings, HSVMode, Layout
 from fastload.engines.factory import SAMPLE_ID_ENGINES, engine_class, resolve_options
 from fastload.store.base import Shards, Store
@@ -448,12 +448,15 @@ def _resolve_world(rank: int, world_size: int | None) -> tuple[int, int]:
     return rank, int(world_size)
 
 
-def _filter(labels: list[np.ndarray], min_items: int, single_cls: bool) -> tuple[np.ndarray, list[np.ndarray]]:
-    keep = np.array([i for i, lb in enumerate(labels) if len(lb) >= min_items], np.int64) if min_items > 0 \
-        else np.arange(len(labels), dtype=np.int64)
-    out = [labels[i] for i in keep.tolist()]
+def _filter(labels: Sequence[np.ndarray], min_items: int, single_cls: bool) -> tuple[np.ndarray, FlatLabels]:
+    """The images with at least ``min_items`` labels, and their labels (every class 0 with ``single_cls``)."""
+    flat = FlatLabels.from_arrays(labels)
+    keep = np.flatnonzero(flat.counts >= min_items) if min_items > 0 else np.arange(len(flat), dtype=np.int64)
+    out = flat if len(keep) == len(flat) else flat.subset(keep)
     if single_cls:
-        out = [np.concatenate([np.zeros((len(lb), 1), np.float32), lb[:, 1:]], 1) for lb in out]
+        rows = out.rows.copy()
+        rows[:, 0] = 0
+        out = FlatLabels(rows, out.offsets)
     return keep, out
 
 
@@ -638,7 +641,7 @@ def loader(
                           **({"device": device} if on_device else {}))
     try:
         base.check_load_rule(recipe)  # a decoded store passed in must hold the recipe's loaded images
-        keep_idx, labels = _filter(list(base.labels), int(min_items), bool(single_cls))
+        keep_idx, labels = _filter(base.labels, int(min_items), bool(single_cls))
         if len(keep_idx) == 0:
             raise ValueError(f"no images left in {base!r} (min_items={min_items})")
         view = StoreView(base, keep_idx, labels)
