@@ -6,8 +6,8 @@ step in its own subprocess (``PYTHONPATH`` = the tree under test, ``--tree``):
 
 * ``info``: ``fastload info`` with no index cache (first scan) and again (cached): wall seconds, max RSS;
 * ``convert`` to each ``--stores`` kind: wall, max RSS, store bytes per image; ``verify`` of that store;
-* ``loader()`` on each of files and the converted stores: the first open (files: no index cache) and a second
-  open in a new process, the first batch, images/s and decodes per output image over ``--batches`` batches, and
+* ``loader()`` on each of files and the converted stores (the index cache is the one ``info`` wrote: its cold scan
+  is ``info first``): the open, and a second open in a new process; the first batch, images/s and decodes per output image over ``--batches`` batches, and
   the memory of the main process and of each worker after them: RSS, USS, PSS (psutil) and private anonymous
   memory (``/proc/PID/smaps``: anonymous pages mapped by that process only) and file-backed RSS.
 
@@ -149,14 +149,15 @@ print("RESULT " + json.dumps(out))
 
 
 def run_child(args: list[str], tree: Path) -> tuple[dict[str, Any], float, int]:
-    """Run ``python args`` with the tree first on PYTHONPATH: (its ``RESULT`` json or {}, wall seconds, max RSS).
+    """Run ``python args`` in the tree (its code imported): (its ``RESULT`` json or {}, wall seconds, max RSS).
 
     The max RSS is wait4's of that child: the largest of it and the descendants it waited for (a pool's workers).
     """
     env = dict(os.environ, PYTHONPATH=str(tree))
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         t0 = time.perf_counter()
-        proc = subprocess.Popen([sys.executable, *args], env=env, stdout=out, stderr=err)
+        # run in the tree: `python -c` and `-m` put the working directory first on sys.path
+        proc = subprocess.Popen([sys.executable, *args], env=env, stdout=out, stderr=err, cwd=tree)
         _, status, usage = os.wait4(proc.pid, 0)
         wall = time.perf_counter() - t0
         proc.returncode = os.waitstatus_to_exitcode(status)
@@ -196,10 +197,8 @@ def measure(n: int, a: argparse.Namespace) -> dict[str, Any]:
     _, row["info cached s"], row["info cached maxrss"] = run_child(info, a.tree)
     row["index cache bytes/image"] = sum(p.stat().st_size for p in (ds / "labels").glob("*.fastload.cache*")) / n
 
-    def loader(store: str, yaml: Path, prefix: str, first_is_cold: bool) -> None:
+    def loader(store: str, yaml: Path, prefix: str) -> None:
         spec = {"yaml": str(yaml), "imgsz": a.imgsz, "batch": a.batch, "workers": a.workers, "store": store}
-        if first_is_cold:
-            clear_index_cache(ds, cache_dir)
         res, _, row[f"{prefix} maxrss"] = run_child(["-c", LOADER_CHILD, json.dumps(dict(spec, batches=a.batches))], a.tree)
         row[f"{prefix} open s"] = res["open_s"]
         row[f"{prefix} first batch s"] = res["first_batch_s"]
@@ -212,7 +211,7 @@ def measure(n: int, a: argparse.Namespace) -> dict[str, Any]:
         again, _, _ = run_child(["-c", LOADER_CHILD, json.dumps(dict(spec, batches=0))], a.tree)
         row[f"{prefix} second open s"] = again["open_s"]
 
-    loader("files", yaml_path, "loader files", True)
+    loader("files", yaml_path, "loader files")
     out = ds / "fastload"
     for kind in a.stores:
         conv = ["-m", "fastload", "convert", str(yaml_path), "--to", kind, "--out", str(out), "--split", "train",
@@ -222,7 +221,7 @@ def measure(n: int, a: argparse.Namespace) -> dict[str, Any]:
         row[f"{kind} bytes/image"] = tree_bytes(store) / n
         _, row[f"verify {kind} s"], row[f"verify {kind} maxrss"] = run_child(
             ["-m", "fastload", "verify", str(store), "--no-progress"], a.tree)
-        loader(kind, out / "data.yaml", f"loader {kind}", False)
+        loader(kind, out / "data.yaml", f"loader {kind}")
         if not a.keep_stores:
             shutil.rmtree(store)
     return row
@@ -270,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, help="also write the rows here")
     a = ap.parse_args(argv)
     a.stores = [s for s in a.stores.split(",") if s]
-    a.root = a.root.resolve()
+    a.root, a.tree = a.root.resolve(), a.tree.resolve()
     sizes = sorted(set(a.sizes + ([1_000_000] if a.million else [])))
     rows = []
     for n in sizes:
