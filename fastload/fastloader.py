@@ -23,7 +23,7 @@ from fastload.augment.params import (
     PARTNERS, RECIPES, ParamSampler, Partners, Recipe, image_of, per_index_shapes, recent_window, rect_batch_shapes,
     visit_ids,
 )
-from fastload.data.images import loaded_shape
+from fastload.data.images import loaded_shapes
 from fastload.data.labels import FlatLabels, img2label_path
 from fastload.engines.base import Batch, Engine, EngineSettings, HSVMode, Layout
 from fastload.engines.factory import SAMPLE_ID_ENGINES, engine_class, resolve_options
@@ -101,7 +101,6 @@ class LoaderDataset:
         self.hw = np.asarray(view.shapes, np.int64)
         self.shapes = self.hw[:, ::-1].copy()
         self.im_files = list(view.im_files)
-        self.label_files = [img2label_path(f) for f in self.im_files]
         self.n = len(self.im_files)
         self.names = list(view.names)
         self.img_size = img_size
@@ -111,7 +110,16 @@ class LoaderDataset:
         self.stride = stride
         self.pad = pad
         self.batch_shapes = batch_shapes
-        self.segments = tuple([] for _ in range(self.n))  # detection only
+
+    @functools.cached_property
+    def label_files(self) -> list[str]:
+        """The label file of each image (made when first read: N strings the trainer seldom needs)."""
+        return [img2label_path(f) for f in self.im_files]
+
+    @functools.cached_property
+    def segments(self) -> tuple[list, ...]:
+        """No segments per image: detection only (made when first read)."""
+        return tuple([] for _ in range(self.n))
 
     def __len__(self) -> int:
         return self.n
@@ -648,7 +656,7 @@ def loader(
         if single_cls:
             view.names = ["item"]
         hyp_d = load_hyp(hyp)
-        loaded_hw = np.array([loaded_shape(int(h), int(w), imgsz, recipe) for h, w in view.shapes], np.int64).reshape(-1, 2)
+        loaded_hw = loaded_shapes(view.shapes, imgsz, recipe)
 
         rect_batches = batch_shapes = rect_shapes = None
         if rect:
