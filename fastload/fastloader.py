@@ -24,7 +24,7 @@ from fastload.augment.params import (
     visit_ids,
 )
 from fastload.data.images import loaded_shapes
-from fastload.data.labels import FlatLabels, img2label_path
+from fastload.data.labels import FlatLabels, label_paths
 from fastload.engines.base import Batch, Engine, EngineSettings, HSVMode, Layout
 from fastload.engines.factory import SAMPLE_ID_ENGINES, engine_class, resolve_options
 from fastload.store.base import Shards, Store
@@ -114,7 +114,7 @@ class LoaderDataset:
     @functools.cached_property
     def label_files(self) -> list[str]:
         """The label file of each image (made when first read: N strings the trainer seldom needs)."""
-        return [img2label_path(f) for f in self.im_files]
+        return label_paths(self.im_files)
 
     @functools.cached_property
     def segments(self) -> tuple[list, ...]:

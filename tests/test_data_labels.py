@@ -113,3 +113,12 @@ def test_a_view_of_every_sample_shares_the_store_arrays(tmp_path):
     assert part.im_files == [store.im_files[2], store.im_files[0]]
     for got, i in zip(part.labels, (2, 0)):
         np.testing.assert_array_equal(got, store.labels[i])
+
+
+def test_label_paths_equal_img2label_path_one_by_one():
+    from fastload.data.labels import label_paths
+
+    files = ["/d/images/train/a.jpg", "/d/images/train/images/b.c.jpg", "/d/x/.jpg", "rel.jpg", "/images/x.png",
+             "/d/imagesX/images/y.jpg", "im/images/z.JPG", "/d/images/train/sub/images/q.jpg", "/a/images/",
+             "/d/images/train/a2.png"]
+    assert label_paths(files) == [img2label_path(f) for f in files]

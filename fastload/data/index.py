@@ -54,7 +54,7 @@ from fastload.data.images import (
     jpeg_is_complete,
     probe_header,
 )
-from fastload.data.labels import FlatLabels, Problem, img2label_path, read_label_file
+from fastload.data.labels import FlatLabels, Problem, img2label_path, label_paths, read_label_file
 
 __all__ = ["DatasetIndex", "ScanReport", "Problem", "build_index", "list_images", "user_cache_dir"]
 
@@ -140,7 +140,7 @@ class DatasetIndex:
     @functools.cached_property
     def label_files(self) -> list[str]:
         """The label file path of each image (whether it exists or not)."""
-        return [img2label_path(f) for f in self.im_files]
+        return label_paths(self.im_files)
 
 
 # ----------------------------------------------------------------------------- listing
@@ -522,7 +522,7 @@ def build_index(
     if dup_entries:
         report.duplicate += dup_entries
         report.problems.append(Problem(str(sources[0]), "duplicate_image", f"{dup_entries} image path(s) listed twice"))
-    label_files = [img2label_path(f) for f in im_files]
+    label_files = label_paths(im_files)
     workers = max(1, workers or min(8, os.cpu_count() or 1))
     stats = np.concatenate([_stat_many(im_files, workers), _stat_many(label_files, workers)], 1)
     meta = json.dumps({"nc": cfg.nc, "verify": verify})

@@ -12,7 +12,7 @@ from typing import Iterator, Sequence, overload
 
 import numpy as np
 
-__all__ = ["Problem", "LabelResult", "FlatLabels", "img2label_path", "parse_labels", "read_label_file", "COORD_TOL"]
+__all__ = ["Problem", "LabelResult", "FlatLabels", "img2label_path", "label_paths", "parse_labels", "read_label_file", "COORD_TOL"]
 
 # Coordinates this far outside [0, 1] are clipped (rounding in converters); further out the row is rejected.
 COORD_TOL = 1e-2
@@ -47,6 +47,19 @@ def img2label_path(im_file: str) -> str:
         head, tail = im_file.rsplit(sa, 1)
         im_file = head + sb + tail
     return os.path.splitext(im_file)[0] + ".txt"
+
+
+def label_paths(im_files: Sequence[str]) -> list[str]:
+    """:func:`img2label_path` of every image, each folder's label folder worked out once."""
+    folders: dict[str, str] = {}
+    out = []
+    for f in im_files:
+        folder, sep, name = f.rpartition(os.sep)
+        prefix = folders.get(folder)
+        if prefix is None:  # the last /images/ of a path lies in its folder part (a name holds no separator)
+            prefix = folders[folder] = img2label_path(folder + sep + "x")[: -len("x.txt")] if sep else ""
+        out.append(prefix + os.path.splitext(name)[0] + ".txt")
+    return out
 
 
 def _row_box(values: list[float]) -> tuple[float, float, float, float]:
