@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -184,8 +185,6 @@ def tree_bytes(path: Path) -> int:
 
 def measure(n: int, a: argparse.Namespace) -> dict[str, Any]:
     """Every step on the dataset of ``n`` images; flat {row name: value}."""
-    import shutil
-
     yaml_path = make_dataset(a.root, n, threads=a.threads)
     ds = yaml_path.parent
     cache_dir = a.root / "user-cache"

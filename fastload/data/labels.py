@@ -191,7 +191,7 @@ class FlatLabels(Sequence[np.ndarray]):
     @overload
     def __getitem__(self, i: slice) -> list[np.ndarray]: ...
 
-    def __getitem__(self, i):
+    def __getitem__(self, i: int | slice) -> np.ndarray | list[np.ndarray]:
         if isinstance(i, slice):
             return [self[k] for k in range(*i.indices(len(self)))]
         n = len(self)
