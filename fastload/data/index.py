@@ -190,23 +190,20 @@ def list_images(sources: list[Path], origin: str = "<data>", key: str = "split")
     return sorted(files)
 
 
-def _orphan_labels(sources: list[Path], label_files: list[str]) -> list[str]:
-    """Label files under the labels folder of each folder source that match no image."""
+def _orphan_labels(sources: list[Path], label_groups: dict[str, tuple[list[int], list[str]]]) -> list[str]:
+    """Label files under the labels folder of each folder source that match no image (``label_groups``: the
+    images' label files by folder, :func:`_by_folder`)."""
     orphans: list[str] = []
-    expected: dict[str, set[str]] = {}  # label folder -> the names the images want there
     for src in sources:
         if not src.is_dir():
             continue
         label_dir = Path(img2label_path(str(src) + os.sep + "x")).parent
         if label_dir == src or not label_dir.is_dir():
             continue
-        if not expected:
-            for lf in label_files:
-                folder, _, name = lf.rpartition(os.sep)
-                expected.setdefault(folder, set()).add(name)
         for dirpath, _, filenames in os.walk(label_dir):
-            want = expected.get(dirpath, set())
-            orphans.extend(os.path.join(dirpath, n) for n in filenames if n.endswith(".txt") and n not in want)
+            group = label_groups.get(dirpath)
+            extra = set(filenames).difference(group[1]) if group else filenames
+            orphans.extend(os.path.join(dirpath, n) for n in extra if n.endswith(".txt"))
     return sorted(orphans)
 
 
@@ -426,9 +423,8 @@ def _stat_part(folder: str, names: list[str]) -> np.ndarray:
     return out
 
 
-def _stat_many(paths: Sequence[str], workers: int) -> np.ndarray:
-    """``int64 [n, 2]``: (size, mtime in ns) of each path, ``-1`` for a path that does not exist; the paths
-    grouped by folder, in parts stat'ed by ``workers`` processes when there are many (:func:`_pool`)."""
+def _by_folder(paths: Sequence[str]) -> dict[str, tuple[list[int], list[str]]]:
+    """``{folder: (positions, names)}`` of the paths."""
     groups: dict[str, tuple[list[int], list[str]]] = {}
     for i, p in enumerate(paths):
         folder, sep, name = p.rpartition(os.sep)
@@ -438,9 +434,15 @@ def _stat_many(paths: Sequence[str], workers: int) -> np.ndarray:
             group = groups[folder] = ([], [])
         group[0].append(i)
         group[1].append(name)
+    return groups
+
+
+def _stat_many(groups: dict[str, tuple[list[int], list[str]]], n: int, workers: int) -> np.ndarray:
+    """``int64 [n, 2]``: (size, mtime in ns) of each of ``n`` paths (:func:`_by_folder`), ``-1`` for a path that
+    does not exist; in parts stat'ed by ``workers`` processes when there are many (:func:`_pool`)."""
     parts = [(d, idx[k : k + _STAT_CHUNK], names[k : k + _STAT_CHUNK])
              for d, (idx, names) in groups.items() for k in range(0, len(idx), _STAT_CHUNK)]
-    out = np.full((len(paths), 2), -1, np.int64)
+    out = np.full((n, 2), -1, np.int64)
     with _pool(workers, len(parts)) as pool:
         for (_, idx, _), stats in zip(parts, pool.map(_stat_part, [p[0] for p in parts], [p[2] for p in parts])):
             out[idx] = stats
@@ -517,14 +519,16 @@ def build_index(
         raise DataConfigError(f"{cfg.origin}: '{split}' has no images ({where}; suffixes {', '.join(IMG_FORMATS)})")
     report = ScanReport(split=split)
 
-    im_files = sorted(set(listed))
+    im_files = list(dict.fromkeys(listed))  # listed is sorted: duplicates dropped, the order kept
     dup_entries = len(listed) - len(im_files)
     if dup_entries:
         report.duplicate += dup_entries
         report.problems.append(Problem(str(sources[0]), "duplicate_image", f"{dup_entries} image path(s) listed twice"))
     label_files = label_paths(im_files)
     workers = max(1, workers or min(8, os.cpu_count() or 1))
-    stats = np.concatenate([_stat_many(im_files, workers), _stat_many(label_files, workers)], 1)
+    label_groups = _by_folder(label_files)
+    stats = np.concatenate([_stat_many(_by_folder(im_files), len(im_files), workers),
+                            _stat_many(label_groups, len(label_files), workers)], 1)
     meta = json.dumps({"nc": cfg.nc, "verify": verify})
     files_blob = _join(im_files)
 
@@ -546,7 +550,7 @@ def build_index(
         arrays = _scan(im_files, label_files, stats, cfg.nc, verify, workers, progress, split)
     if hit is not None:
         report.cache_hit, report.cache_path = True, str(hit)
-    return _to_index(arrays, im_files, stats[:, 0], sources, label_files, cfg, report)
+    return _to_index(arrays, im_files, stats[:, 0], sources, label_groups, cfg, report)
 
 
 def _scan(im_files: list[str], label_files: list[str], stats: np.ndarray, nc: int, verify: str, workers: int,
@@ -568,7 +572,7 @@ def _scan(im_files: list[str], label_files: list[str], stats: np.ndarray, nc: in
 
 
 def _to_index(arrays: dict[str, np.ndarray], im_files: list[str], im_bytes: np.ndarray, sources: list[Path],
-              label_files: list[str], cfg: DataConfig, report: ScanReport) -> DatasetIndex:
+              label_groups: dict[str, tuple[list[int], list[str]]], cfg: DataConfig, report: ScanReport) -> DatasetIndex:
     """The usable samples of a scan's arrays, with the report's counts and problems."""
     ok = arrays["ok"]
     keep = np.flatnonzero(ok)
@@ -579,7 +583,7 @@ def _to_index(arrays: dict[str, np.ndarray], im_files: list[str], im_bytes: np.n
     report.duplicate += int(arrays["duplicates"][keep].sum())
     report.rows_dropped = int(arrays["rows_dropped"][keep].sum())
     report.problems.extend(Problem(*p) for p in json.loads(str(arrays["problems"])))
-    orphans = _orphan_labels(sources, label_files)
+    orphans = _orphan_labels(sources, label_groups)
     report.labels_without_image = len(orphans)
     report.problems.extend(Problem(p, "label_without_image", "label file has no matching image (ignored)") for p in orphans)
     labels = FlatLabels(arrays["labels"], arrays["label_offsets"])
