@@ -23,8 +23,8 @@ from fastload.augment.params import (
     PARTNERS, RECIPES, ParamSampler, Partners, Recipe, image_of, per_index_shapes, recent_window, rect_batch_shapes,
     visit_ids,
 )
-from fastload.data.images import loaded_shape
-from fastload.data.labels import img2label_path
+from fastload.data.images import loaded_shapes
+from fastload.data.labels import FlatLabels, label_paths
 from fastload.engines.base import Batch, Engine, EngineSettings, HSVMode, Layout
 from fastload.engines.factory import SAMPLE_ID_ENGINES, engine_class, resolve_options
 from fastload.store.base import Shards, Store
@@ -101,7 +101,6 @@ class LoaderDataset:
         self.hw = np.asarray(view.shapes, np.int64)
         self.shapes = self.hw[:, ::-1].copy()
         self.im_files = list(view.im_files)
-        self.label_files = [img2label_path(f) for f in self.im_files]
         self.n = len(self.im_files)
         self.names = list(view.names)
         self.img_size = img_size
@@ -111,7 +110,16 @@ class LoaderDataset:
         self.stride = stride
         self.pad = pad
         self.batch_shapes = batch_shapes
-        self.segments = tuple([] for _ in range(self.n))  # detection only
+
+    @functools.cached_property
+    def label_files(self) -> list[str]:
+        """The label file of each image (made when first read: N strings the trainer seldom needs)."""
+        return label_paths(self.im_files)
+
+    @functools.cached_property
+    def segments(self) -> tuple[list, ...]:
+        """No segments per image: detection only (made when first read)."""
+        return tuple([] for _ in range(self.n))
 
     def __len__(self) -> int:
         return self.n
@@ -448,12 +456,15 @@ def _resolve_world(rank: int, world_size: int | None) -> tuple[int, int]:
     return rank, int(world_size)
 
 
-def _filter(labels: list[np.ndarray], min_items: int, single_cls: bool) -> tuple[np.ndarray, list[np.ndarray]]:
-    keep = np.array([i for i, lb in enumerate(labels) if len(lb) >= min_items], np.int64) if min_items > 0 \
-        else np.arange(len(labels), dtype=np.int64)
-    out = [labels[i] for i in keep.tolist()]
+def _filter(labels: Sequence[np.ndarray], min_items: int, single_cls: bool) -> tuple[np.ndarray, FlatLabels]:
+    """The images with at least ``min_items`` labels, and their labels (every class 0 with ``single_cls``)."""
+    flat = FlatLabels.from_arrays(labels)
+    keep = np.flatnonzero(flat.counts >= min_items) if min_items > 0 else np.arange(len(flat), dtype=np.int64)
+    out = flat if len(keep) == len(flat) else flat.subset(keep)
     if single_cls:
-        out = [np.concatenate([np.zeros((len(lb), 1), np.float32), lb[:, 1:]], 1) for lb in out]
+        rows = out.rows.copy()
+        rows[:, 0] = 0
+        out = FlatLabels(rows, out.offsets)
     return keep, out
 
 
@@ -641,14 +652,14 @@ def loader(
                           **({"device": device} if on_device else {}))
     try:
         base.check_load_rule(recipe)  # a decoded store passed in must hold the recipe's loaded images
-        keep_idx, labels = _filter(list(base.labels), int(min_items), bool(single_cls))
+        keep_idx, labels = _filter(base.labels, int(min_items), bool(single_cls))
         if len(keep_idx) == 0:
             raise ValueError(f"no images left in {base!r} (min_items={min_items})")
         view = StoreView(base, keep_idx, labels)
         if single_cls:
             view.names = ["item"]
         hyp_d = load_hyp(hyp)
-        loaded_hw = np.array([loaded_shape(int(h), int(w), imgsz, recipe) for h, w in view.shapes], np.int64).reshape(-1, 2)
+        loaded_hw = loaded_shapes(view.shapes, imgsz, recipe)
 
         rect_batches = batch_shapes = rect_shapes = None
         if rect:

@@ -222,3 +222,15 @@ def test_jpeg_decoder_environment_is_read_when_used(monkeypatch):
     monkeypatch.setenv("FASTLOAD_JPEG_DECODER", "nvjpeg")
     with pytest.raises(ValueError, match="FASTLOAD_JPEG_DECODER='nvjpeg'"):
         images.jpeg_decoder()
+
+
+@pytest.mark.parametrize("rule", ["yolov9", "ultralytics"])
+def test_loaded_shapes_equal_loaded_shape_row_by_row(rule):
+    from fastload.data.images import loaded_shape, loaded_shapes
+
+    rng = np.random.default_rng(0)
+    hw = np.concatenate([rng.integers(1, 4000, size=(5000, 2)), [[640, 3], [3, 640], [640, 640], [1, 1], [641, 7]]])
+    for imgsz in (32, 160, 333, 640, 1280):
+        want = np.array([loaded_shape(int(h), int(w), imgsz, rule) for h, w in hw], np.int64)
+        np.testing.assert_array_equal(loaded_shapes(hw, imgsz, rule), want)
+    assert loaded_shapes(np.zeros((0, 2), np.int64), 640, rule).shape == (0, 2)

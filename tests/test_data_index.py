@@ -106,7 +106,7 @@ def test_cache_hit_then_invalidation_on_label_change(tmp_path):
     cache = Path(first.report.cache_path)
     assert cache == y.parent / "labels" / "train.fastload.cache" and cache.is_file()
     with np.load(cache, allow_pickle=False) as z:  # no pickle inside
-        assert "key" in z.files
+        assert {"files", "stats", "labels", "label_offsets"} <= set(z.files)  # flat arrays, no per-image object
     second = build_index(y, "train", progress=False)
     assert second.report.cache_hit and second.im_files == first.im_files
     for a, b in zip(first.labels, second.labels):
@@ -170,3 +170,98 @@ def test_coco128(coco128_yaml):
     again = build_index(coco128_yaml, "train", progress=False)
     assert again.report.cache_hit
 
+
+
+def _same_index(a, b) -> None:
+    assert a.im_files == b.im_files and a.label_files == b.label_files
+    np.testing.assert_array_equal(a.shapes, b.shapes)
+    np.testing.assert_array_equal(a.im_bytes, b.im_bytes)
+    assert len(a.labels) == len(b.labels)
+    for x, y in zip(a.labels, b.labels):
+        np.testing.assert_array_equal(x, y)
+    assert [str(p) for p in a.report.problems] == [str(p) for p in b.report.problems]
+    assert a.report.summary().split(";")[0] == b.report.summary().split(";")[0]
+
+
+def test_cached_index_equals_a_fresh_scan_and_notices_every_change(tmp_path):
+    y = make_synthetic_dataset(tmp_path / "ds", n_train=8, n_val=0, seed=5)
+    im, lb = y.parent / "images" / "train", y.parent / "labels" / "train"
+    (lb / "train_00003.txt").write_text("9 0.5 0.5 0.1 0.1\n")  # a problem that must survive the cache
+    (lb / "stray.txt").write_text("0 0.5 0.5 0.1 0.1\n")  # a label without image: not cached, listed every time
+
+    def check(hit: bool) -> None:
+        cached = build_index(y, "train", progress=False)
+        assert cached.report.cache_hit is hit
+        _same_index(cached, build_index(y, "train", cache=False, progress=False))
+
+    check(False)
+    check(True)
+    assert {p.kind for p in build_index(y, "train", progress=False).report.problems} == {"bad_class", "label_without_image"}
+    os.link(im / "train_00000.jpg", im / "added.jpg")  # an added image (no label file)
+    check(False)
+    check(True)
+    label = lb / "train_00001.txt"
+    text = label.read_text()
+    st = label.stat()
+    label.write_text(text.replace("0.", "0,", 1) if "0." in text else "0 0.5 0.5 0.2 0.2\n")  # same size, in place
+    os.utime(label, ns=(st.st_atime_ns, st.st_mtime_ns + 1))  # the mtime moves by 1 ns only
+    check(False)
+    (lb / "train_00002.txt").unlink()  # a removed label file: the image becomes a background
+    check(False)
+    (im / "train_00006.jpg").unlink()  # a removed image
+    check(False)
+    img = im / "train_00005.jpg"
+    img.write_bytes(img.read_bytes()[:-200])  # a changed (now truncated) image
+    again = build_index(y, "train", progress=False)
+    assert not again.report.cache_hit and again.report.corrupt == 1
+    check(True)
+
+
+def test_scan_in_processes_equals_the_scan_in_threads(tmp_path, monkeypatch):
+    import fastload.data.index as index_mod
+
+    y = make_synthetic_dataset(tmp_path / "ds", n_train=10, n_val=0, seed=6)
+    (y.parent / "images" / "train" / "train_00002.jpg").write_bytes(b"")
+    monkeypatch.setattr(index_mod, "_SCAN_CHUNK", 2)  # 5 chunks: a pool of forked processes scans them
+    forked = build_index(y, "train", cache=False, progress=False, workers=2)
+    threads = build_index(y, "train", cache=False, progress=False, workers=1)
+    _same_index(forked, threads)
+    assert forked.report.corrupt == 1 and len(forked) == 9
+
+
+# Run by two processes at once (as the ranks of one node would): each counts the scans it made.
+_RANK = """
+import json, os, sys, time
+import fastload.data.index as ix
+scans = []
+real = ix._scan
+def slow_scan(*a, **k):
+    scans.append(1)
+    time.sleep(1.0)  # long enough for the other process to be waiting when this one writes the cache
+    return real(*a, **k)
+ix._scan = slow_scan
+print("ready", flush=True)
+while not os.path.exists(sys.argv[2]):
+    time.sleep(0.01)
+idx = ix.build_index(sys.argv[1], "train", progress=False)
+print(json.dumps({"scans": len(scans), "hit": idx.report.cache_hit, "n": len(idx)}))
+"""
+
+
+def test_ranks_of_one_node_scan_once(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    y = make_synthetic_dataset(tmp_path / "ds", n_train=6, n_val=0, seed=7)
+    go = tmp_path / "go"
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    procs = [subprocess.Popen([sys.executable, "-c", _RANK, str(y), str(go)], env=dict(env, LOCAL_RANK=str(r)),
+                              stdout=subprocess.PIPE, text=True) for r in (0, 1)]
+    for p in procs:
+        assert p.stdout.readline().strip() == "ready"
+    go.write_text("")
+    results = [json.loads(p.communicate(timeout=120)[0]) for p in procs]
+    assert all(p.returncode == 0 for p in procs)
+    assert sorted(r["scans"] for r in results) == [0, 1] and sorted(r["hit"] for r in results) == [False, True]
+    assert {r["n"] for r in results} == {6}

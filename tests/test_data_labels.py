@@ -6,7 +6,8 @@ import os
 import numpy as np
 import pytest
 
-from fastload.data.labels import img2label_path, parse_labels, read_label_file
+from fastload.data.config import load_data_config
+from fastload.data.labels import FlatLabels, img2label_path, parse_labels, read_label_file
 
 
 def test_img2label_uses_the_last_images_folder():
@@ -79,3 +80,45 @@ def test_read_label_file(tmp_path):
     bad.write_bytes(b"\xff\xfe\x00garbage")
     res = read_label_file(bad, 1)
     assert res.labels.shape == (0, 5) and res.problems[0].kind == "label_unreadable"
+
+
+def test_flat_labels_are_a_sequence_of_per_image_views():
+    arrays = [np.arange(10, dtype=np.float32).reshape(2, 5), np.zeros((0, 5), np.float32),
+              np.full((3, 5), 7, np.float32), np.ones((1, 5), np.float32)]
+    flat = FlatLabels.from_arrays(arrays)
+    assert len(flat) == 4 and flat.counts.tolist() == [2, 0, 3, 1] and flat.rows.shape == (6, 5)
+    for got, want in zip(flat, arrays):
+        np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(flat[-1], arrays[-1])
+    assert flat[2].base is not None and not flat[2].flags.writeable  # a view of the one array, read-only
+    with pytest.raises(IndexError):
+        flat[4]
+    sub = flat.subset(np.array([3, 1, 0]))
+    assert [x.tolist() for x in sub] == [arrays[3].tolist(), [], arrays[0].tolist()]
+    assert FlatLabels.from_arrays(flat) is flat and len(flat.subset(np.array([], np.int64))) == 0
+    with pytest.raises(ValueError):
+        FlatLabels(flat.rows, np.array([0, 2, 9]))
+
+
+def test_a_view_of_every_sample_shares_the_store_arrays(tmp_path):
+    from fastload.data.synthetic import make_synthetic_dataset
+    from fastload.store.files import FileStore
+    from fastload.store.view import StoreView
+
+    y = make_synthetic_dataset(tmp_path / "ds", n_train=4, n_val=0, seed=1)
+    store = FileStore.from_config(load_data_config(y), "train")
+    view = StoreView(store)
+    assert view.im_files is store.im_files and view.labels is store.labels
+    part = StoreView(store, np.array([2, 0]))
+    assert part.im_files == [store.im_files[2], store.im_files[0]]
+    for got, i in zip(part.labels, (2, 0)):
+        np.testing.assert_array_equal(got, store.labels[i])
+
+
+def test_label_paths_equal_img2label_path_one_by_one():
+    from fastload.data.labels import label_paths
+
+    files = ["/d/images/train/a.jpg", "/d/images/train/images/b.c.jpg", "/d/x/.jpg", "rel.jpg", "/images/x.png",
+             "/d/imagesX/images/y.jpg", "im/images/z.JPG", "/d/images/train/sub/images/q.jpg", "/a/images/",
+             "/d/images/train/a2.png"]
+    assert label_paths(files) == [img2label_path(f) for f in files]

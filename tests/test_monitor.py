@@ -16,7 +16,7 @@ import pytest
 from PIL import Image
 
 from fastload.monitor import monitor, summarise
-from fastload.monitor.sampler import NvmlSampler
+from fastload.monitor.sampler import HostSampler, NvmlSampler
 from store_helpers import run_cli
 
 PY = sys.executable
@@ -246,3 +246,45 @@ def test_pid_mode_ends_with_the_process(tmp_path):
 def test_duration_stops_whole_machine_mode(tmp_path):
     result = monitor(interval=0.1, duration=0.5, echo=None)
     assert 2 <= result.rows <= 8 and result.exit_code == 0
+
+
+# Steps on stdin: "map" faults in a 32 MiB memory-mapped file, "alloc" 32 MiB of anonymous memory.
+_MAPPER = """
+import sys
+import numpy as np
+held = []
+print("ready", flush=True)
+for line in sys.stdin:
+    if line.strip() == "map":
+        m = np.memmap(sys.argv[1], np.uint8, mode="r")
+        held.append((m, int(m[::4096].sum())))
+    else:
+        held.append(np.ones(32 << 20, np.uint8))
+    print("done", flush=True)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="psutil reports shared pages on Linux")
+def test_host_sampler_splits_rss_into_anonymous_and_file_backed(tmp_path):
+    data = tmp_path / "store.bin"
+    data.write_bytes(np.random.default_rng(0).integers(0, 255, 32 << 20, dtype=np.uint8).tobytes())
+    child = subprocess.Popen([sys.executable, "-c", _MAPPER, str(data)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True)
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        sampler = HostSampler(child.pid)
+        readings = [sampler.read()]
+        for step in ("map", "alloc"):
+            child.stdin.write(step + "\n")
+            child.stdin.flush()
+            assert child.stdout.readline().strip() == "done"
+            readings.append(sampler.read())
+    finally:
+        child.kill()
+        child.wait()
+    mib = 32.0
+    (a0, f0), (a1, f1), (a2, f2) = ((r.proc_anon_mib, r.proc_file_mib) for r in readings)
+    assert f1 - f0 > 0.9 * mib and abs(a1 - a0) < 0.25 * mib  # the mapped file: file-backed, not anonymous
+    assert a2 - a1 > 0.9 * mib and abs(f2 - f1) < 0.25 * mib  # the allocation: anonymous
+    for r in readings:
+        assert abs(r.proc_anon_mib + r.proc_file_mib - r.proc_rss_mib) < 1e-6

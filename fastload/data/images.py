@@ -42,6 +42,7 @@ __all__ = [
     "decode_loaded",
     "read_image_file",
     "loaded_shape",
+    "loaded_shapes",
     "resize_long_side",
     "resize_to",
     "shrink_filter",
@@ -477,6 +478,19 @@ def loaded_shape(h0: int, w0: int, imgsz: int, rule: LoadRule = "yolov9") -> tup
     if check_load_rule(rule) == "ultralytics":
         return min(math.ceil(h0 * r), imgsz), min(math.ceil(w0 * r), imgsz)
     return max(1, int(h0 * r)), max(1, int(w0 * r))
+
+
+def loaded_shapes(hw: np.ndarray, imgsz: int, rule: LoadRule = "yolov9") -> np.ndarray:
+    """:func:`loaded_shape` of every row of ``int [n, 2]`` (h0, w0) at once: ``int64 [n, 2]``, the same values
+    (the same float64 products, truncated or rounded up)."""
+    hw = np.asarray(hw, np.int64).reshape(-1, 2)
+    long = hw.max(axis=1, initial=1)[:, None]
+    r = imgsz / long
+    if check_load_rule(rule) == "ultralytics":
+        out = np.minimum(np.ceil(hw * r), imgsz).astype(np.int64)
+    else:
+        out = np.maximum(1, np.trunc(hw * r)).astype(np.int64)
+    return np.where(long == imgsz, hw, out)
 
 
 def resize_to(img: np.ndarray, hw: tuple[int, int], *, enlarge: bool | None = None,

@@ -2,25 +2,45 @@
 
 Each image is checked cheaply (header probe for the EXIF-aware shape, plus the JPEG end-of-image
 marker) or fully decoded with ``verify="full"``; its label file is parsed and validated. Corrupt
-samples are skipped and counted, never fatal. Results are cached in a ``.npz`` (no pickle) beside
-the labels folder -- ``labels/train2017.fastload.cache`` -- or in the user cache directory
-(``$FASTLOAD_CACHE_DIR``, else ``$XDG_CACHE_HOME/fastload``, else ``~/.cache/fastload``) when that
-folder is read-only. The cache key covers every image and label file's path, size and mtime,
-``nc`` and the verify mode, so any change triggers a rescan.
+samples are skipped and counted, never fatal. Results are cached in a ``.npz`` of flat arrays (no
+pickle, no per-image object: the image paths as one blob, the labels as one ``float32 [M, 5]`` array
+with offsets) beside the labels folder -- ``labels/train2017.fastload.cache`` -- or in the user cache
+directory (``$FASTLOAD_CACHE_DIR``, else ``$XDG_CACHE_HOME/fastload``, else ``~/.cache/fastload``)
+when that folder is read-only.
+
+The cache is valid for exactly the image paths it lists with every image and label file's size and
+mtime (ns) as they are now, ``nc`` and the verify mode: each open lists the folders and stats every
+file (one ``stat`` per file, relative to its folder's descriptor, in processes), and any difference --
+a file added, removed, renamed, rewritten or touched -- means a rescan. What it cannot see: a file
+rewritten in place with the same size whose mtime is restored (or a file system without mtimes).
+
+A rescan runs in forked processes (threads for small sets) with a progress bar on a terminal. It
+holds a lock file beside the cache, so concurrent builds of one split -- the ranks of a DDP job on one
+node, or on nodes sharing the file system -- scan once: the others wait and read the cache.
 """
 from __future__ import annotations
 
+import contextlib
+import functools
 import hashlib
 import io
+import itertools
 import json
 import logging
+import multiprocessing
 import os
 import sys
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
+import zipfile
+from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Literal
+from typing import Iterable, Iterator, Literal, Sequence
+
+try:
+    import fcntl
+except ImportError:  # not on Windows: scans there are not serialised between processes
+    fcntl = None  # type: ignore[assignment]
 
 import numpy as np
 from tqdm import tqdm
@@ -34,16 +54,20 @@ from fastload.data.images import (
     jpeg_is_complete,
     probe_header,
 )
-from fastload.data.labels import Problem, img2label_path, read_label_file
+from fastload.data.labels import FlatLabels, Problem, img2label_path, label_paths, read_label_file
 
 __all__ = ["DatasetIndex", "ScanReport", "Problem", "build_index", "list_images", "user_cache_dir"]
 
 _log = logging.getLogger("fastload.data")
 
-CACHE_VERSION = "fastload-index-1"
+CACHE_VERSION = "fastload-index-2"
 CACHE_SUFFIX = ".fastload.cache"
 _HEAD_BYTES = 1 << 16  # enough for the header (and EXIF) of almost every JPEG
 _TAIL_BYTES = 1 << 12
+_SCAN_CHUNK = 512  # images per scan task
+_STAT_CHUNK = 4096  # files per stat task
+# the per-image arrays of a scan (the cache adds version, meta, files and stats)
+_SCAN_KEYS = ("ok", "state", "shapes", "label_offsets", "labels", "duplicates", "rows_dropped", "problems")
 
 # the format a file suffix promises (a mismatch is noted, the file still used)
 _SUFFIX_FORMAT = {"jpg": "jpeg", "jpeg": "jpeg", "mpo": "jpeg", "png": "png", "bmp": "bmp", "webp": "webp",
@@ -100,17 +124,23 @@ class ScanReport:
 
 @dataclass
 class DatasetIndex:
-    """The usable samples of a split: parallel lists/arrays in sorted image order."""
+    """The usable samples of a split in sorted image order: their paths, labels (:class:`FlatLabels`: one array
+    for all images), ``int32 [n, 2]`` shapes (h, w) and ``int64 [n]`` file sizes in bytes."""
 
     im_files: list[str]
-    label_files: list[str]
-    labels: list[np.ndarray]
+    labels: FlatLabels
     shapes: np.ndarray
     names: list[str]
     report: ScanReport
+    im_bytes: np.ndarray
 
     def __len__(self) -> int:
         return len(self.im_files)
+
+    @functools.cached_property
+    def label_files(self) -> list[str]:
+        """The label file path of each image (whether it exists or not)."""
+        return label_paths(self.im_files)
 
 
 # ----------------------------------------------------------------------------- listing
@@ -121,9 +151,8 @@ def _is_image(name: str) -> bool:
 def _walk_images(folder: Path) -> Iterable[str]:
     for dirpath, dirnames, filenames in os.walk(folder, followlinks=True):
         dirnames.sort()
-        for name in filenames:
-            if _is_image(name):
-                yield os.path.join(dirpath, name)
+        prefix = os.path.join(dirpath, "")
+        yield from (prefix + name for name in filenames if _is_image(name))
 
 
 def _read_list_file(list_file: Path, origin: str) -> Iterable[str]:
@@ -161,8 +190,9 @@ def list_images(sources: list[Path], origin: str = "<data>", key: str = "split")
     return sorted(files)
 
 
-def _orphan_labels(sources: list[Path], label_files: set[str]) -> list[str]:
-    """Label files under the labels folder of each folder source that match no image."""
+def _orphan_labels(sources: list[Path], label_groups: dict[str, tuple[list[int], list[str]]]) -> list[str]:
+    """Label files under the labels folder of each folder source that match no image (``label_groups``: the
+    images' label files by folder, :func:`_by_folder`)."""
     orphans: list[str] = []
     for src in sources:
         if not src.is_dir():
@@ -171,11 +201,9 @@ def _orphan_labels(sources: list[Path], label_files: set[str]) -> list[str]:
         if label_dir == src or not label_dir.is_dir():
             continue
         for dirpath, _, filenames in os.walk(label_dir):
-            for name in filenames:
-                if name.endswith(".txt"):
-                    p = os.path.join(dirpath, name)
-                    if p not in label_files:
-                        orphans.append(p)
+            group = label_groups.get(dirpath)
+            extra = set(filenames).difference(group[1]) if group else filenames
+            orphans.extend(os.path.join(dirpath, n) for n in extra if n.endswith(".txt"))
     return sorted(orphans)
 
 
@@ -243,7 +271,12 @@ def _check_image(path: str, size: int, verify: str) -> tuple[tuple[int, int], li
 
 
 def _scan_one(im_file: str, im_size: int, label_file: str, label_exists: bool, nc: int, verify: str) -> _Sample:
+    """Check one image (``im_size`` < 0: it does not exist) and read its label file."""
     s = _Sample(im_file, label_file)
+    if im_size < 0:
+        s.ok = False
+        s.problems.append(Problem(im_file, "missing_file", "listed image does not exist"))
+        return s
     try:
         s.shape, notes = _check_image(im_file, im_size, verify)
         s.problems.extend(notes)
@@ -280,14 +313,51 @@ def _cache_candidates(label_dir: Path, tag: str) -> tuple[Path, Path]:
     return beside, user_cache_dir() / f"{digest}-{name}"
 
 
-def _load_cache(path: Path, key: str) -> dict | None:
+def _load_cache(path: Path, meta: str, files_blob: bytes, stats: np.ndarray) -> dict[str, np.ndarray] | None:
+    """The scan arrays of a cache file made for exactly these files (names, sizes, mtimes) and settings, else None."""
     try:
         with np.load(path, allow_pickle=False) as z:
-            if str(z["version"]) != CACHE_VERSION or str(z["key"]) != key:
+            if str(z["version"]) != CACHE_VERSION or str(z["meta"]) != meta:
                 return None
-            return {k: z[k] for k in z.files}
-    except (OSError, ValueError, KeyError, EOFError):
+            if z["files"].tobytes() != files_blob or not np.array_equal(z["stats"], stats):
+                return None
+            return {k: z[k] for k in _SCAN_KEYS}
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
         return None
+
+
+def _find_cache(paths: tuple[Path, Path], meta: str, files_blob: bytes,
+                stats: np.ndarray) -> tuple[dict[str, np.ndarray] | None, Path | None]:
+    """(scan arrays, the file) of the first valid cache among ``paths``, or (None, None)."""
+    for path in paths:
+        arrays = _load_cache(path, meta, files_blob, stats) if path.is_file() else None
+        if arrays is not None:
+            return arrays, path
+    return None, None
+
+
+@contextlib.contextmanager
+def _scan_lock(paths: tuple[Path, Path]) -> Iterator[None]:
+    """Hold an exclusive lock beside the first cache location we may write (no lock where neither is writable)."""
+    fd = None
+    for target in paths:
+        if _read_only(target.parent):
+            continue
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(str(target) + ".lock", os.O_RDWR | os.O_CREAT, 0o666)
+            break
+        except OSError:
+            continue
+    if fd is None:
+        yield
+        return
+    try:
+        if fcntl is not None:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
 
 
 def _read_only(folder: Path) -> bool:
@@ -329,61 +399,101 @@ def _save_cache(paths: tuple[Path, Path], arrays: dict[str, np.ndarray]) -> Path
     return None
 
 
-def _stat(path: str) -> tuple[int, int] | None:
+def _stat_part(folder: str, names: list[str]) -> np.ndarray:
+    """``int64 [n, 2]``: (size, mtime in ns) of each name in ``folder`` (stat'ed relative to one descriptor of
+    it), ``-1`` for a name that does not exist."""
+    out = np.full((len(names), 2), -1, np.int64)
     try:
-        st = os.stat(path)
+        fd = os.open(folder, os.O_RDONLY)
     except OSError:
-        return None
-    return st.st_size, st.st_mtime_ns
+        return out
+    found: list[tuple[int, int, int]] = []
+    try:
+        for k, name in enumerate(names):
+            try:
+                st = os.stat(name, dir_fd=fd)
+            except OSError:
+                continue
+            found.append((k, st.st_size, st.st_mtime_ns))
+    finally:
+        os.close(fd)
+    if found:
+        rows = np.array(found, np.int64)
+        out[rows[:, 0]] = rows[:, 1:]
+    return out
 
 
-def _cache_key(im_files: list[str], im_stats: list, label_files: list[str], label_stats: list, nc: int, verify: str) -> str:
-    h = hashlib.sha1(f"{CACHE_VERSION}|nc={nc}|verify={verify}\n".encode())
-    for f, s, lf, ls in zip(im_files, im_stats, label_files, label_stats):
-        h.update(f"{f}\t{s}\t{lf}\t{ls}\n".encode())
-    return h.hexdigest()
+def _by_folder(paths: Sequence[str]) -> dict[str, tuple[list[int], list[str]]]:
+    """``{folder: (positions, names)}`` of the paths."""
+    groups: dict[str, tuple[list[int], list[str]]] = {}
+    for i, p in enumerate(paths):
+        folder, sep, name = p.rpartition(os.sep)
+        folder = folder or sep or "."  # "/x.jpg" is in "/", "x.jpg" in the working directory
+        group = groups.get(folder)
+        if group is None:
+            group = groups[folder] = ([], [])
+        group[0].append(i)
+        group[1].append(name)
+    return groups
 
 
-def _samples_to_arrays(samples: list[_Sample], key: str) -> dict[str, np.ndarray]:
-    labels = [s.labels for s in samples]
+def _stat_many(groups: dict[str, tuple[list[int], list[str]]], n: int, workers: int) -> np.ndarray:
+    """``int64 [n, 2]``: (size, mtime in ns) of each of ``n`` paths (:func:`_by_folder`), ``-1`` for a path that
+    does not exist; in parts stat'ed by ``workers`` processes when there are many (:func:`_pool`)."""
+    parts = [(d, idx[k : k + _STAT_CHUNK], names[k : k + _STAT_CHUNK])
+             for d, (idx, names) in groups.items() for k in range(0, len(idx), _STAT_CHUNK)]
+    out = np.full((n, 2), -1, np.int64)
+    with _pool(workers, len(parts)) as pool:
+        for (_, idx, _), stats in zip(parts, pool.map(_stat_part, [p[0] for p in parts], [p[2] for p in parts])):
+            out[idx] = stats
+    return out
+
+
+def _pool(workers: int, tasks: int) -> Executor:
+    """Forked processes for four tasks or more (where the platform forks), else threads."""
+    n = max(1, min(workers, tasks))
+    if n > 1 and tasks >= 4 and "fork" in multiprocessing.get_all_start_methods():
+        return ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("fork"))
+    return ThreadPoolExecutor(n)
+
+
+def _join(strings: Sequence[str]) -> bytes:
+    """The strings as one NUL-separated blob (names that are not UTF-8 kept byte for byte)."""
+    return "\0".join(strings).encode("utf-8", "surrogateescape")
+
+
+def _scan_arrays(samples: list[_Sample]) -> dict[str, np.ndarray]:
+    """The per-image results of a scan as flat arrays (the cache's and :class:`DatasetIndex`'s layout)."""
+    labels = FlatLabels.from_arrays([s.labels for s in samples])
     return {
-        "version": np.array(CACHE_VERSION),
-        "key": np.array(key),
-        "im_files": np.array([s.im_file for s in samples], dtype=str),
-        "label_files": np.array([s.label_file for s in samples], dtype=str),
         "ok": np.array([s.ok for s in samples], dtype=bool),
         "state": np.array([s.state for s in samples], dtype=np.int8),
         "shapes": np.array([s.shape for s in samples], dtype=np.int32).reshape(-1, 2),
-        "counts": np.array([len(x) for x in labels], dtype=np.int64),
-        "labels": np.concatenate(labels, 0) if labels else np.zeros((0, 5), np.float32),
+        "label_offsets": labels.offsets,
+        "labels": labels.rows,
         "duplicates": np.array([s.duplicates for s in samples], dtype=np.int32),
         "rows_dropped": np.array([s.rows_dropped for s in samples], dtype=np.int32),
-        "problems": np.array(json.dumps([[s_.path, s_.kind, s_.message] for s in samples for s_ in s.problems])),
+        "problems": np.array(json.dumps([[p.path, p.kind, p.message] for s in samples for p in s.problems])),
     }
 
 
-def _arrays_to_samples(z: dict) -> list[_Sample]:
-    problems: dict[str, list[Problem]] = {}
-    for path, kind, message in json.loads(str(z["problems"])):
-        problems.setdefault(path, []).append(Problem(path, kind, message))
-    bounds = np.concatenate([[0], np.cumsum(z["counts"])])
-    out = []
-    for i, (im, lf) in enumerate(zip(z["im_files"].tolist(), z["label_files"].tolist())):
-        s = _Sample(im, lf, bool(z["ok"][i]), tuple(int(v) for v in z["shapes"][i]))
-        s.labels = np.ascontiguousarray(z["labels"][bounds[i] : bounds[i + 1]], dtype=np.float32)
-        s.state, s.duplicates, s.rows_dropped = int(z["state"][i]), int(z["duplicates"][i]), int(z["rows_dropped"][i])
-        s.problems = problems.pop(im, []) + problems.pop(lf, [])
-        out.append(s)
+def _scan_chunk(items: list[tuple[str, int, str, bool]], nc: int, verify: str) -> dict[str, np.ndarray]:
+    """Scan a chunk of (image, size, label file, label exists) in this process: its :func:`_scan_arrays`."""
+    return _scan_arrays([_scan_one(im, size, lf, exists, nc, verify) for im, size, lf, exists in items])
+
+
+def _merge(chunks: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """Concatenate :func:`_scan_arrays` of consecutive chunks."""
+    if len(chunks) == 1:
+        return chunks[0]
+    out = {k: np.concatenate([c[k] for c in chunks]) for k in ("ok", "state", "shapes", "labels", "duplicates", "rows_dropped")}
+    counts = np.concatenate([np.diff(c["label_offsets"]) for c in chunks])
+    out["label_offsets"] = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    out["problems"] = np.array(json.dumps([p for c in chunks for p in json.loads(str(c["problems"]))]))
     return out
 
 
 # ----------------------------------------------------------------------------- build
-def _progress(iterable, total: int, desc: str, enabled: bool):
-    if not enabled or not sys.stderr.isatty():
-        return iterable
-    return tqdm(iterable, total=total, desc=desc, unit="img", leave=False)
-
-
 def build_index(
     cfg: DataConfig | str | os.PathLike | dict,
     split: str,
@@ -396,7 +506,8 @@ def build_index(
     """Scan ``split`` of a data config into a :class:`DatasetIndex` (cached; corrupt samples skipped).
 
     ``verify="header"`` reads each image's header and (JPEG) end-of-image marker; ``"full"``
-    decodes every image. ``workers`` threads scan in parallel (default ``min(8, cpu_count)``).
+    decodes every image. ``workers`` processes (threads for a small set) stat the files and scan them
+    (default ``min(8, cpu_count)``).
     """
     if verify not in ("header", "full"):
         raise ValueError(f"verify must be 'header' or 'full', got {verify!r}")
@@ -408,71 +519,81 @@ def build_index(
         raise DataConfigError(f"{cfg.origin}: '{split}' has no images ({where}; suffixes {', '.join(IMG_FORMATS)})")
     report = ScanReport(split=split)
 
-    im_files = sorted(set(listed))
+    im_files = list(dict.fromkeys(listed))  # listed is sorted: duplicates dropped, the order kept
     dup_entries = len(listed) - len(im_files)
     if dup_entries:
         report.duplicate += dup_entries
         report.problems.append(Problem(str(sources[0]), "duplicate_image", f"{dup_entries} image path(s) listed twice"))
-    label_files = [img2label_path(f) for f in im_files]
-    im_stats = [_stat(f) for f in im_files]
-    label_stats = [_stat(f) for f in label_files]
+    label_files = label_paths(im_files)
+    workers = max(1, workers or min(8, os.cpu_count() or 1))
+    label_groups = _by_folder(label_files)
+    stats = np.concatenate([_stat_many(_by_folder(im_files), len(im_files), workers),
+                            _stat_many(label_groups, len(label_files), workers)], 1)
+    meta = json.dumps({"nc": cfg.nc, "verify": verify})
+    files_blob = _join(im_files)
 
-    key = _cache_key(im_files, im_stats, label_files, label_stats, cfg.nc, verify)
-    label_dir = Path(label_files[0]).parent if label_files else Path(img2label_path(str(sources[0]) + os.sep + "x")).parent
+    label_dir = Path(label_files[0]).parent
     single_folder = len(sources) == 1 and sources[0].is_dir()
     tag = "" if single_folder else "." + hashlib.sha1("|".join(map(str, sources)).encode()).hexdigest()[:8]
     candidates = _cache_candidates(label_dir, tag)
 
-    samples: list[_Sample] | None = None
-    if cache:
-        for path in candidates:
-            z = _load_cache(path, key) if path.is_file() else None
-            if z is not None:
-                samples = _arrays_to_samples(z)
-                report.cache_hit, report.cache_path = True, str(path)
-                break
-    if samples is None:
-        samples = []
-        missing = [i for i, st in enumerate(im_stats) if st is None]
-        for i in missing:
-            samples.append(_Sample(im_files[i], label_files[i], ok=False, problems=[Problem(im_files[i], "missing_file", "listed image does not exist")]))
-        todo = [i for i, st in enumerate(im_stats) if st is not None]
-        n_workers = max(1, min(workers or min(8, os.cpu_count() or 1), len(todo) or 1))
+    arrays, hit = _find_cache(candidates, meta, files_blob, stats) if cache else (None, None)
+    if arrays is None and cache:
+        with _scan_lock(candidates):  # one scan per node (or shared file system): the other ranks wait, then read it
+            arrays, hit = _find_cache(candidates, meta, files_blob, stats)
+            if arrays is None:
+                arrays = _scan(im_files, label_files, stats, cfg.nc, verify, workers, progress, split)
+                written = _save_cache(candidates, dict(arrays, version=np.array(CACHE_VERSION), meta=np.array(meta),
+                                                       files=np.frombuffer(files_blob, np.uint8), stats=stats))
+                report.cache_path = str(written) if written else None
+    if arrays is None:
+        arrays = _scan(im_files, label_files, stats, cfg.nc, verify, workers, progress, split)
+    if hit is not None:
+        report.cache_hit, report.cache_path = True, str(hit)
+    return _to_index(arrays, im_files, stats[:, 0], sources, label_groups, cfg, report)
 
-        def job(i: int) -> _Sample:
-            return _scan_one(im_files[i], im_stats[i][0], label_files[i], label_stats[i] is not None, cfg.nc, verify)
 
-        with ThreadPoolExecutor(n_workers) as pool:
-            samples.extend(_progress(pool.map(job, todo), len(todo), f"scanning {split}", progress))
-        samples.sort(key=lambda s: s.im_file)
-        if cache:
-            written = _save_cache(candidates, _samples_to_arrays(samples, key))
-            report.cache_path = str(written) if written else None
+def _scan(im_files: list[str], label_files: list[str], stats: np.ndarray, nc: int, verify: str, workers: int,
+          progress: bool, split: str) -> dict[str, np.ndarray]:
+    """Scan every image and label file in chunks, by ``workers`` processes when there are many (:func:`_pool`)."""
+    items = list(zip(im_files, stats[:, 0].tolist(), label_files, (stats[:, 2] >= 0).tolist()))
+    chunks = [items[k : k + _SCAN_CHUNK] for k in range(0, len(items), _SCAN_CHUNK)]
+    bar = tqdm(total=len(items), desc=f"scanning {split}", unit="img", leave=False) \
+        if progress and sys.stderr.isatty() else None
+    done = []
+    with _pool(workers, len(chunks)) as pool:
+        for part in pool.map(_scan_chunk, chunks, itertools.repeat(nc), itertools.repeat(verify)):
+            done.append(part)
+            if bar is not None:
+                bar.update(len(part["ok"]))
+    if bar is not None:
+        bar.close()
+    return _merge(done)
 
-    report.images = len(samples)
-    keep = [s for s in samples if s.ok]
-    for s in samples:
-        report.problems.extend(s.problems)
-        if not s.ok:
-            report.corrupt += 1
-            continue
-        report.found += s.state == _FOUND
-        report.missing += s.state == _MISSING
-        report.empty += s.state == _EMPTY
-        report.duplicate += s.duplicates
-        report.rows_dropped += s.rows_dropped
 
-    orphans = _orphan_labels(sources, set(label_files))
+def _to_index(arrays: dict[str, np.ndarray], im_files: list[str], im_bytes: np.ndarray, sources: list[Path],
+              label_groups: dict[str, tuple[list[int], list[str]]], cfg: DataConfig, report: ScanReport) -> DatasetIndex:
+    """The usable samples of a scan's arrays, with the report's counts and problems."""
+    ok = arrays["ok"]
+    keep = np.flatnonzero(ok)
+    state = arrays["state"][keep]
+    report.images = len(ok)
+    report.corrupt = int(len(ok) - len(keep))
+    report.found, report.missing, report.empty = (int((state == s).sum()) for s in (_FOUND, _MISSING, _EMPTY))
+    report.duplicate += int(arrays["duplicates"][keep].sum())
+    report.rows_dropped = int(arrays["rows_dropped"][keep].sum())
+    report.problems.extend(Problem(*p) for p in json.loads(str(arrays["problems"])))
+    orphans = _orphan_labels(sources, label_groups)
     report.labels_without_image = len(orphans)
     report.problems.extend(Problem(p, "label_without_image", "label file has no matching image (ignored)") for p in orphans)
-
-    shapes = np.array([s.shape for s in keep], dtype=np.int32).reshape(-1, 2)
+    labels = FlatLabels(arrays["labels"], arrays["label_offsets"])
+    everything = len(keep) == len(ok)
     _log.info("%s", report.summary())
     return DatasetIndex(
-        im_files=[s.im_file for s in keep],
-        label_files=[s.label_file for s in keep],
-        labels=[s.labels for s in keep],
-        shapes=shapes,
+        im_files=im_files if everything else [im_files[i] for i in keep.tolist()],
+        labels=labels if everything else labels.subset(keep),
+        shapes=np.ascontiguousarray(arrays["shapes"][keep], np.int32).reshape(-1, 2),
         names=list(cfg.names),
         report=report,
+        im_bytes=np.ascontiguousarray(im_bytes[keep], np.int64),
     )

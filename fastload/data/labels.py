@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from typing import Iterator, Sequence, overload
 
 import numpy as np
 
-__all__ = ["Problem", "LabelResult", "img2label_path", "parse_labels", "read_label_file", "COORD_TOL"]
+__all__ = ["Problem", "LabelResult", "FlatLabels", "img2label_path", "label_paths", "parse_labels", "read_label_file", "COORD_TOL"]
 
 # Coordinates this far outside [0, 1] are clipped (rounding in converters); further out the row is rejected.
 COORD_TOL = 1e-2
@@ -46,6 +47,19 @@ def img2label_path(im_file: str) -> str:
         head, tail = im_file.rsplit(sa, 1)
         im_file = head + sb + tail
     return os.path.splitext(im_file)[0] + ".txt"
+
+
+def label_paths(im_files: Sequence[str]) -> list[str]:
+    """:func:`img2label_path` of every image, each folder's label folder worked out once."""
+    folders: dict[str, str] = {}
+    out = []
+    for f in im_files:
+        folder, sep, name = f.rpartition(os.sep)
+        prefix = folders.get(folder)
+        if prefix is None:  # the last /images/ of a path lies in its folder part (a name holds no separator)
+            prefix = folders[folder] = img2label_path(folder + sep + "x")[: -len("x.txt")] if sep else ""
+        out.append(prefix + os.path.splitext(name)[0] + ".txt")
+    return out
 
 
 def _row_box(values: list[float]) -> tuple[float, float, float, float]:
@@ -126,3 +140,66 @@ def read_label_file(path: str | os.PathLike, nc: int) -> LabelResult:
     except (OSError, UnicodeDecodeError) as exc:
         return LabelResult(np.zeros((0, 5), np.float32), [Problem(p, "label_unreadable", str(exc))])
     return parse_labels(text, nc, p)
+
+
+class FlatLabels(Sequence[np.ndarray]):
+    """Every image's labels in one ``float32 [M, 5]`` array: image ``i`` owns rows ``offsets[i]:offsets[i + 1]``.
+
+    A sequence of per-image arrays to its readers (``labels[i]`` is a read-only view), without one Python object
+    per image: two arrays whatever the number of images, which worker processes share with their parent.
+    """
+
+    def __init__(self, rows: np.ndarray, offsets: np.ndarray) -> None:
+        self.rows = np.ascontiguousarray(rows, np.float32).reshape(-1, 5)
+        self.offsets = np.ascontiguousarray(offsets, np.int64)
+        if self.offsets.ndim != 1 or not len(self.offsets) or self.offsets[0] != 0 or self.offsets[-1] != len(self.rows):
+            raise ValueError(f"label offsets must run from 0 to {len(self.rows)}")
+        self.rows.flags.writeable = False
+
+    @classmethod
+    def from_arrays(cls, labels: Sequence[np.ndarray]) -> "FlatLabels":
+        """Pack per-image ``[n, 5]`` arrays."""
+        if isinstance(labels, FlatLabels):
+            return labels
+        arrays = [np.asarray(lb, np.float32).reshape(-1, 5) for lb in labels]
+        counts = np.fromiter((len(a) for a in arrays), np.int64, len(arrays))
+        rows = np.concatenate(arrays) if arrays else np.zeros((0, 5), np.float32)
+        return cls(rows, np.concatenate([[0], np.cumsum(counts)]))
+
+    @property
+    def counts(self) -> np.ndarray:
+        """``int64 [n]``: the number of labels of each image."""
+        return np.diff(self.offsets)
+
+    def subset(self, indices: np.ndarray) -> "FlatLabels":
+        """The labels of ``indices`` (in that order), packed again."""
+        indices = np.asarray(indices, np.int64)
+        counts = self.counts[indices]
+        offsets = np.concatenate([[0], np.cumsum(counts)])
+        starts = self.offsets[indices]
+        # row r of the result is row starts[k] + (r - offsets[k]) of self, k the image it belongs to
+        owner = np.repeat(np.arange(len(indices)), counts)
+        take = starts[owner] + np.arange(int(offsets[-1])) - offsets[:-1][owner]
+        return FlatLabels(self.rows[take], offsets)
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    @overload
+    def __getitem__(self, i: int) -> np.ndarray: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[np.ndarray]: ...
+
+    def __getitem__(self, i: int | slice) -> np.ndarray | list[np.ndarray]:
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(len(self)))]
+        n = len(self)
+        k = int(i) + n if int(i) < 0 else int(i)
+        if not 0 <= k < n:
+            raise IndexError(f"label index {i} out of range for {n} images")
+        return self.rows[self.offsets[k] : self.offsets[k + 1]]
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        rows, bounds = self.rows, self.offsets.tolist()
+        return (rows[a:b] for a, b in zip(bounds[:-1], bounds[1:]))

@@ -32,6 +32,8 @@ HOST_FIELDS: tuple[str, ...] = (
     "proc_cpu_pct",
     "proc_pss_mib",
     "proc_rss_mib",
+    "proc_anon_mib",
+    "proc_file_mib",
     "nprocs",
 )
 
@@ -71,7 +73,11 @@ class HostReading:
     (data-loader workers share the dataset's pages, the batch ring and the libraries); NaN where the
     platform does not report PSS (Linux does) or a process of the tree cannot be read. ``proc_rss_mib``
     sums RSS, counting a shared page once per process that maps it (as adding up ``top``'s column would):
-    with N workers it can exceed the machine's memory use many times over.
+    with N workers it can exceed the machine's memory use many times over. ``proc_anon_mib`` and ``proc_file_mib``
+    split that RSS sum (each summed the same way): anonymous pages (heaps, copies; a page a forked worker still shares
+    with its parent counts in both) and file-backed or shared-memory pages (libraries, a memory-mapped store, the
+    batch ring, ``/dev/shm`` stores): the second are the page cache's, which the kernel can drop or share, but which
+    an RSS-based memory limit (Kubernetes, Slurm) counts for every process that maps them.
     """
 
     cpu_pct: float
@@ -80,6 +86,8 @@ class HostReading:
     proc_cpu_pct: float
     proc_pss_mib: float
     proc_rss_mib: float
+    proc_anon_mib: float
+    proc_file_mib: float
     nprocs: int
 
     def values(self) -> list[float]:
@@ -245,13 +253,16 @@ class HostSampler:
         # the tree so that processes born during the interval are primed for the next reading.
         proc_cpu = 0.0
         rss = 0
+        shared: float = 0.0
         pss: float = 0.0 if self.pss_available else math.nan
         n = 0
         for p in list(self._procs.values()):
             try:
                 with p.oneshot():
                     proc_cpu += p.cpu_percent(None)
-                    rss += p.memory_info().rss
+                    mem = p.memory_info()
+                    rss += mem.rss
+                    shared += getattr(mem, "shared", math.nan)  # Linux: resident file-backed + shared-memory pages
                     if not math.isnan(pss):
                         try:
                             pss += p.memory_full_info().pss
@@ -268,6 +279,8 @@ class HostSampler:
             proc_cpu_pct=float(proc_cpu),
             proc_pss_mib=float(pss) / _MIB,
             proc_rss_mib=float(rss) / _MIB,
+            proc_anon_mib=float(rss - shared) / _MIB,
+            proc_file_mib=float(shared) / _MIB,
             nprocs=n,
         )
 

@@ -28,6 +28,7 @@ from fastload.data.images import (
     resize_to,
     rule_shrink,
 )
+from fastload.data.labels import FlatLabels
 
 if TYPE_CHECKING:  # torch is needed only by stores whose images live on a device
     import torch
@@ -339,14 +340,14 @@ class Store(abc.ABC):
         return f"{type(self).__name__}(kind={self.kind!r}, n={len(self)}{size}, path={self.path!r})"
 
 
-def split_labels(flat: np.ndarray, counts: np.ndarray) -> list[np.ndarray]:
-    """Cut concatenated ``float32 [M, 5]`` labels into one array per sample (views, no copy)."""
+def split_labels(flat: np.ndarray, counts: np.ndarray) -> FlatLabels:
+    """Concatenated ``float32 [M, 5]`` labels with each sample's count as a sequence of per-sample views (no copy,
+    no object per sample)."""
     flat = np.asarray(flat, np.float32).reshape(-1, 5)
     counts = np.asarray(counts, np.int64)
     if int(counts.sum()) != len(flat):
         raise StoreError(f"label counts sum to {int(counts.sum())} but {len(flat)} label rows are stored")
-    ends = np.cumsum(counts)
-    return [flat[e - c : e] for c, e in zip(counts.tolist(), ends.tolist())]
+    return FlatLabels(flat, np.concatenate([[0], np.cumsum(counts)]))
 
 
 def join_labels(labels: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:

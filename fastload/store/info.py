@@ -6,7 +6,6 @@ rendered as text by :func:`format_info`.
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -14,6 +13,7 @@ import numpy as np
 
 from fastload.data.config import load_data_config
 from fastload.data.index import build_index
+from fastload.data.labels import FlatLabels
 from fastload.store import shm
 from fastload.store.factory import open_path
 from fastload.store.base import StoreError
@@ -30,12 +30,9 @@ SIZE_BUCKETS = (320, 640, 1024, 2048)
 def _split_stats(labels: Sequence[np.ndarray], shapes: np.ndarray, names: Sequence[str]) -> dict[str, Any]:
     """Counts, class histogram and size distribution of one split."""
     shapes = np.asarray(shapes, np.int64).reshape(-1, 2)
-    counts = np.array([len(lb) for lb in labels], np.int64)
-    classes = (
-        np.concatenate([np.asarray(lb)[:, 0] for lb in labels if len(lb)]).astype(np.int64)
-        if counts.sum()
-        else np.zeros(0, np.int64)
-    )
+    flat = FlatLabels.from_arrays(labels)  # an index's labels already are: no per-image work
+    counts = flat.counts
+    classes = flat.rows[:, 0].astype(np.int64)
     hist = np.bincount(classes, minlength=len(names)) if len(classes) else np.zeros(len(names), np.int64)
     per_class = {
         (names[c] if c < len(names) else f"class{c}"): int(hist[c]) for c in range(len(hist)) if hist[c] or c < len(names)
@@ -100,7 +97,7 @@ def dataset_info(target: str | Path, splits: Sequence[str] | None = None) -> dic
             corrupt=int(rep.corrupt),
             labels_without_image=int(rep.labels_without_image),
             problems=rep.by_kind(),
-            bytes=int(sum(os.path.getsize(f) for f in index.im_files if os.path.exists(f))),
+            bytes=int(index.im_bytes.sum()),  # sizes the scan's validation just read
             stores={k: str(p) for k, p in cfg.stores.get(split, {}).items()},
         )
         why = mixed_sources(cfg.stores.get(split, {}))

@@ -325,16 +325,23 @@ class LmdbWriter:
             pass
 
 
+def lmdb_bytes(im_bytes: np.ndarray) -> int:
+    """The bytes an LMDB store of images of these sizes takes (docs/stores.md, "Sizes on disk"): each image its own
+    run of 4 KiB overflow pages (a 16-byte header first), plus about 400 bytes of B-tree, record and index each."""
+    sizes = np.asarray(im_bytes, np.int64)
+    return int((-(-(sizes + 16) // 4096)).sum() * 4096 + 400 * len(sizes))
+
+
 def write_lmdb(job: WriteJob, final: Path) -> tuple[Path, list[tuple[str, str]]]:
     """Write the LMDB store of ``job`` at ``final`` (the encoded files, re-encoded smaller above ``job.max_side``);
     returns its path and the images it had to skip. Resumable (``job.resume``) after an interruption."""
     index, max_side, quality = job.index, job.max_side, job.quality
     files = list(index.im_files)
-    src_bytes = sum(os.path.getsize(f) for f in files if os.path.exists(f))
+    needed = lmdb_bytes(index.im_bytes)
     spec = {"sources": job.source_hash, "n": len(files), "max_side": max_side, "quality": quality if max_side else None}
     if not (job.resume and final.with_name(final.name + PARTIAL).exists()):
-        check_space(final.parent, int(src_bytes * 1.1) + (16 << 20), f"LMDB store {final.name}")
-    writer = LmdbWriter(final, job=spec, map_size=int(src_bytes * 1.5) + (64 << 20), resume=job.resume)
+        check_space(final.parent, needed + (16 << 20), f"LMDB store {final.name}")
+    writer = LmdbWriter(final, job=spec, map_size=int(needed * 1.25) + (64 << 20), resume=job.resume)
     try:
         if writer.done:
             job.log(f"resuming {final.name}: {len(writer.done)} of {len(files)} records already written")

@@ -11,6 +11,7 @@ from typing import Sequence
 import numpy as np
 
 from fastload.data.images import LoadRule, ShrinkFilter
+from fastload.data.labels import FlatLabels
 from fastload.store.base import ReadAhead, ResidentImages, Sample, Shards, Store
 
 
@@ -38,11 +39,16 @@ class StoreView(Store):
         self.base_indices = np.arange(n, dtype=np.int64) if indices is None else np.asarray(indices, np.int64)
         if len(self.base_indices) and (self.base_indices.min() < 0 or self.base_indices.max() >= n):
             raise IndexError(f"store view indices out of range for {base!r}")
-        idx = self.base_indices.tolist()
-        self.im_files = [base.im_files[i] for i in idx]
-        self.labels = list(labels) if labels is not None else [base.labels[i] for i in idx]
-        if len(self.labels) != len(idx):
-            raise ValueError(f"{len(self.labels)} label arrays for a view of {len(idx)} samples")
+        every = len(self.base_indices) == n and bool((self.base_indices == np.arange(n)).all())
+        # the base's own per-image arrays when the view keeps every sample: nothing per image is copied
+        self.im_files = base.im_files if every else [base.im_files[i] for i in self.base_indices.tolist()]
+        if labels is None:
+            base_labels = FlatLabels.from_arrays(base.labels)
+            self.labels = base_labels if every else base_labels.subset(self.base_indices)
+        else:
+            self.labels = FlatLabels.from_arrays(labels)
+        if len(self.labels) != len(self.base_indices):
+            raise ValueError(f"{len(self.labels)} label arrays for a view of {len(self.base_indices)} samples")
         self.shapes = np.asarray(base.shapes, np.int32).reshape(-1, 2)[self.base_indices]
         self.names = list(base.names)
         self.meta = dict(base.meta)

@@ -1,0 +1,285 @@
+"""How start-up, conversion and per-process memory grow with the number of images (issue 36).
+
+Generates (once per size, reused from ``--root``) a dataset of N small JPEGs (96-160 px, 1-5 boxes each, written
+by a thread pool with its own generator: tiles of noise cut and boxed, then ``cv2.imencode``), then measures, each
+step in its own subprocess (``PYTHONPATH`` = the tree under test, ``--tree``):
+
+* ``info``: ``fastload info`` with no index cache (first scan) and again (cached): wall seconds, max RSS;
+* ``convert`` to each ``--stores`` kind: wall, max RSS, store bytes per image; ``verify`` of that store;
+* ``loader()`` on each of files and the converted stores (the index cache is the one ``info`` wrote: its cold scan
+  is ``info first``): the open, and a second open in a new process; the first batch, images/s and decodes per output image over ``--batches`` batches, and
+  the memory of the main process and of each worker after them: RSS, USS, PSS (psutil) and private anonymous
+  memory (``/proc/PID/smaps``: anonymous pages mapped by that process only) and file-backed RSS.
+
+Printed as one table per step with each size side by side and the growth ratio of the largest to the smallest.
+
+    python benchmarks/scale.py --root /tmp/scale --sizes 10000 100000          # add --million for 1M
+    python benchmarks/scale.py --root /tmp/scale --sizes 10000 --tree /work/main  # another tree's code
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+NAMES = ("a", "b", "c")
+_TILES = 32  # noise tiles every image is cut from
+
+# ----------------------------------------------------------------------------- the dataset
+
+
+def _tiles(seed: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(_TILES):
+        base = rng.integers(40, 200, size=3)
+        noise = rng.integers(-25, 26, size=(160, 160, 3))
+        out.append(np.clip(base + noise, 0, 255).astype(np.uint8))
+    return out
+
+
+def _write_one(k: int, tiles: list[np.ndarray], images: Path, labels: Path, seed: int) -> None:
+    import cv2
+
+    rng = np.random.default_rng([seed, k])
+    h, w = (int(v) for v in rng.integers(96, 161, size=2))
+    img = tiles[k % _TILES][:h, :w].copy()
+    rows = []
+    for _ in range(int(rng.integers(1, 6))):
+        bw, bh = int(rng.integers(8, w // 2)), int(rng.integers(8, h // 2))
+        x0, y0 = int(rng.integers(0, w - bw)), int(rng.integers(0, h - bh))
+        c = int(rng.integers(0, len(NAMES)))
+        cv2.rectangle(img, (x0, y0), (x0 + bw - 1, y0 + bh - 1), (60 * c + 40, 255 - 60 * c, 128), -1)
+        rows.append(f"{c} {(x0 + bw / 2) / w:.6f} {(y0 + bh / 2) / h:.6f} {bw / w:.6f} {bh / h:.6f}\n")
+    ok, enc = cv2.imencode(".jpg", img, [cv2.IMWRITE_JPEG_QUALITY, 90])
+    assert ok
+    (images / f"{k:07d}.jpg").write_bytes(enc.tobytes())
+    (labels / f"{k:07d}.txt").write_text("".join(rows))
+
+
+def make_dataset(root: Path, n: int, seed: int = 0, threads: int = 8) -> Path:
+    """``root/n{n}/data.yaml`` with ``n`` train images (made once: a ``done`` marker says it is complete)."""
+    ds = root / f"n{n}"
+    yaml_path = ds / "data.yaml"
+    if (ds / "done").is_file():
+        return yaml_path
+    images, labels = ds / "images" / "train", ds / "labels" / "train"
+    images.mkdir(parents=True, exist_ok=True)
+    labels.mkdir(parents=True, exist_ok=True)
+    tiles = _tiles(seed)
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(threads) as pool:
+        for _ in pool.map(lambda k: _write_one(k, tiles, images, labels, seed), range(n), chunksize=256):
+            pass
+    yaml_path.write_text(f"path: {ds}\ntrain: images/train\nval: images/train\nnc: {len(NAMES)}\n"
+                         f"names: {list(NAMES)}\n")
+    (ds / "done").write_text(f"{n}\n")
+    print(f"generated {n} images in {time.perf_counter() - t0:.1f} s ({ds})", file=sys.stderr)
+    return yaml_path
+
+
+# ----------------------------------------------------------------------------- measured subprocesses
+
+# Run in the tree's interpreter: open a loader, time it, render --batches batches, report memory per process.
+LOADER_CHILD = r"""
+import json, os, sys, time
+t0 = time.perf_counter()
+import fastload, psutil
+a = json.loads(sys.argv[1])
+t_import = time.perf_counter()
+L = fastload.loader(a["yaml"], imgsz=a["imgsz"], batch_size=a["batch"], workers=a["workers"], store=a["store"],
+                    seed=0)
+t_open = time.perf_counter()
+out = {"import_s": t_import - t0, "open_s": t_open - t_import}
+if a["batches"]:
+    it = iter(L)
+    next(it)
+    t1 = time.perf_counter()
+    out["first_batch_s"] = t1 - t_open
+    for _ in range(a["batches"]):
+        next(it)
+    out["img_per_s"] = a["batches"] * a["batch"] / (time.perf_counter() - t1)
+    st = L.stats()
+    out["decodes_per_image"] = st.get("decodes_per_image")
+
+    def smaps(pid):
+        anon = fileb = 0
+        cur = {}
+        def flush():
+            nonlocal anon, fileb
+            if not cur:
+                return
+            private = cur.get("Private_Clean", 0) + cur.get("Private_Dirty", 0)
+            anon += min(cur.get("Anonymous", 0), private)
+            if cur["path"].startswith("/"):
+                fileb += cur.get("Rss", 0)
+        with open(f"/proc/{pid}/smaps") as f:
+            for line in f:
+                head = line.split(None, 1)[0]
+                if not head.endswith(":"):  # a mapping line: address perms offset dev inode [path]
+                    flush()
+                    parts = line.split(None, 5)
+                    cur = {"path": parts[5].strip() if len(parts) > 5 else ""}
+                elif head[:-1] in ("Rss", "Anonymous", "Private_Clean", "Private_Dirty"):
+                    cur[head[:-1]] = int(line.split()[1]) * 1024
+            flush()
+        return anon, fileb
+
+    def mem(pid):
+        m = psutil.Process(pid).memory_full_info()
+        anon, fileb = smaps(pid)
+        return {"rss": m.rss, "uss": m.uss, "pss": m.pss, "private_anon": anon, "file_rss": fileb}
+
+    out["main"] = mem(os.getpid())
+    out["workers"] = [mem(p) for p in st.get("worker_pids", [])]
+L.close()
+print("RESULT " + json.dumps(out))
+"""
+
+
+def run_child(args: list[str], tree: Path) -> tuple[dict[str, Any], float, int]:
+    """Run ``python args`` in the tree (its code imported): (its ``RESULT`` json or {}, wall seconds, max RSS).
+
+    The max RSS is wait4's of that child: the largest of it and the descendants it waited for (a pool's workers).
+    """
+    env = dict(os.environ, PYTHONPATH=str(tree))
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        t0 = time.perf_counter()
+        # run in the tree: `python -c` and `-m` put the working directory first on sys.path
+        proc = subprocess.Popen([sys.executable, *args], env=env, stdout=out, stderr=err, cwd=tree)
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - t0
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        text, errors = out.read().decode(errors="replace"), err.read().decode(errors="replace")
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(args[:4])} failed ({proc.returncode}):\n{errors[-3000:]}")
+    result = next((json.loads(line[7:]) for line in text.splitlines() if line.startswith("RESULT ")), {})
+    return result, wall, usage.ru_maxrss * 1024
+
+
+def clear_index_cache(ds: Path, cache_dir: Path) -> None:
+    """Remove every scan cache of the dataset (beside its labels and in the benchmark's user cache dir)."""
+    for folder in (ds / "labels", cache_dir):
+        for p in folder.glob("*.fastload.cache*") if folder.is_dir() else ():
+            if p.is_file():
+                p.unlink()
+
+
+def tree_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def measure(n: int, a: argparse.Namespace) -> dict[str, Any]:
+    """Every step on the dataset of ``n`` images; flat {row name: value}."""
+    yaml_path = make_dataset(a.root, n, threads=a.threads)
+    ds = yaml_path.parent
+    cache_dir = a.root / "user-cache"
+    os.environ["FASTLOAD_CACHE_DIR"] = str(cache_dir)
+    row: dict[str, Any] = {"images": n, "jpeg bytes/image": tree_bytes(ds / "images") / n}
+    info = ["-m", "fastload", "info", str(yaml_path), "--split", "train"]
+    clear_index_cache(ds, cache_dir)
+    _, row["info first s"], row["info first maxrss"] = run_child(info, a.tree)
+    _, row["info cached s"], row["info cached maxrss"] = run_child(info, a.tree)
+    row["index cache bytes/image"] = sum(p.stat().st_size for p in (ds / "labels").glob("*.fastload.cache*")) / n
+
+    def loader(store: str, yaml: Path, prefix: str) -> None:
+        spec = {"yaml": str(yaml), "imgsz": a.imgsz, "batch": a.batch, "workers": a.workers, "store": store}
+        res, _, row[f"{prefix} maxrss"] = run_child(["-c", LOADER_CHILD, json.dumps(dict(spec, batches=a.batches))], a.tree)
+        row[f"{prefix} open s"] = res["open_s"]
+        row[f"{prefix} first batch s"] = res["first_batch_s"]
+        row[f"{prefix} img/s"] = res["img_per_s"]
+        row[f"{prefix} decodes/image"] = res["decodes_per_image"]
+        for field in ("rss", "uss", "pss", "private_anon", "file_rss"):
+            row[f"{prefix} main {field}"] = res["main"][field]
+            if res["workers"]:
+                row[f"{prefix} worker {field} (max)"] = max(w[field] for w in res["workers"])
+        again, _, _ = run_child(["-c", LOADER_CHILD, json.dumps(dict(spec, batches=0))], a.tree)
+        row[f"{prefix} second open s"] = again["open_s"]
+
+    loader("files", yaml_path, "loader files")
+    out = ds / "fastload"
+    for kind in a.stores:
+        conv = ["-m", "fastload", "convert", str(yaml_path), "--to", kind, "--out", str(out), "--split", "train",
+                "--imgsz", str(a.imgsz), "--no-progress", "--force"]
+        _, row[f"convert {kind} s"], row[f"convert {kind} maxrss"] = run_child(conv, a.tree)
+        store = out / yaml.safe_load((out / "data.yaml").read_text())["fastload"]["train"][kind]
+        row[f"{kind} bytes/image"] = tree_bytes(store) / n
+        _, row[f"verify {kind} s"], row[f"verify {kind} maxrss"] = run_child(
+            ["-m", "fastload", "verify", str(store), "--no-progress"], a.tree)
+        loader(kind, out / "data.yaml", f"loader {kind}")
+        if not a.keep_stores:
+            shutil.rmtree(store)
+    return row
+
+
+def _fmt(key: str, v: Any) -> str:
+    if v is None:
+        return "-"
+    if "rss" in key or "uss" in key or "pss" in key or "anon" in key:
+        return f"{v / 2**20:.0f} MiB"
+    if key.endswith(" s"):
+        return f"{v:.2f}"
+    if isinstance(v, float):
+        return f"{v:.0f}" if v >= 100 else f"{v:.2f}"
+    return str(v)
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    """Markdown: one line per measure, one column per size, and the last size over the first."""
+    keys = list(dict.fromkeys(k for r in rows for k in r))
+    head = "| measure | " + " | ".join(f"{r['images']:,}" for r in rows) + " | growth |"
+    lines = [head, "|" + "---|" * (len(rows) + 2)]
+    for k in keys[1:]:
+        vals = [r.get(k) for r in rows]
+        growth = "-"
+        if len(rows) > 1 and isinstance(vals[0], (int, float)) and isinstance(vals[-1], (int, float)) and vals[0]:
+            growth = f"{vals[-1] / vals[0]:.2f}x"
+        lines.append(f"| {k} | " + " | ".join(_fmt(k, v) for v in vals) + f" | {growth} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--root", type=Path, required=True, help="folder of the generated datasets (reused across runs)")
+    ap.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000])
+    ap.add_argument("--million", action="store_true", help="add N = 1,000,000")
+    ap.add_argument("--stores", default="lmdb,disk,encoded", help="store kinds to convert to, comma separated ('' none)")
+    ap.add_argument("--tree", type=Path, default=REPO, help="the fastload tree whose code is measured")
+    ap.add_argument("--imgsz", type=int, default=160)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--batches", type=int, default=20, help="batches timed after the first")
+    ap.add_argument("--threads", type=int, default=8, help="generator threads")
+    ap.add_argument("--keep-stores", action="store_true", help="keep the converted stores (default: removed)")
+    ap.add_argument("--json", type=Path, help="also write the rows here")
+    a = ap.parse_args(argv)
+    a.stores = [s for s in a.stores.split(",") if s]
+    a.root, a.tree = a.root.resolve(), a.tree.resolve()
+    sizes = sorted(set(a.sizes + ([1_000_000] if a.million else [])))
+    rows = []
+    for n in sizes:
+        rows.append(measure(n, a))
+        print(f"measured N = {n:,}", file=sys.stderr)
+        if a.json:
+            a.json.write_text(json.dumps(rows, indent=1))
+    print(f"tree {a.tree}; imgsz {a.imgsz}, batch {a.batch}, {a.workers} workers, {a.batches} batches timed")
+    print(table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
