@@ -465,6 +465,9 @@ def _train(opt: argparse.Namespace, stop_request: _StopRequest) -> dict:
         rank=ddp.rank, world_size=ddp.world, min_items=opt.min_items, single_cls=opt.single_cls,
         device=device if cuda else None,
         hsv_on="consumer" if cuda else None)  # None: the engine's default
+    # the run's partners, as the loader planned them (saved with the options): a resume keeps them even where this
+    # machine's decoded cache would plan otherwise
+    opt.partners = train_loader.plan.partners
     val_loader = None
     if ddp.main:
         val_loader = make_val_loader(opt.data, opt.imgsz, max(per_rank * 2, 1), workers=min(opt.workers, 4),
