@@ -214,7 +214,8 @@ class FastLoader:
     epoch; when an iteration ends the epoch advances by one unless :meth:`set_epoch` is called
     (as the YOLOv9 trainer does under DDP). Use as a context manager or call :meth:`close` to stop
     the workers (they also stop with the process). :meth:`state_dict` / :meth:`load_state_dict` resume a run
-    in the middle of an epoch (docs/loader.md, "Resuming mid-epoch").
+    in the middle of an epoch (docs/loader.md, "Resuming mid-epoch"). :attr:`plan` (a :class:`PartnerPlan`) says
+    where mosaic partners come from and why; ``repr(loader)`` is the loader's one-line summary, the plan included.
     """
 
     def __init__(self, *, engine: Engine, dataset: Callable[[FastLoader], LoaderDataset], store: Store, n: int,
