@@ -55,7 +55,8 @@ _STATE_IDENTITY = {
 
 #: Who chose where a loader's mosaic partners come from (:class:`PartnerPlan`, ``loader.stats()["partners_by"]``):
 #: ``"caller"``: ``loader(partners=...)``; ``"engine"``: the engine's default, with nothing to fit in a decoded
-#: cache (a decoded store, an engine or platform without the cache, ``decode_cache_mb=0``) or no mosaic to draw;
+#: cache (a decoded store, an engine or platform without the cache, ``decode_cache_mb=0``) or no partners to draw
+#: (validation, rect batches);
 #: ``"shards"``: a store read in shards, which holds a few at a time: ``"batch"``; ``"cache-fits"``: the
 #: decoded set fits the machine's decoded-image cache: the engine's default (``"dataset"``, YOLOv9's draw:
 #: after the first epoch partners cost no decode); ``"cache-too-small"``: it does not: ``"batch"`` (each
@@ -76,13 +77,13 @@ class PartnerPlan(NamedTuple):
 
 
 def _partner_plan(asked: Partners | None, cls: type[Engine], options: Any, view: StoreView, imgsz: int,
-                  recipe: Recipe, shards: Shards | None, mosaics: bool) -> PartnerPlan:
+                  recipe: Recipe, shards: Shards | None, *, training: bool) -> PartnerPlan:
     """The plan of ``loader(partners=asked)``: a function of the arguments, the store and this machine's decoded
     cache bound (:func:`~fastload.engines.shm_cache.planned_cache_bytes`: the same on every rank of a machine)."""
     if asked is not None:
         return PartnerPlan(asked, "caller", "asked for")
-    if not mosaics:
-        return PartnerPlan(cls.default_partners, "engine", "no mosaic")
+    if not training:  # validation or rect batches draw no partners: the plan changes nothing
+        return PartnerPlan(cls.default_partners, "engine", "no partners drawn")
     if shards is not None:
         return PartnerPlan("batch", "shards", "a store read in shards")
     cached = isinstance(options, HostRenderOptions) and not view.decoded and ENTRY_LOCKS
@@ -713,7 +714,8 @@ def loader(
             rect_shapes = per_index_shapes(order_idx, batch_shapes, batch_size)
             rect_batches = _order.rect_order(order_idx, batch_size, rank=rank, world_size=world_size)
         shards = None if rect else view.shards()
-        plan = _partner_plan(partners, cls, options, view, imgsz, recipe, shards, augment and not rect)
+        # training batches draw partners (the ultralytics recipe's mixup too, with mosaic 0); rect ones never do
+        plan = _partner_plan(partners, cls, options, view, imgsz, recipe, shards, training=augment and not rect)
         recent = {}
         if plan.partners == "recent":  # the window runs over the epoch order this rank renders (FastLoader.epoch_order)
             recent = {"epoch_order": _epoch_order(len(view), batch_size, shards, seed=seed, shuffle=shuffle and not rect,
