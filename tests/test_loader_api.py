@@ -406,8 +406,8 @@ def test_default_partners_follow_the_decoded_cache(synth_yaml, shm_root):
     """partners=None keeps YOLOv9's draw while the decoded set fits the machine's decoded cache and draws from the
     batch once it does not (one decode per output image at most, not about 4.6), saying so in repr and stats; the
     planned "batch" gives partners="batch"'s batches, and partners="dataset" still gets today's plan and batches."""
-    kw = dict(imgsz=256, batch_size=6, workers=0, seed=2, store="files")
-    small = {"decode_cache_mb": 1}  # the 24 images need about 3.5 MB loaded at 256
+    kw = dict(imgsz=192, batch_size=6, workers=0, seed=2, store="files")
+    small = {"decode_cache_mb": 1}  # the 24 images need 1.6 MB loaded at 192
     runs, stats = {}, {}
     for name, extra in (("planned-small", dict(engine_options=small)),
                         ("batch-small", dict(partners="batch", engine_options=small)),
@@ -423,7 +423,7 @@ def test_default_partners_follow_the_decoded_cache(synth_yaml, shm_root):
     assert plans == {"planned-small": ("batch", "cache-too-small"), "batch-small": ("batch", "caller"),
                      "dataset-small": ("dataset", "caller"), "planned-fits": ("dataset", "cache-fits")}
     assert stats["planned-small"]["decodes"] <= stats["planned-small"]["images"] == 24
-    assert stats["dataset-small"]["decodes"] > 2 * 24  # most partners are images the cache has no place for
+    assert stats["dataset-small"]["decodes"] > 1.5 * 24  # many partners are images the cache has no place for
     for a, b in (("planned-small", "batch-small"), ("dataset-small", "planned-fits")):
         assert len(runs[a]) == len(runs[b]) == 4
         for x, y in zip(runs[a], runs[b]):
