@@ -23,7 +23,7 @@ from fastload.augment.params import (
     PARTNERS, RECIPES, ParamSampler, Partners, Recipe, image_of, per_index_shapes, recent_window, rect_batch_shapes,
     visit_ids,
 )
-from fastload.data.images import loaded_shape
+from fastload.data.images import loaded_shapes
 from fastload.data.labels import img2label_path
 from fastload.engines.base import Batch, Engine, EngineSettings, HostRenderOptions, HSVMode, Layout
 from fastload.engines.factory import SAMPLE_ID_ENGINES, engine_class, resolve_options
@@ -704,7 +704,7 @@ def loader(
         if single_cls:
             view.names = ["item"]
         hyp_d = load_hyp(hyp)
-        loaded_hw = np.array([loaded_shape(int(h), int(w), imgsz, recipe) for h, w in view.shapes], np.int64).reshape(-1, 2)
+        loaded_hw = loaded_shapes(view.shapes, imgsz, recipe)
 
         rect_batches = batch_shapes = rect_shapes = None
         if rect:

@@ -42,6 +42,7 @@ __all__ = [
     "decode_loaded",
     "read_image_file",
     "loaded_shape",
+    "loaded_shapes",
     "resize_long_side",
     "resize_to",
     "shrink_filter",
@@ -477,6 +478,17 @@ def loaded_shape(h0: int, w0: int, imgsz: int, rule: LoadRule = "yolov9") -> tup
     if check_load_rule(rule) == "ultralytics":
         return min(math.ceil(h0 * r), imgsz), min(math.ceil(w0 * r), imgsz)
     return max(1, int(h0 * r)), max(1, int(w0 * r))
+
+
+def loaded_shapes(shapes: np.ndarray, imgsz: int, rule: LoadRule = "yolov9") -> np.ndarray:
+    """:func:`loaded_shape` of every row of ``shapes`` (int ``[N, 2]`` original ``(h0, w0)``) at once, as int64
+    ``[N, 2]``: the same float64 products, truncated or rounded up the same way (tested equal), without a Python
+    call per image (a dataset of millions of images plans its loaded sizes in a fraction of a second)."""
+    hw = np.asarray(shapes, np.int64).reshape(-1, 2)
+    r = imgsz / hw.max(axis=1, keepdims=True)  # 1.0 where the long side is imgsz: the sizes stay as they are
+    if check_load_rule(rule) == "ultralytics":
+        return np.minimum(np.ceil(hw * r), imgsz).astype(np.int64)
+    return np.maximum((hw * r).astype(np.int64), 1)
 
 
 def resize_to(img: np.ndarray, hw: tuple[int, int], *, enlarge: bool | None = None,

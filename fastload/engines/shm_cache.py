@@ -57,7 +57,7 @@ from typing import Any, Callable
 import numpy as np
 import psutil
 
-from fastload.data.images import LoadRule, ShrinkFilter, loaded_shape
+from fastload.data.images import LoadRule, ShrinkFilter, loaded_shapes
 from fastload.store import shm
 from fastload.store.base import Store
 from fastload.store.kinds import SHM_PREFIX, shm_root
@@ -126,7 +126,7 @@ def decoded_set_bytes(store: Store, imgsz: int, load_rule: LoadRule) -> int:
 
 def _loaded_hw(base: Store, imgsz: int, load_rule: LoadRule) -> np.ndarray:
     """int64 [N, 2] loaded ``(h, w)`` of every image of ``base``."""
-    return np.array([loaded_shape(int(h), int(w), imgsz, load_rule) for h, w in base.shapes], np.int64).reshape(-1, 2)
+    return loaded_shapes(base.shapes, imgsz, load_rule)
 
 
 def open_decode_cache(store: Store, imgsz: int, load_rule: LoadRule, *, decode_scale: str, shrink: ShrinkFilter,
