@@ -12,7 +12,7 @@ import json
 import logging
 import os
 import warnings
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Literal, NamedTuple, Sequence
 
 import numpy as np
 import torch
@@ -25,11 +25,13 @@ from fastload.augment.params import (
 )
 from fastload.data.images import loaded_shapes
 from fastload.data.labels import FlatLabels, label_paths
-from fastload.engines.base import Batch, Engine, EngineSettings, HSVMode, Layout
+from fastload.engines.base import Batch, Engine, EngineSettings, HostRenderOptions, HSVMode, Layout
 from fastload.engines.factory import SAMPLE_ID_ENGINES, engine_class, resolve_options
+from fastload.engines.shm_cache import ENTRY_LOCKS, decoded_set_bytes, planned_cache_bytes
 from fastload.store.base import Shards, Store
 from fastload.store.factory import open_store
 from fastload.store.kinds import store_kind
+from fastload.store.space import fmt_bytes
 from fastload.store.view import StoreView
 
 LOG = logging.getLogger(__name__)
@@ -49,6 +51,52 @@ _STATE_IDENTITY = {
     "augmentation": "the augmentation (digest of imgsz, augment and hyp)",
     "partners": "partners",
 }
+
+
+#: Who chose where a loader's mosaic partners come from (:class:`PartnerPlan`, ``loader.stats()["partners_by"]``):
+#: ``"caller"``: ``loader(partners=...)``; ``"engine"``: the engine's default, with nothing to fit in a decoded
+#: cache (a decoded store, an engine or platform without the cache, ``decode_cache_mb=0``) or no partners to draw
+#: (validation, rect batches);
+#: ``"shards"``: a store read in shards, which holds a few at a time: ``"batch"``; ``"cache-fits"``: the
+#: decoded set fits the machine's decoded-image cache: the engine's default (``"dataset"``, YOLOv9's draw:
+#: after the first epoch partners cost no decode); ``"cache-too-small"``: it does not: ``"batch"`` (each
+#: batch decodes its own images once: about 1 decode per output image instead of 4.6).
+PartnersBy = Literal["caller", "engine", "shards", "cache-fits", "cache-too-small"]
+
+
+class PartnerPlan(NamedTuple):
+    """Where a loader draws mosaic partners from (``partners``), who chose it (``by``) and why, in words
+    (``why``, for the loader's one-line summary)."""
+
+    partners: Partners
+    by: PartnersBy
+    why: str
+
+    def __str__(self) -> str:
+        return f"partners={self.partners} ({self.why})"
+
+
+def _partner_plan(asked: Partners | None, cls: type[Engine], options: Any, view: StoreView, imgsz: int,
+                  recipe: Recipe, shards: Shards | None, *, training: bool) -> PartnerPlan:
+    """The plan of ``loader(partners=asked)``: a function of the arguments, the store and this machine's decoded
+    cache bound (:func:`~fastload.engines.shm_cache.planned_cache_bytes`: the same on every rank of a machine)."""
+    if asked is not None:
+        return PartnerPlan(asked, "caller", "asked for")
+    if not training:  # validation or rect batches draw no partners: the plan changes nothing
+        return PartnerPlan(cls.default_partners, "engine", "no partners drawn")
+    if shards is not None:
+        return PartnerPlan("batch", "shards", "a store read in shards")
+    cached = isinstance(options, HostRenderOptions) and not view.decoded and ENTRY_LOCKS
+    budget = planned_cache_bytes(options.decode_cache_mb) if cached else 0
+    if budget <= 0:
+        what = "a decoded store" if view.decoded else "no decoded-image cache"
+        return PartnerPlan(cls.default_partners, "engine", f"the {cls.name} engine's default, {what}")
+    need = decoded_set_bytes(view, imgsz, recipe)
+    if need <= budget:
+        return PartnerPlan(cls.default_partners, "cache-fits",
+                           f"the decoded set, {fmt_bytes(need)}, fits the decode cache, {fmt_bytes(budget)}")
+    return PartnerPlan("batch", "cache-too-small",
+                       f"the decoded set, {fmt_bytes(need)}, exceeds the decode cache, {fmt_bytes(budget)}")
 
 
 def _digest(data: bytes) -> str:
@@ -175,14 +223,16 @@ class FastLoader:
     epoch; when an iteration ends the epoch advances by one unless :meth:`set_epoch` is called
     (as the YOLOv9 trainer does under DDP). Use as a context manager or call :meth:`close` to stop
     the workers (they also stop with the process). :meth:`state_dict` / :meth:`load_state_dict` resume a run
-    in the middle of an epoch (docs/loader.md, "Resuming mid-epoch").
+    in the middle of an epoch (docs/loader.md, "Resuming mid-epoch"). :attr:`plan` (a :class:`PartnerPlan`) says
+    where mosaic partners come from and why; ``repr(loader)`` is the loader's one-line summary, the plan included.
     """
 
     def __init__(self, *, engine: Engine, dataset: Callable[[FastLoader], LoaderDataset], store: Store, n: int,
                  batch_size: int, seed: int, shuffle: bool, rank: int, world_size: int, drop_last: bool,
                  rect_batches: list[np.ndarray] | None, close_mosaic_epochs: int, epochs: int | None,
-                 owns_store: bool = True, shards: Shards | None = None) -> None:
+                 plan: PartnerPlan, owns_store: bool = True, shards: Shards | None = None) -> None:
         self.engine = engine
+        self.plan = plan  # where mosaic partners come from (the sampler's), who chose it and why
         self.store = store
         # a store the caller passed in stays open (a ram store's shared-memory hold is theirs)
         self._owns_store = bool(owns_store)
@@ -392,8 +442,11 @@ class FastLoader:
             raise ValueError(f"fastload loader state without {', '.join(missing)}")
         for key, what in _STATE_IDENTITY.items():
             if state[key] != self._identity[key]:
+                # a planned plan follows this machine's decoded cache, which may hold more or less than the saved run's
+                planned = key == "partners" and self.plan.by != "caller"
+                how = f"pass partners={state[key]!r}" if planned else "build the loader as the saved run did"
                 raise ValueError(f"loader state from another run: {what} differs (saved {state[key]!r}, this loader "
-                                 f"{self._identity[key]!r}); build the loader as the saved run did")
+                                 f"{self._identity[key]!r}); {how}")
         epoch, position = int(state["epoch"]), int(state["position"])
         if epoch < 0 or not 0 <= position <= len(self):
             raise ValueError(f"loader state at epoch {epoch}, batch {position}: outside 0..{len(self)} batches per epoch")
@@ -413,11 +466,12 @@ class FastLoader:
 
     def stats(self) -> dict[str, Any]:
         """Counters for benchmarks: ``store`` (its kind) plus the engine's :meth:`~fastload.engines.base.Engine.stats`
-        (every engine: ``engine``, ``batches``, ``images``, ``worker_pids``, ``partners``, ``decodes``,
+        (every engine: ``engine``, ``batches``, ``images``, ``worker_pids``, ``partners`` (who chose them:
+        ``partners_by``, :data:`PartnersBy`), ``decodes``,
         ``decodes_per_image``, ``batches_copied``, the damaged records skipped: ``damaged_records``, ``damaged_record_ids``,
         ``damaged_by_kind``, ``replaced_samples``; the CPU engine adds its decoded cache's hits/misses and
         machine-wide state and the next epoch's batches rendered early, used / dropped)."""
-        return {"store": self.store.kind, **self.engine.stats()}
+        return {"store": self.store.kind, **self.engine.stats(), "partners_by": self.plan.by}
 
     def close(self) -> None:
         """Stop workers and release buffers, and the store if :func:`loader` opened it. Idempotent."""
@@ -436,7 +490,8 @@ class FastLoader:
 
     def __repr__(self) -> str:
         return (f"FastLoader(engine={self.engine.name}, store={self.store.kind}, n={self.n}, "
-                f"batch_size={self.batch_size}, batches={len(self)}, rank={self.rank}/{self.world_size})")
+                f"batch_size={self.batch_size}, batches={len(self)}, rank={self.rank}/{self.world_size}"
+                + (f", {self.plan})" if self.engine.sampler.draws_mosaics else ")"))
 
 
 def _epoch_order(n: int, batch_size: int, shards: Shards | None, **settings) -> _order.EpochOrder:
@@ -581,13 +636,17 @@ def loader(
             ``"dataset"`` (YOLOv9: drawn uniformly from all images) or ``"batch"`` (drawn uniformly
             from the images of the same batch, so a batch decodes each of its ``B`` images once,
             about 1 decode per output image instead of 4.6; each image's expected uses per epoch
-            are unchanged, but a batch's tiles come from its own ``B`` images only). ``None``: the
-            engine's default (``"dataset"`` for ``cpu``, ``gpu`` and ``ray``, ``"batch"`` for ``dali``;
-            each engine's docstring says why), and ``"batch"`` for a store streamed from object storage
-            (it holds only a few shards at a time). ``"recent"``: Ultralytics' buffer (without ``cache="ram"``):
-            drawn uniformly from the images of the last ``min(n, 8 * batch_size, 1000) - 1`` positions of this
-            rank's epoch order up to the sample's own (a function of the seed and the order, whatever the
-            workers; not with an image table). Only training batches with mosaic have partners: passing
+            are unchanged, but a batch's tiles come from its own ``B`` images only). ``None``: planned
+            (:class:`PartnerPlan`, shown in ``repr(loader)`` and ``stats()["partners_by"]``): the engine's
+            default (``"dataset"`` for ``cpu``, ``gpu`` and ``ray``, ``"batch"`` for ``dali``; each engine's
+            docstring says why), but ``"batch"`` for a store streamed from object storage (it holds only a few
+            shards at a time) and, for the engines with a decoded-image cache (``cpu``, ``ray``) on an encoded
+            store, when the dataset's loaded pixels at ``imgsz`` exceed what the cache can hold
+            (``decode_cache_mb``, within 9/10 of the shared-memory filesystem): with YOLOv9's draw that cache
+            would serve few partners and every output image would cost about 4.6 decodes. ``"recent"``:
+            Ultralytics' buffer (without ``cache="ram"``): drawn uniformly from the images of the last
+            ``min(n, 8 * batch_size, 1000) - 1`` positions of this rank's epoch order up to the sample's own (a
+            function of the seed and the order, whatever the workers; not with an image table). Only training batches with mosaic have partners: passing
             ``"batch"`` or ``"recent"`` to a loader that draws no mosaic (``augment=False``, ``rect=True``, hyp
             ``mosaic: 0``) raises ``ValueError``.
         strict: what a record that fails its check at load time does (an LMDB crc mismatch, a truncated or
@@ -669,15 +728,15 @@ def loader(
             rect_shapes = per_index_shapes(order_idx, batch_shapes, batch_size)
             rect_batches = _order.rect_order(order_idx, batch_size, rank=rank, world_size=world_size)
         shards = None if rect else view.shards()
-        # a store read in shards holds only part of the dataset at a time: partners from the batch's own images
-        default_partners = "batch" if shards is not None and augment else cls.default_partners
+        # training batches draw partners (the ultralytics recipe's mixup too, with mosaic 0); rect ones never do
+        plan = _partner_plan(partners, cls, options, view, imgsz, recipe, shards, training=augment and not rect)
         recent = {}
-        if partners == "recent":  # the window runs over the epoch order this rank renders (FastLoader.epoch_order)
+        if plan.partners == "recent":  # the window runs over the epoch order this rank renders (FastLoader.epoch_order)
             recent = {"epoch_order": _epoch_order(len(view), batch_size, shards, seed=seed, shuffle=shuffle and not rect,
                                                   rank=rank, world_size=world_size, drop_last=drop_last),
                       "window": recent_window(len(view), batch_size)}
         sampler = ParamSampler(loaded_hw, hyp_d, imgsz, augment=augment, seed=seed, rect_shapes=rect_shapes,
-                               orig_shapes=view.shapes, partners=partners or default_partners, recipe=recipe,
+                               orig_shapes=view.shapes, partners=plan.partners, recipe=recipe,
                                **recent)
         if partners in ("batch", "recent") and not sampler.draws_mosaics:
             raise ValueError(f"partners={partners!r} applies to mosaic training batches only, and this loader draws no "
@@ -692,7 +751,9 @@ def loader(
     fl = FastLoader(engine=eng, dataset=dataset, store=base, n=len(view), batch_size=batch_size, seed=seed,
                     shuffle=shuffle and not rect, rank=rank, world_size=world_size, drop_last=drop_last,
                     rect_batches=rect_batches, close_mosaic_epochs=int(close_mosaic), epochs=epochs,
-                    owns_store=owns_store, shards=shards)
+                    owns_store=owns_store, shards=shards, plan=plan)
+    if plan.by == "cache-too-small":
+        LOG.info("fastload: %r", fl)
     if close_mosaic and epochs is None:
         warnings.warn("fastload.loader: close_mosaic needs epochs=...; call loader.close_mosaic() yourself")
     return fl

@@ -15,6 +15,7 @@ from fastload.data.images import (
     decode_loaded,
     jpeg_is_complete,
     loaded_shape,
+    loaded_shapes,
     probe_shape,
     read_image_file,
     resize_long_side,
@@ -154,6 +155,21 @@ def test_ultralytics_rule_resizes_with_inter_linear_and_unknown_rule_is_refused(
         loaded_shape(313, 97, 100, "v5")
 
 
+@pytest.mark.parametrize("rule", ["yolov9", "ultralytics"])
+def test_loaded_shapes_equal_loaded_shape_of_every_row(rule):
+    """The array form plans every image of a large dataset at once: the sizes of the scalar rule, row by row
+    (sizes that truncate or round differently, long sides at, below and above imgsz, 1-pixel sides)."""
+    rng = np.random.default_rng(5)
+    shapes = np.concatenate([rng.integers(1, 4000, (3000, 2)), rng.integers(90, 170, (1000, 2)),
+                             [[640, 640], [640, 1], [1, 640], [1, 1], [641, 3], [3, 641], [639, 639], [720, 1280]]])
+    for imgsz in (32, 160, 640, 1280):
+        expected = [loaded_shape(int(h), int(w), imgsz, rule) for h, w in shapes]
+        assert loaded_shapes(shapes, imgsz, rule).tolist() == [list(hw) for hw in expected]
+    assert loaded_shapes(np.zeros((0, 2), np.int64), 640, rule).shape == (0, 2)  # an empty split
+    with pytest.raises(ValueError, match="loaded-image rule must be one of"):
+        loaded_shapes(shapes, 640, "v5")
+
+
 def test_resize_long_side_follows_loaded_shape_and_interpolation():
     img = _quadrants(313, 97)
     assert resize_long_side(img, 313) is img  # r == 1: untouched
@@ -222,15 +238,3 @@ def test_jpeg_decoder_environment_is_read_when_used(monkeypatch):
     monkeypatch.setenv("FASTLOAD_JPEG_DECODER", "nvjpeg")
     with pytest.raises(ValueError, match="FASTLOAD_JPEG_DECODER='nvjpeg'"):
         images.jpeg_decoder()
-
-
-@pytest.mark.parametrize("rule", ["yolov9", "ultralytics"])
-def test_loaded_shapes_equal_loaded_shape_row_by_row(rule):
-    from fastload.data.images import loaded_shape, loaded_shapes
-
-    rng = np.random.default_rng(0)
-    hw = np.concatenate([rng.integers(1, 4000, size=(5000, 2)), [[640, 3], [3, 640], [640, 640], [1, 1], [641, 7]]])
-    for imgsz in (32, 160, 333, 640, 1280):
-        want = np.array([loaded_shape(int(h), int(w), imgsz, rule) for h, w in hw], np.int64)
-        np.testing.assert_array_equal(loaded_shapes(hw, imgsz, rule), want)
-    assert loaded_shapes(np.zeros((0, 2), np.int64), 640, rule).shape == (0, 2)

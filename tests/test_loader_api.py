@@ -400,3 +400,32 @@ def test_the_jpeg_decoder_is_an_engine_option(synth_yaml, monkeypatch):
     assert used["pil"] == 0 and used["cv2"] > 0  # without the option: the process's default, cv2
     with pytest.raises(EngineOptionError, match="jpeg_decoder must be None or one of cv2, torchvision, pil, got 'nvjpeg'"):
         loader(synth_yaml, **kw, engine_options={"jpeg_decoder": "nvjpeg"})
+
+
+def test_default_partners_follow_the_decoded_cache(synth_yaml, shm_root):
+    """partners=None keeps YOLOv9's draw while the decoded set fits the machine's decoded cache and draws from the
+    batch once it does not (one decode per output image at most, not about 4.6), saying so in repr and stats; the
+    planned "batch" gives partners="batch"'s batches, and partners="dataset" still gets today's plan and batches."""
+    kw = dict(imgsz=192, batch_size=6, workers=0, seed=2, store="files")
+    small = {"decode_cache_mb": 1}  # the 24 images need 1.6 MB loaded at 192
+    runs, stats = {}, {}
+    for name, extra in (("planned-small", dict(engine_options=small)),
+                        ("batch-small", dict(partners="batch", engine_options=small)),
+                        ("dataset-small", dict(partners="dataset", engine_options=small)),
+                        ("planned-fits", {})):
+        with loader(synth_yaml, **kw, **extra) as fl:
+            runs[name], stats[name], text = batches(fl), fl.stats(), repr(fl)
+        if name == "planned-small":
+            assert "partners=batch (the decoded set, " in text and "exceeds the decode cache, 1.0 MB)" in text
+        if name == "planned-fits":
+            assert "partners=dataset (the decoded set, " in text and "fits the decode cache" in text
+    plans = {name: (s["partners"], s["partners_by"]) for name, s in stats.items()}
+    assert plans == {"planned-small": ("batch", "cache-too-small"), "batch-small": ("batch", "caller"),
+                     "dataset-small": ("dataset", "caller"), "planned-fits": ("dataset", "cache-fits")}
+    assert stats["planned-small"]["decodes"] <= stats["planned-small"]["images"] == 24
+    assert stats["dataset-small"]["decodes"] > 1.5 * 24  # many partners are images the cache has no place for
+    for a, b in (("planned-small", "batch-small"), ("dataset-small", "planned-fits")):
+        assert len(runs[a]) == len(runs[b]) == 4
+        for x, y in zip(runs[a], runs[b]):
+            assert torch.equal(x[0], y[0]) and torch.equal(x[1], y[1]) and x[2] == y[2]
+    assert not torch.equal(runs["planned-small"][0][0], runs["planned-fits"][0][0])

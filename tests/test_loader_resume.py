@@ -189,6 +189,25 @@ def test_one_ranks_state_resumes_every_rank(data):
             assert_identical([clone(b) for b in fl], expected)
 
 
+def test_a_planned_partners_state_resumes_with_the_plan_it_names(data, shm_root):
+    """A loader left to plan its partners records the plan it made ("batch": the 12 images loaded at 256 exceed a
+    1 MB decoded cache): the rest of the epoch resumes bit-identical with that plan, and a loader that planned
+    otherwise (its cache holds them all) refuses the state, naming the partners= to pass."""
+    small = dict(workers=0, engine_options={"decode_cache_mb": 1})
+    with make(data, "cpu", small, imgsz=256) as fl:
+        assert fl.plan.by == "cache-too-small"
+        it = iter(fl)
+        next(it)
+        state = fl.state_dict()
+        rest = [clone(b) for b in it]
+    assert state["partners"] == "batch"
+    with make(data, "cpu", dict(workers=0), imgsz=256) as fl, pytest.raises(ValueError, match="pass partners='batch'"):
+        fl.load_state_dict(state)
+    with make(data, "cpu", dict(workers=0), imgsz=256, partners="batch") as fl:
+        fl.load_state_dict(state)
+        assert_identical([clone(b) for b in fl], rest)
+
+
 def test_an_image_table_resumes_when_the_trainer_sets_it_again(data):
     run = dict(workers=0)
     table = [i // 2 for i in range(12)]  # --image-weights: each of the first six images twice

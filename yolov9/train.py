@@ -38,6 +38,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from fastload.augment.params import PARTNERS
 from fastload.cli.errors import OneLineParser, UsageError, add_debug_flag, run_reported
 
 from .checkpoint import jsonable, read_checkpoint, save_checkpoint
@@ -107,6 +108,9 @@ def _parser() -> OneLineParser:
     # fastload additions
     p.add_argument("--loader", choices=("cpu", "gpu", "dali"), default="cpu", help="fastload augmentation engine")
     p.add_argument("--store", default=None, help="fastload store: auto, files, lmdb, encoded, disk, ram (default auto)")
+    p.add_argument("--partners", choices=PARTNERS, default=None,
+                   help="where mosaic partners are drawn from (fastload.loader's partners=; default: the loader's "
+                        "plan, docs/augmentation.md)")
     p.add_argument("--data-seed", type=int, default=None,
                    help="seed of the epoch order and augmentation (default: --seed); the official trainer's data "
                         "stream does not depend on its --seed, so fix this to compare seeds as it does")
@@ -456,11 +460,14 @@ def _train(opt: argparse.Namespace, stop_request: _StopRequest) -> dict:
     train_loader = fastload.loader(
         opt.data, split="train", imgsz=opt.imgsz, batch_size=per_rank, hyp=hyp, augment=True, store=store,
         engine=opt.loader, **engine_class(opt.loader).renderer_keywords(opt.workers),  # workers, or Ray actors
-        shuffle=True, rect=opt.rect, stride=gs,
+        shuffle=True, rect=opt.rect, stride=gs, partners=opt.partners,
         seed=opt.seed if opt.data_seed is None else opt.data_seed,
         rank=ddp.rank, world_size=ddp.world, min_items=opt.min_items, single_cls=opt.single_cls,
         device=device if cuda else None,
         hsv_on="consumer" if cuda else None)  # None: the engine's default
+    # the run's partners, as the loader planned them (saved with the options): a resume keeps them even where this
+    # machine's decoded cache would plan otherwise
+    opt.partners = train_loader.plan.partners
     val_loader = None
     if ddp.main:
         val_loader = make_val_loader(opt.data, opt.imgsz, max(per_rank * 2, 1), workers=min(opt.workers, 4),

@@ -142,9 +142,9 @@ class CPUEngine(Engine):
 
     Default ``partners="dataset"`` (YOLOv9's own draw): this engine's decoded-image cache is one per
     machine, so once the dataset fits in it every image is decoded once per machine in the first
-    epoch and mosaic partners cost no decode after that. Choose ``partners="batch"`` when the
-    decoded dataset does not fit the cache (``decode_cache_slots < decode_cache_images`` in
-    :meth:`stats`, ``fastload bench`` says so): each batch then decodes its own images once.
+    epoch and mosaic partners cost no decode after that. When the decoded dataset does not fit the
+    cache, ``loader(partners=None)`` plans ``"batch"`` instead (:class:`fastload.fastloader.PartnerPlan`):
+    each batch then decodes its own images once.
     """
 
     name = "cpu"

@@ -292,9 +292,10 @@ class RayEngine(Engine):
 
     Default ``partners="dataset"`` (YOLOv9's own draw), for the CPU engine's reason: the actors of a node
     share its decoded-image cache (``RayOptions.decode_cache_mb``), so once a node's cache holds the
-    dataset, mosaic partners cost no decode there. Choose ``partners="batch"`` when the decoded dataset
-    does not fit a node's cache, or with many nodes (each node's cache fills with the images its own
-    actors read, so every node decodes the dataset once).
+    dataset, mosaic partners cost no decode there. ``loader(partners=None)`` plans ``"batch"`` when the decoded
+    dataset does not fit the cache bound of the machine that builds the loader
+    (:class:`fastload.fastloader.PartnerPlan`); choose it yourself when a node's cache is smaller, or with many
+    nodes (each node's cache fills with the images its own actors read, so every node decodes the dataset once).
     """
 
     name = "ray"

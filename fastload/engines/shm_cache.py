@@ -57,11 +57,11 @@ from typing import Any, Callable
 import numpy as np
 import psutil
 
-from fastload.data.images import LoadRule, ShrinkFilter, loaded_shape
+from fastload.data.images import LoadRule, ShrinkFilter, loaded_shapes
 from fastload.store import shm
 from fastload.store.base import Store
 from fastload.store.kinds import SHM_PREFIX, shm_root
-from fastload.store.space import fmt_bytes, free_bytes
+from fastload.store.space import fmt_bytes, free_bytes, size_bytes
 from fastload.store.view import StoreView
 
 PREFIX = SHM_PREFIX + "dcache-"
@@ -104,6 +104,31 @@ def auto_decode_cache_bytes() -> int:
     return int(psutil.virtual_memory().total // 8)
 
 
+def _budget_bytes(budget_mb: int | None) -> int:
+    """The bound an engine option asks for (None: :func:`auto_decode_cache_bytes`; 0: no cache)."""
+    return auto_decode_cache_bytes() if budget_mb is None else int(budget_mb) << 20
+
+
+def planned_cache_bytes(budget_mb: int | None) -> int:
+    """The most pixels a decoded cache made with the option ``budget_mb`` can hold on this machine: the bound
+    (:func:`_budget_bytes`) within 9/10 of the shared-memory filesystem's size. Its size, not its free space:
+    the same figure for every process of the machine whenever it asks, so loaders that plan by it (the default
+    mosaic partners, :func:`fastload.loader`) plan alike on every rank."""
+    return max(0, min(_budget_bytes(budget_mb), int(size_bytes(shm_root()) * 0.9)))
+
+
+def decoded_set_bytes(store: Store, imgsz: int, load_rule: LoadRule) -> int:
+    """Bytes of the loaded pixels of every image of ``store``'s root store at ``imgsz``: what a decoded cache
+    needs to hold the whole dataset (its layout covers the root store, whatever the view)."""
+    hw = _loaded_hw(_root_store(store)[0], imgsz, load_rule)
+    return int((hw[:, 0] * hw[:, 1] * 3).sum())
+
+
+def _loaded_hw(base: Store, imgsz: int, load_rule: LoadRule) -> np.ndarray:
+    """int64 [N, 2] loaded ``(h, w)`` of every image of ``base``."""
+    return loaded_shapes(base.shapes, imgsz, load_rule)
+
+
 def open_decode_cache(store: Store, imgsz: int, load_rule: LoadRule, *, decode_scale: str, shrink: ShrinkFilter,
                       budget_mb: int | None, jpeg_decoder: str | None = None) -> "SharedDecodeCache | None":
     """This machine's decoded cache of a loader's store, as an engine option asks for it.
@@ -119,7 +144,7 @@ def open_decode_cache(store: Store, imgsz: int, load_rule: LoadRule, *, decode_s
     """
     if store.decoded:
         return None
-    budget = auto_decode_cache_bytes() if budget_mb is None else int(budget_mb) << 20
+    budget = _budget_bytes(budget_mb)
     if budget <= 0:
         return None
     # what decides the loaded pixels besides the store and imgsz (see Store.load)
@@ -193,7 +218,7 @@ class SharedDecodeCache:
             return None
         shm.cleanup_stale(prefix=PREFIX)
         base, base_idx = _root_store(store)
-        base_hw = np.array([loaded_shape(int(h), int(w), imgsz, load_rule) for h, w in base.shapes], np.int64).reshape(-1, 2)
+        base_hw = _loaded_hw(base, imgsz, load_rule)
         segment = segment_path(store, imgsz, recipe)
         try:
             shm.acquire(segment, lambda seg: _build(seg, base_hw, int(budget), imgsz, recipe),

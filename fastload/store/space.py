@@ -24,11 +24,21 @@ def fmt_bytes(n: float) -> str:
 
 def free_bytes(path: str | Path) -> int:
     """Free bytes for an unprivileged writer on the filesystem holding ``path`` (or its nearest parent)."""
+    st = _statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
+def size_bytes(path: str | Path) -> int:
+    """Size of the filesystem holding ``path`` (or its nearest parent), used or not."""
+    st = _statvfs(path)
+    return st.f_blocks * st.f_frsize
+
+
+def _statvfs(path: str | Path) -> os.statvfs_result:
     p = Path(path)
     while not p.exists():
         p = p.parent
-    st = os.statvfs(p)
-    return st.f_bavail * st.f_frsize
+    return os.statvfs(p)
 
 
 def tree_bytes(path: str | Path) -> int:

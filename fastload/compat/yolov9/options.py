@@ -41,7 +41,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("partners", parse_choice(PARTNERS), "auto",
            "where mosaic partners of the training loader come from: dataset (YOLOv9), batch (the batch's own images: "
            "one decode per image; for datasets larger than memory), recent (the last images of the epoch order: "
-           "Ultralytics' buffer), auto (the engine's default; the Ultralytics layer: Ultralytics' rule)"),
+           "Ultralytics' buffer), auto (the loader's plan: the engine's default, batch where the decoded set exceeds "
+           "the decoded cache; the Ultralytics layer: Ultralytics' rule)"),
     Option("strict", parse_bool, False,
            "a damaged record (an LMDB crc mismatch, an undecodable image, a disk/ram checksum mismatch) stops the "
            "run with one StoreError line; default: it is skipped (warned once, counted, its samples drawn again)"),
