@@ -13,6 +13,7 @@ from fastload.bench import pagecache
 from fastload.bench.analysis import StoreInfo, analyse, expected_reads
 from fastload.bench.decoders import DECODERS, available_decoders
 from fastload.bench.stages import STAGES, Measurement, measure_augment, measure_loader
+from fastload.store.space import fmt_bytes
 from store_helpers import run_cli
 
 
@@ -213,11 +214,9 @@ def test_analysis_names_each_bottleneck():
     assert decode["bottleneck"] == "decode"
     assert "decode-bound" in decode["sentence"] and "4.6 decodes per mosaic image" in decode["sentence"]
     assert decode["configs"]["files"]["limit_samples_per_s"] == pytest.approx(100 * 8 / 4.6)
-    # the decode-bound case names its remedy and what it would reach: one decode per output image
-    assert "does not fit the machine's decoded-image cache" in decode["sentence"]
+    # without a decoded-image cache the loader keeps YOLOv9's draw: the sentence names the remedy and its ceiling
+    assert "no decoded-image cache" in decode["sentence"]
     assert 'partners="batch"' in decode["sentence"] and "ceiling ~800 samples/s" in decode["sentence"]
-    half = _analyse(_ms(5000, 50000, 100, 200, None), cache=5 * 10**8)  # half the decoded set fits the cache
-    assert "ceiling ~1600 samples/s" in half["sentence"]
     read = _analyse(_ms(50, 50000, 1000, 200, 10), big=True)  # bigger than RAM: cold reads count
     assert read["bottleneck"] == "read" and "fastload stage" in read["sentence"]
     aug = _analyse(_ms(5000, 50000, 1000, 20, 150), cache=10**10)  # whole set in the decode cache
@@ -230,6 +229,34 @@ def test_analysis_names_each_bottleneck():
     assert shared["bottleneck"] == "workers" and "other processes kept 3.5 of the 8 cores" in shared["sentence"]
     unknown = analyse([], {}, cores=2, workers=2, ram_available=1e9, hyp={}, decode_cache_bytes=0)
     assert unknown["bottleneck"] == "unknown"
+
+
+def test_decode_ceiling_follows_the_loaders_partners_plan():
+    # half the decoded set (1 GB) fits the cache: the loader plans partners="batch", 1 load per sample, half decoded
+    larger = _analyse(_ms(5000, 50000, 100, 400, None), cache=5 * 10**8)
+    decode = larger["configs"]["files"]["ceilings"]["decode"]
+    assert decode["partners"] == "batch" and decode["decodes_per_sample"] == pytest.approx(0.5)
+    assert larger["bottleneck"] == "decode" and larger["configs"]["files"]["limit_samples_per_s"] == pytest.approx(1600)
+    sentence = larger["sentence"]
+    assert "0.5 decodes per mosaic image" in sentence and "already draws mosaic partners from the batch" in sentence
+    assert f"partners=batch (the decoded set, {fmt_bytes(10**9)}, exceeds the decode cache, {fmt_bytes(5 * 10**8)})" in sentence
+    assert 'partners="dataset" gives YOLOv9\'s draw at ~2.3 decodes per sample' in sentence
+    assert "decode_cache_mb" in sentence and "--to ram" in sentence
+    # the loader stage ran with that plan: its share of cache misses is per loaded image, one per sample
+    ran = _ms(5000, 50000, 100, 400, 900)
+    ran[-1].extra.update(decode_miss_fraction=0.8)
+    measured = _analyse(ran, cache=5 * 10**8)["configs"]["files"]
+    assert measured["ceilings"]["decode"]["decodes_per_sample"] == pytest.approx(0.8)
+    assert measured["limit_samples_per_s"] == pytest.approx(1000)
+    # a set that fits keeps YOLOv9's draw: only the first epoch decodes, and the sentence says so
+    first = _ms(5000, 50000, 100, 400, 300)
+    first[-1].extra.update(decode_miss_fraction=0.5)
+    fits = _analyse(first, cache=10**10)
+    assert fits["configs"]["files"]["ceilings"]["decode"]["partners"] == "dataset"
+    assert fits["configs"]["files"]["limit_samples_per_s"] == pytest.approx(100 * 8 / 2.3)
+    assert "2.3 decodes per mosaic image" in fits["sentence"]
+    assert f"fits its {fmt_bytes(10**10)}); later epochs decode nothing" in fits["sentence"]
+    assert 'For a short run: loader(..., partners="batch") decodes each image once per batch' in fits["sentence"]
 
 
 def test_expected_reads_matches_yolov9_defaults():

@@ -5,8 +5,10 @@ The model, per store (in output samples/s, i.e. augmented training images):
 * read    = read rate / reads per sample (warm when the store fits in the page cache, else cold;
             warm reads scale with the worker count, cold ones are taken as one reader),
 * decode  = single-core decode+resize rate x parallel workers / decodes per sample (encoded stores
-            only; the machine's decoded-image cache removes the decodes of every image it holds, and
-            ``partners="batch"`` brings the rest to at most one per sample, which the sentence quotes),
+            only; the machine's decoded-image cache removes the decodes of every image it holds; where the
+            decoded set exceeds it, the loader plans ``partners="batch"`` (:func:`planned_partners`): each
+            batch loads its own images once, so at most one decode per sample; what the loader stage
+            measured, when it ran, replaces the modelled share of misses),
 * augment = single-core augmentation rate x parallel workers,
 
 where "reads per sample" is what the augmentation stage counted (4 per mosaic, + 4 when mixup fires:
@@ -49,6 +51,14 @@ def expected_reads(hyp: dict[str, Any]) -> float:
     return p_mosaic * (4.0 + 4.0 * p_mixup) + (1.0 - p_mosaic)
 
 
+def planned_partners(info: StoreInfo, decode_cache_bytes: int) -> str:
+    """Where the default loader (``partners=None``, the cpu engine) draws mosaic partners from on this store, as
+    :class:`fastload.fastloader.PartnerPlan` plans them: ``"batch"`` when the decoded set of an encoded store
+    exceeds the machine's decoded-image cache, else the engine's ``"dataset"`` (no cache, a decoded store, or
+    a set that fits)."""
+    return "batch" if not info.decoded and 0 < decode_cache_bytes < info.loaded_bytes else "dataset"
+
+
 def _find(ms: Sequence[Measurement], stage: str, name: str) -> Measurement | None:
     for m in ms:
         if m.stage == stage and m.name == name and m.ok:
@@ -88,9 +98,13 @@ def _config_ceilings(
             dec = max(others, key=lambda m: m.samples_per_s) if others else None
         if dec is not None:
             cached = min(1.0, decode_cache_bytes / info.loaded_bytes) if info.loaded_bytes else 0.0
-            per_sample = reads * (1.0 - cached)
+            partners = planned_partners(info, decode_cache_bytes)
+            # images a sample loads (each a cache hit or a miss): with "batch" the batch's own, once each
+            loads = 1.0 if partners == "batch" else reads
+            per_sample = loads * (1.0 - cached)
             if loader is not None and loader.extra.get("decode_miss_fraction") is not None:
-                per_sample = reads * float(loader.extra["decode_miss_fraction"])  # what the run really did
+                # what the run really did (the loader stage passes no partners: it ran with this plan)
+                per_sample = loads * float(loader.extra["decode_miss_fraction"])
             if per_sample > 1e-9:
                 out["decode"] = {
                     "samples_per_s": dec.samples_per_s * parallel / per_sample,
@@ -101,6 +115,9 @@ def _config_ceilings(
                     "cached_fraction": cached,
                     "loaded_bytes": info.loaded_bytes,
                     "cache_bytes": decode_cache_bytes,
+                    "partners": partners,
+                    # YOLOv9's draw (partners="dataset"): every read the cache misses decodes
+                    "dataset_partners_decodes_per_sample": reads * (1.0 - cached),
                     # partners="batch": each batch decodes its own images once, those the cache misses
                     "batch_partners_samples_per_s": dec.samples_per_s * parallel / max(1.0 - cached, 1e-9),
                 }
@@ -234,13 +251,21 @@ def _sentence(
                 f"{fmt_bytes(info['loaded_bytes'])}, fits its {fmt_bytes(info['cache_bytes'])}); later epochs decode "
                 "nothing. For a short run: loader(..., partners=\"batch\") decodes each image once per batch"
             )
+        if info["partners"] == "batch":
+            return "decode", (
+                f"{head}: the loader already draws mosaic partners from the batch (its plan: partners=batch (the "
+                f"decoded set, {fmt_bytes(info['loaded_bytes'])}, exceeds the decode cache, "
+                f"{fmt_bytes(info['cache_bytes'])})), so each image of a batch decodes once, at most 1 decode per "
+                "output image, fewer as the cache serves the images it holds; partners=\"dataset\" gives YOLOv9's "
+                f"draw at ~{info['dataset_partners_decodes_per_sample']:.1f} decodes per sample. Give the cache room "
+                "(engine_options={\"decode_cache_mb\": ...}: one cache per machine, shared by every rank) or convert "
+                "to a ram or disk store (`fastload convert DATA --to ram`)"
+            )
         return "decode", (
-            f"{head}: the decoded dataset ({fmt_bytes(info.get('loaded_bytes', 0))}) does not fit the machine's "
-            f"decoded-image cache ({fmt_bytes(info.get('cache_bytes', 0))}), so mosaic partners are decoded again and "
-            "again. Draw them from the batch: loader(..., partners=\"batch\") decodes each image of a batch once "
-            f"(at most 1 decode per output image: ceiling ~{info['batch_partners_samples_per_s']:.0f} samples/s; "
-            "YOLOv9's own draw is partners=\"dataset\"); or give the cache room (engine_options="
-            "{\"decode_cache_mb\": ...}: one cache per machine, shared by every rank) or convert to a ram store "
+            f"{head}: the loader has no decoded-image cache on this machine (no shared memory or file locks for it), so mosaic partners are "
+            "decoded again and again. Draw them from the batch: loader(..., partners=\"batch\") decodes each image "
+            f"of a batch once (at most 1 decode per output image: ceiling ~{info['batch_partners_samples_per_s']:.0f} "
+            "samples/s; YOLOv9's own draw is partners=\"dataset\"); or convert to a ram or disk store "
             "(`fastload convert DATA --to ram`)"
         )
     return "augment", (

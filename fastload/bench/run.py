@@ -45,7 +45,7 @@ from fastload.bench.stages import (
 from fastload.data.config import load_data_config
 from fastload.engines.factory import ENGINES
 from fastload.engines.ray_engine import disconnect as ray_disconnect
-from fastload.engines.shm_cache import auto_decode_cache_bytes
+from fastload.engines.shm_cache import ENTRY_LOCKS, decoded_set_bytes, planned_cache_bytes
 from fastload.store.base import StoreError
 from fastload.store.convert import convert as do_convert
 from fastload.store.factory import open_store
@@ -222,20 +222,16 @@ def _store_info(store: Any, imgsz: int) -> StoreInfo:
             size += os.path.getsize(f)
         except OSError:
             pass
-    hw = np.asarray(store.shapes, np.float64).reshape(-1, 2)
-    if len(hw):
-        r = imgsz / np.maximum(hw.max(1), 1)
-        loaded = int((np.round(hw[:, 0] * r) * np.round(hw[:, 1] * r) * 3).sum())
-    else:
-        loaded = 0
     return StoreInfo(
-        kind=store.kind, decoded=bool(store.decoded), n=len(store), bytes=size, loaded_bytes=loaded,
+        kind=store.kind, decoded=bool(store.decoded), n=len(store), bytes=size,
+        loaded_bytes=decoded_set_bytes(store, imgsz, "yolov9"),  # what the loader's partners plan compares
         in_memory=store.kind == "ram" or pagecache.in_memory(files),
     )
 
 
 def _decode_cache_bytes() -> int:
-    return int(auto_decode_cache_bytes())
+    """The decoded-image cache bound the loader plans its mosaic partners by (0: no cache on this platform)."""
+    return planned_cache_bytes(None) if ENTRY_LOCKS else 0
 
 
 def _fmt_row(m: Measurement) -> str:
