@@ -362,7 +362,10 @@ class FaultyProxy:
                     self.close_connection = True
                 conn.close()
 
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        class Server(http.server.ThreadingHTTPServer):
+            request_queue_size = 128  # a burst of parallel connects waits in the backlog, as a real server's would
+
+        self.server = Server(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
         self.thread.start()
@@ -507,11 +510,12 @@ def test_a_hung_server_is_retried_for_the_budget_then_one_line_names_the_url(upl
     err = capsys.readouterr().err.strip().splitlines()
     # 16 requests in parallel, each retried: one line says the wait (once per REPORT_EVERY_S per process), one the end
     assert len(err) == 2 and proxy.unanswered > 16, (proxy.unanswered, err)
-    wait_line = re.fullmatch(rf"fastload: ({re.escape(uploaded)}/builds/\S+) unavailable for 0 s \(ReadTimeoutError\); "
+    # a hung server times out reads; one whose backlog is full (or a loaded machine) may time out the connect too
+    wait_line = re.fullmatch(rf"fastload: ({re.escape(uploaded)}/builds/\S+) unavailable for 0 s \((Read|Connect)TimeoutError\); "
                              rf"retrying for up to 1 s more \(retry budget: FASTLOAD_RETRY_SECONDS=1\)", err[0])
     assert wait_line, err[0]
     assert re.fullmatch(rf"fastload stage: {re.escape(uploaded)}/builds/\S+: HEAD failed after \d+ tries in \d+ s "
-                        rf"\(retry budget: FASTLOAD_RETRY_SECONDS=1\): ReadTimeoutError: Read timeout on endpoint "
+                        rf"\(retry budget: FASTLOAD_RETRY_SECONDS=1\): (Read|Connect)TimeoutError: (Read|Connect) timeout on endpoint "
                         rf"URL: .*",
                         err[1]), err[1]
     assert 1 <= waited < 1 + 15  # the budget, then the last tries' timeouts: bounded, never botocore's 6 x 60 s
@@ -552,7 +556,7 @@ def test_an_outage_shorter_than_the_budget_is_only_a_wait_mid_epoch(uploaded, tm
         assert np.array_equal(np.asarray(targets), np.asarray(ref_targets)) and list(paths) == list(ref_paths)
     err = capfd.readouterr().err.strip().splitlines()
     records = str(store.records_url)
-    assert err and all(re.fullmatch(rf"fastload: {re.escape(records)} unavailable for \d+ s \(ReadTimeoutError\); "
+    assert err and all(re.fullmatch(rf"fastload: {re.escape(records)} unavailable for \d+ s \((Read|Connect)TimeoutError\); "
                                     rf"retrying for up to \d+ s more \(retry budget: retry_seconds=30\)", line)
                        for line in err), err
 
