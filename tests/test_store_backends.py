@@ -279,3 +279,67 @@ def test_a_cold_lmdb_record_is_read_ahead_not_page_by_page(stores, tmp_path, mon
     monkeypatch.setattr("fastload.store.lmdb_store.READAHEAD", False)  # the check can tell the two apart
     faults, pages = cold_faults()
     assert faults > pages / 2, (faults, pages)
+
+
+def _mapped_rss(data_file: Path) -> int:
+    """Bytes of ``data_file`` resident in this process's mappings of it (the ``Rss:`` lines of /proc/self/smaps)."""
+    name = str(data_file.resolve())
+    total, in_file = 0, False
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            first = line.split(maxsplit=1)[0]
+            if "-" in first and not first.endswith(":"):  # a mapping's header line: "start-end perms ... path"
+                in_file = line.rstrip("\n").endswith(name)
+            elif in_file and first == "Rss:":
+                total += int(line.split()[1]) * 1024
+    return total
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="no /proc/self/smaps to read a mapping's RSS from")
+def test_lmdb_readers_release_the_pages_they_read_from_their_rss(tmp_path, monkeypatch):
+    """Reading every record of an LMDB store (a worker over epochs, `fastload verify`) keeps the store's pages in
+    the reader's RSS to about the release bound, not the whole store; the bytes read after a release are the same."""
+    from fastload.store import lmdb_store
+    from fastload.store.verify import verify_store
+
+    rng = np.random.default_rng(0)
+    images = [rng.integers(0, 256, int(rng.integers(80_000, 160_000)), np.uint8).tobytes() for _ in range(120)]
+    writer = lmdb_store.LmdbWriter(tmp_path / "train.lmdb", job={"test": "release"}, map_size=64 << 20)
+    no_boxes = np.zeros((0, 5), np.float32)
+    writer.add_many([(i, im, no_boxes, (64, 64), f"{i}.jpg", None) for i, im in enumerate(images)])
+    path, _ = writer.commit(len(images), {"kind": "lmdb", "names": []})
+    data_file = path / "data.mdb"
+    store_bytes = sum(len(im) for im in images)  # about 14 MiB
+
+    def read_all_peak_rss() -> int:
+        peak = 0
+        with lmdb_store.LmdbStore(path) as store:
+            for i, expected in enumerate(images):
+                assert store.read_image(i) == expected  # also after the releases before it
+                peak = max(peak, _mapped_rss(data_file))
+        return peak
+
+    bound = 1 << 20
+    # What stays mapped past the bound: the record that crossed it, and the page cache's folios (up to 2 MiB each
+    # with large folios) that a fault maps whole, at either end of the span read since the last release.
+    limit = bound + (5 << 20)
+    monkeypatch.setattr(lmdb_store, "RELEASE_EVERY", bound)
+    assert read_all_peak_rss() < limit
+
+    # verify reads through the same path (record_ok), a second pass: its RSS stays as small while it checks every
+    # record
+    verify_peak = 0
+    record_ok = lmdb_store.LmdbStore.record_ok
+
+    def record_ok_and_rss(store: lmdb_store.LmdbStore, i: int) -> bool:
+        nonlocal verify_peak
+        ok = record_ok(store, i)
+        verify_peak = max(verify_peak, _mapped_rss(data_file))
+        return ok
+
+    monkeypatch.setattr(lmdb_store.LmdbStore, "record_ok", record_ok_and_rss)
+    result = verify_store(path)
+    assert result.ok and result.n == len(images) and verify_peak < limit
+
+    monkeypatch.setattr(lmdb_store, "RELEASE_EVERY", 1 << 40)  # never released: the check can tell the two apart
+    assert read_all_peak_rss() > 0.9 * store_bytes

@@ -13,16 +13,20 @@ Keys (all values are raw bytes, msgpack or JSON; never pickle)::
 which records are done. ``crc32`` covers the image bytes followed by the label bytes.
 
 Readers open the environment read-only without the lock file (``lock=False``), lazily in each
-process (re-opened after fork), so any number of DataLoader workers and DDP ranks can read at once.
+process (re-opened after fork), so any number of DataLoader workers and DDP ranks can read at once. Each process
+drops the pages it has read from its RSS every ``RELEASE_EVERY`` bytes (Linux), so none maps the whole store.
 """
 from __future__ import annotations
 
+import ctypes
 import json
+import mmap
 import os
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import lmdb
 import msgpack
@@ -70,27 +74,93 @@ def _open_env(path: Path, *, write: bool = False, map_size: int = 1 << 30) -> lm
     )
 
 
+#: Bytes a process reads from one environment before it drops the map's pages from its resident set. Every page a
+#: reader touches stays mapped in it (file-backed and shared, but counted by RSS-based limits of Kubernetes and
+#: Slurm): without this a worker, or ``fastload verify``, ends up with the whole store in its RSS. The pages stay in
+#: the page cache; the next read of one maps it again from there.
+RELEASE_EVERY = 64 << 20
+
+
+def _map_span(env: lmdb.Environment, path: Path) -> tuple[int, int] | None:
+    """(address, length) of this process's read-only shared mapping of ``path``/data.mdb, found in
+    /proc/self/maps as the one holding a record's bytes (py-lmdb's ``info()["map_addr"]`` is 0 without
+    MDB_FIXEDMAP); None where that file is absent (not Linux) or the store has no metadata record yet."""
+    try:
+        with open("/proc/self/maps") as maps_file:
+            maps = maps_file.read().splitlines()
+    except OSError:
+        return None
+    with env.begin(buffers=True) as txn:
+        view = txn.get(META_KEY)
+        if view is None:
+            return None
+        address = np.frombuffer(view, np.uint8).ctypes.data
+        del view  # no view into the map outlives its transaction
+    data_file = os.path.realpath(path / "data.mdb")
+    for line in maps:
+        fields = line.split(maxsplit=5)
+        start, end = (int(bound, 16) for bound in fields[0].split("-"))
+        # Only a shared mapping of data.mdb itself: MADV_DONTNEED on a private one would discard its contents.
+        if start <= address < end and fields[1][3] == "s" and len(fields) == 6 and fields[5] == data_file:
+            return start, end - start
+    return None
+
+
+def _madvise_function() -> Callable[[int, int, int], int] | None:
+    """libc's madvise where the platform has MADV_DONTNEED (not Windows)."""
+    if not hasattr(mmap, "MADV_DONTNEED"):
+        return None
+    madvise = ctypes.CDLL(None, use_errno=True).madvise  # the symbols this process has loaded: libc's among them
+    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    madvise.restype = ctypes.c_int
+    return madvise
+
+
+_MADVISE = _madvise_function()
+
+
+@dataclass
+class _SharedEnv:
+    """An environment open in this process, the stores using it, and the bytes read from it since its map's pages
+    were last released."""
+
+    env: lmdb.Environment
+    users: int
+    map_span: tuple[int, int] | None
+    unreleased: int = 0
+
+    def count_read(self, nbytes: int) -> None:
+        """Count ``nbytes`` read through the map; past :data:`RELEASE_EVERY`, drop the map's pages from this
+        process's RSS. Safe with no copy of the data lost: the reads return bytes copies, and a read-only shared
+        file mapping faults its pages back in from the page cache (or the file)."""
+        self.unreleased += nbytes
+        if self.unreleased > RELEASE_EVERY and self.map_span is not None and _MADVISE is not None:
+            # A failure (which would only leave the pages mapped) changes nothing for the reads: not checked.
+            _MADVISE(self.map_span[0], self.map_span[1], mmap.MADV_DONTNEED)
+            self.unreleased = 0
+
+
 # py-lmdb allows one Environment per path per process, so stores (and metadata reads) in one process
-# share it: {(pid, real path): [env, users]}.
-_ENVS: dict[tuple[int, str], list[Any]] = {}
+# share it: {(pid, real path): _SharedEnv}.
+_ENVS: dict[tuple[int, str], _SharedEnv] = {}
 
 
-def _acquire_env(path: Path) -> lmdb.Environment:
+def _acquire_env(path: Path) -> _SharedEnv:
     key = (os.getpid(), os.path.realpath(path))
-    entry = _ENVS.get(key)
-    if entry is None:
+    shared = _ENVS.get(key)
+    if shared is None:
         # A handle inherited through fork still counts as open in this process: close our copy of it
         # (lock-free and read-only, this only unmaps it here) before opening a fresh one.
         for other in [k for k in _ENVS if k[1] == key[1] and k[0] != key[0]]:
             try:
-                _ENVS.pop(other)[0].close()
+                _ENVS.pop(other).env.close()
             except lmdb.Error:
                 pass
         env = _open_env(path)
         _check_complete(env, path)
-        entry = _ENVS[key] = [env, 0]
-    entry[1] += 1
-    return entry[0]
+        shared = _ENVS[key] = _SharedEnv(env, 0, _map_span(env, path))
+    shared.users += 1
+    return shared
 
 
 def _check_complete(env: lmdb.Environment, path: Path) -> None:
@@ -108,13 +178,13 @@ def _check_complete(env: lmdb.Environment, path: Path) -> None:
 
 def _release_env(path: Path) -> None:
     key = (os.getpid(), os.path.realpath(path))
-    entry = _ENVS.get(key)
-    if entry is None:
+    shared = _ENVS.get(key)
+    if shared is None:
         return
-    entry[1] -= 1
-    if entry[1] <= 0:
+    shared.users -= 1
+    if shared.users <= 0:
         del _ENVS[key]
-        entry[0].close()
+        shared.env.close()
 
 
 def read_lmdb_meta(path: Path) -> dict[str, Any]:
@@ -125,7 +195,7 @@ def read_lmdb_meta(path: Path) -> dict[str, Any]:
         if partial.exists():
             raise IncompleteStoreError(f"{path} was never finished: {partial} is {finish_hint(partial)}")
         raise StoreError(f"no LMDB store at {path} (no data.mdb)")
-    env = _acquire_env(path)
+    env = _acquire_env(path).env
     try:
         with env.begin() as txn:
             raw = txn.get(META_KEY)
@@ -155,11 +225,13 @@ class LmdbStore(Store):
         self.path = str(path)
         self.meta = read_lmdb_meta(Path(path))
         self.names = list(self.meta.get("names", []))
-        self._env: lmdb.Environment | None = None
-        with self._environment().begin() as txn:
+        self._shared: _SharedEnv | None = None
+        shared = self._environment()
+        with shared.env.begin() as txn:
             raw = txn.get(INDEX_KEY)
         if raw is None:
             raise StoreError(f"{path}: metadata present but index record missing (damaged store)")
+        shared.count_read(len(raw))  # the index of a large store is large too (tens of MB at 1M images)
         index = msgpack.unpackb(bytes(raw), raw=False)
         self.keys = np.frombuffer(index["keys"], np.int64).copy()
         self.shapes = np.frombuffer(index["shapes"], np.int32).reshape(-1, 2).copy()
@@ -171,21 +243,23 @@ class LmdbStore(Store):
             raise StoreError(f"{path}: index arrays disagree on the number of samples")
 
     def _handles(self) -> tuple[str, ...]:
-        return ("_env",)
+        return ("_shared",)
 
-    def _environment(self) -> lmdb.Environment:
+    def _environment(self) -> _SharedEnv:
         # One environment per process: an LMDB handle must not be used across fork.
-        if self._env is None or self._forked():
+        if self._shared is None or self._forked():
             self._pid = os.getpid()
-            self._env = _acquire_env(Path(self.path))
-        return self._env
+            self._shared = _acquire_env(Path(self.path))
+        return self._shared
 
     def _read_bytes(self, i: int) -> bytes:
         i = self.check_index(i)
-        with self._environment().begin() as txn:
+        shared = self._environment()
+        with shared.env.begin() as txn:
             buf = txn.get(_image_key(int(self.keys[i])))
         if buf is None:
             raise self.damaged(i, "read", "its image value is missing")
+        shared.count_read(len(buf))
         return bytes(buf)
 
     def read_image(self, i: int) -> bytes:
@@ -207,8 +281,8 @@ class LmdbStore(Store):
         return record_checksum(buf, self.labels[i]) == int(self.checksums[i])
 
     def close(self) -> None:
-        env, self._env = self._env, None
-        if env is not None and not self._forked():
+        shared, self._shared = self._shared, None
+        if shared is not None and not self._forked():
             _release_env(Path(self.path))
 
 
