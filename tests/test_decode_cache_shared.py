@@ -92,7 +92,10 @@ def _rank_main(rank: int, yaml_path: str, out_dir: str) -> None:
 @pytest.mark.timeout(180)
 def test_two_ranks_share_one_cache_filled_in_the_first_epoch(coco128_yaml, shm_root, tmp_path):
     yaml_path = _subset_yaml(coco128_yaml, tmp_path, N_IMAGES)
-    tmp.spawn(_rank_main, args=(str(yaml_path), str(tmp_path)), nprocs=WORLD, join=True)
+    # the ranks are forked from this process (torch imported already) rather than spawned (each spawned
+    # interpreter imported torch again); this module starts no Ray, whose threads can hang a fork (conftest.py)
+    tmp.start_processes(_rank_main, args=(str(yaml_path), str(tmp_path)), nprocs=WORLD, join=True,
+                        start_method="fork")
     r = [json.loads((tmp_path / f"rank{k}.json").read_text()) for k in range(WORLD)]
     seg = r[0]["decode_cache_segment"]
     assert r[1]["decode_cache_segment"] == seg  # one segment for the machine

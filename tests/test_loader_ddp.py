@@ -34,7 +34,11 @@ def _rank_main(rank: int, yaml_path: str, out_dir: str) -> None:
 
 @pytest.mark.timeout(120)
 def test_two_gloo_ranks_get_disjoint_equal_covering_shards(synth_yaml, tmp_path):
-    tmp.spawn(_rank_main, args=(str(synth_yaml), str(tmp_path)), nprocs=WORLD, join=True)
+    # the ranks are forked from this process, which has imported torch already: two spawned interpreters each
+    # imported torch again (seconds of CPU apiece). Fork is safe here: this module starts no Ray (its gRPC threads
+    # are what make a fork hang, see conftest.py), and the loader's own CPU workers are forked the same way.
+    tmp.start_processes(_rank_main, args=(str(synth_yaml), str(tmp_path)), nprocs=WORLD, join=True,
+                        start_method="fork")
     r = [json.loads((tmp_path / f"rank{k}.json").read_text()) for k in range(WORLD)]
     n, files = r[0]["n"], r[0]["files"]
     assert r[0]["len"] == r[1]["len"]
