@@ -1,7 +1,8 @@
 """Runs inside a process that has a copy of the official YOLOv9 code on ``sys.path`` (see ``official.py``).
 
 It is our own script: it imports the official modules and calls them, the way a user's script would. The
-official checkpoints are pickles, so they are opened only here; everything this script writes is a dict of
+official checkpoints are pickles, so they are opened only here, by torch's weights-only unpickler with the
+official, torch and standard-library classes they name allowed (``_read_official``); everything this script writes is a dict of
 plain tensors, strings and numbers that the project reads back with ``torch.load(weights_only=True)``.
 
 Commands (``--root`` is the official copy):
@@ -140,8 +141,32 @@ def cmd_val(a: argparse.Namespace) -> None:
     torch.save({"precision": float(p), "recall": float(r), "mAP50": float(map50), "mAP50-95": float(map5095)}, a.out)
 
 
+# An official checkpoint pickles the whole model: the classes it may name are the official repository's own
+# (models., utils.) and PyTorch's, NumPy's and the standard library's containers; anything else is refused.
+_OFFICIAL_PICKLE_MODULES = ("models.", "utils.", "torch.", "numpy.", "collections.", "builtins.", "copyreg.",
+                            "argparse.", "pathlib.", "_codecs.")
+
+
+def _read_official(path: str) -> dict:
+    """An official checkpoint, read by torch's weights-only unpickler with exactly the classes it names allowed,
+    once each is known to come from the modules above (no other code can run while it is read)."""
+    names = torch.serialization.get_unsafe_globals_in_checkpoint(path)
+    foreign = [n for n in names if not n.startswith(_OFFICIAL_PICKLE_MODULES)]
+    if foreign:
+        raise SystemExit(f"{path}: names classes outside the official code, torch and the standard library: {foreign}")
+    allowed = []
+    for name in names:
+        module, _, attr = name.rpartition(".")
+        found = importlib.import_module(module)
+        for part in attr.split("."):
+            found = getattr(found, part)
+        allowed.append(found)
+    with torch.serialization.safe_globals(allowed):
+        return torch.load(path, map_location="cpu", weights_only=True)
+
+
 def cmd_export(a: argparse.Namespace) -> None:
-    ckpt = torch.load(a.ckpt, map_location="cpu", weights_only=False)  # an official pickle: only in here
+    ckpt = _read_official(a.ckpt)
     model = (ckpt.get("ema") or ckpt["model"]).float()
     names = model.names
     names = [names[k] for k in sorted(names)] if isinstance(names, dict) else list(names)
