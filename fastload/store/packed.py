@@ -172,14 +172,19 @@ class RecordFileStore(Store):
         """Record ``i``'s image bytes, checked against the crc32 written at conversion on every read, as an LMDB
         store does (small beside decoding them); :class:`DamagedRecordError` when they (or its labels) changed."""
         buf = self._record(i).tobytes()
-        if self.check_on_read and record_checksum(buf, self.labels[i]) != int(self.checksums[i]):
+        if self.check_on_read and not self._intact(i, buf):
             raise self.damaged(i, "checksum", "crc32 mismatch (image bytes or labels changed since conversion)")
         return buf
 
     def record_ok(self, i: int) -> bool:
         """True when record ``i``'s bytes and labels still match the checksum written at conversion."""
         i = self.check_index(i)
-        return record_checksum(self._record(i), self.labels[i]) == int(self.checksums[i])
+        return self._intact(i, self._record(i))
+
+    def _intact(self, i: int, payload: bytes | np.ndarray) -> bool:
+        """True when ``payload``, record ``i``'s bytes from wherever they were read, and its labels match the crc32
+        written at conversion."""
+        return record_checksum(payload, self.labels[i]) == int(self.checksums[i])
 
     def close(self) -> None:
         # Dropping the reference unmaps once no returned view is alive; closing the mmap by force
@@ -228,7 +233,7 @@ class PackedStore(RecordFileStore):
         img = self._view(i)
         checked: np.ndarray = self._checked  # type: ignore[assignment]  # the first read made this process's bitmap
         if self.check_on_read and not checked[i]:
-            if record_checksum(img, self.labels[i]) != int(self.checksums[i]):
+            if not self._intact(i, img):
                 raise self.damaged(i, "checksum", "crc32 mismatch (decoded pixels or labels changed since conversion)")
             checked[i] = True
         return img

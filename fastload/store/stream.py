@@ -52,7 +52,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from fastload.data.checksum import file_crc32, record_checksum
+from fastload.data.checksum import file_crc32
 from fastload.store.base import DamagedRecordError, ReadAhead, StoreError
 from fastload.store.objects.client import RetryPolicy, UnavailableError, retry_policy, s3_client
 from fastload.store.objects.manifest import MANIFEST, Manifest, fetch, read_manifest
@@ -573,9 +573,6 @@ class StreamingStore(PackedStore):
     def _checked_record(self, i: int) -> np.ndarray | bytes:
         """Record ``i`` from the cache, checked as its local store checks it."""
         return super().read_image(i) if self.decoded else self._encoded_record(i)
-
-    def _intact(self, i: int, record: bytes | np.ndarray) -> bool:
-        return record_checksum(record, self.labels[i]) == int(self.checksums[i])
 
     def _source_damage(self, i: int) -> DamagedRecordError:
         return self.damaged(i, "checksum", "crc32 mismatch in the uploaded object (damaged or changed in the bucket "
