@@ -120,13 +120,8 @@ def planned_cache_bytes(budget_mb: int | None) -> int:
 def decoded_set_bytes(store: Store, imgsz: int, load_rule: LoadRule) -> int:
     """Bytes of the loaded pixels of every image of ``store``'s root store at ``imgsz``: what a decoded cache
     needs to hold the whole dataset (its layout covers the root store, whatever the view)."""
-    hw = _loaded_hw(_root_store(store)[0], imgsz, load_rule)
+    hw = loaded_shapes(_root_store(store)[0].shapes, imgsz, load_rule)
     return int((hw[:, 0] * hw[:, 1] * 3).sum())
-
-
-def _loaded_hw(base: Store, imgsz: int, load_rule: LoadRule) -> np.ndarray:
-    """int64 [N, 2] loaded ``(h, w)`` of every image of ``base``."""
-    return loaded_shapes(base.shapes, imgsz, load_rule)
 
 
 def open_decode_cache(store: Store, imgsz: int, load_rule: LoadRule, *, decode_scale: str, shrink: ShrinkFilter,
@@ -218,7 +213,7 @@ class SharedDecodeCache:
             return None
         shm.cleanup_stale(prefix=PREFIX)
         base, base_idx = _root_store(store)
-        base_hw = _loaded_hw(base, imgsz, load_rule)
+        base_hw = loaded_shapes(base.shapes, imgsz, load_rule)
         segment = segment_path(store, imgsz, recipe)
         try:
             shm.acquire(segment, lambda seg: _build(seg, base_hw, int(budget), imgsz, recipe),
