@@ -342,7 +342,8 @@ def test_info_counts_polygons_keypoints_and_obb_rows(synth, converted):
             else:
                 assert stats["polygons"] == len(counts) and stats["obb_shaped"] == int((counts == 4).sum())
                 assert f"polygons (segments) {len(counts)}" in text
-    plain = dataset_info(make_synthetic_dataset(Path(converted["obb"]).parent / "detect", n_train=2, n_val=0), ["train"])
+    detect = make_synthetic_dataset(Path(converted["obb"]).parent / "detect", n_train=2, n_val=0)
+    plain = dataset_info(detect, ["train"])
     assert not {"polygons", "keypoint_instances"} & set(plain["splits"]["train"])
 
 

@@ -7,7 +7,8 @@ import time
 
 from fastload.cli.errors import UsageError, whole
 
-TASKS = ("detect", "segment", "pose", "obb")  # fastload.data.synthetic.TASKS (not imported: `fastload --help` stays light)
+# fastload.data.synthetic.TASKS (not imported from there: `fastload --help` stays light)
+TASKS = ("detect", "segment", "pose", "obb")
 
 
 def register(sub: "argparse._SubParsersAction", help_text: str) -> argparse.ArgumentParser:
@@ -22,8 +23,9 @@ def register(sub: "argparse._SubParsersAction", help_text: str) -> argparse.Argu
     p.add_argument("--max-size", type=whole(16), default=640, help="largest random long side in pixels (default 640)")
     p.add_argument("--max-objects", type=whole(0), default=6, help="objects per image at most (default 6)")
     p.add_argument("--task", choices=TASKS, default="detect",
-                   help="label rows to write: detect (boxes, the default), segment (exact polygons), pose (boxes + 5 "
-                        "keypoints with visibility; kpt_shape and flip_idx in the yaml) or obb (rotated boxes' corners)")
+                   help="label rows to write: detect (boxes, the default), segment (exact polygons), pose (boxes + "
+                        "5 keypoints with visibility; kpt_shape and flip_idx in the yaml) or obb (rotated boxes' "
+                        "corners)")
     p.add_argument("--plant-faults", action="store_true",
                    help="also add one file of each fault (truncated JPEG, zero-byte file, PNG named .jpg, class 99, "
                         "x=1.7, 4 columns, text) to train, to see what `fastload info`/`convert` report")

@@ -126,7 +126,8 @@ def _parse_keypoints(raw: Mapping[str, Any], origin: str) -> tuple[tuple[int, in
     shape, flip = raw.get("kpt_shape"), raw.get("flip_idx")
     if shape is None:
         if flip is not None:
-            raise _fail(origin, "'flip_idx' is given without 'kpt_shape'; add kpt_shape: [K, D] (pose labels) or drop it")
+            raise _fail(origin, "'flip_idx' is given without 'kpt_shape'; add kpt_shape: [K, D] (pose labels) or "
+                                "drop it")
         return None, None
     if (not isinstance(shape, (list, tuple)) or len(shape) != 2
             or not all(isinstance(v, int) and not isinstance(v, bool) for v in shape)

@@ -4,7 +4,8 @@ Each image is checked cheaply (header probe for the EXIF-aware shape, plus the J
 marker) or fully decoded with ``verify="full"``; its label file is parsed and validated. Corrupt
 samples are skipped and counted, never fatal. Results are cached in a ``.npz`` of flat arrays (no
 pickle, no per-image object: the image paths as one blob, the labels as one ``float32 [M, 5]`` array
-with offsets, and the points of segment / pose / OBB rows as one ``float32 [P, D]`` array with per-row offsets) beside the labels folder -- ``labels/train2017.fastload.cache`` -- or in the user cache
+with offsets, the points of segment / pose / OBB rows as one ``float32 [P, D]`` array with per-row
+offsets) beside the labels folder -- ``labels/train2017.fastload.cache`` -- or in the user cache
 directory (``$FASTLOAD_CACHE_DIR``, else ``$XDG_CACHE_HOME/fastload``, else ``~/.cache/fastload``)
 when that folder is read-only.
 

@@ -335,7 +335,8 @@ class FlatLabels(Sequence[np.ndarray]):
         return None if self.point_offsets is None else np.diff(self.point_offsets)
 
     def image(self, i: int) -> ImageLabels:
-        """Image ``i``'s rows, points and per-row point offsets from 0 (views, no copy; points None without geometry)."""
+        """Image ``i``'s rows, points and per-row point offsets from 0 (views, no copy; points None without
+        geometry)."""
         rows = self[i]
         k = int(i) + len(self) if int(i) < 0 else int(i)
         if self.points is None or self.point_offsets is None:

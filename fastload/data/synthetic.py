@@ -133,7 +133,8 @@ def _polygon(rng: np.random.Generator, task: str, kind: int, x0: int, y0: int, b
         corners = cv2.boxPoints(((x0 + (bw - 1) / 2, y0 + (bh - 1) / 2), size, float(rng.uniform(0, 180))))
         return np.round(corners).astype(np.int32)
     if task == "pose":
-        return np.array([[x0 + fx * (bw - 1), y0 + fy * (bh - 1)] for fx, fy in POSE_KEYPOINTS]).round().astype(np.int32)
+        kpts = [[x0 + fx * (bw - 1), y0 + fy * (bh - 1)] for fx, fy in POSE_KEYPOINTS]
+        return np.array(kpts).round().astype(np.int32)
     x1, y1 = x0 + bw - 1, y0 + bh - 1
     if kind == 0:
         return np.array([[x0, y0], [x1, y0], [x1, y1], [x0, y1]], np.int32)
@@ -241,7 +242,8 @@ def make_synthetic_dataset(
             stem = f"{split}_{k:05d}"
             _write_image(im_dir / stem, img, _image_kind(k))
             (lb_dir / f"{stem}.txt").write_text(text)
-    data: dict[str, Any] = {"path": ".", "train": "images/train", "val": "images/val", "nc": nc, "names": class_names(nc)}
+    data: dict[str, Any] = {"path": ".", "train": "images/train", "val": "images/val", "nc": nc,
+                            "names": class_names(nc)}
     if task == "pose":
         data.update(kpt_shape=[len(POSE_KEYPOINTS), 3], flip_idx=POSE_FLIP_IDX)
     yaml_path = out / "data.yaml"

@@ -390,7 +390,8 @@ def label_arrays(labels: FlatLabels) -> dict[str, np.ndarray]:
     return out
 
 
-def geometry_meta(labels: FlatLabels, kpt_shape: Sequence[int] | None, flip_idx: Sequence[int] | None) -> dict[str, Any]:
+def geometry_meta(labels: FlatLabels, kpt_shape: Sequence[int] | None,
+                  flip_idx: Sequence[int] | None) -> dict[str, Any]:
     """``{"geometry": ...}`` for a store's metadata when its labels carry points, else ``{}``: the task the points
     serve (``pose`` with ``kpt_shape``; ``obb`` when every polygon has 4 corners; else ``segment``), their dimension,
     and the data yaml's ``kpt_shape`` / ``flip_idx``."""

@@ -380,7 +380,8 @@ class LmdbWriter:
 
         Returns the final path and the ``(file, reason)`` of every source image that was skipped.
         """
-        keys, labels, shapes, files, sums, skipped = [], [], [], [], [], []  # type: ignore[var-annotated]
+        keys, shapes, files, sums, skipped = [], [], [], [], []
+        labels: list[np.ndarray | ImageLabels] = []
         with self.env.begin() as txn:
             for src in range(n_sources):
                 raw = txn.get(_record_key(src))
