@@ -262,6 +262,12 @@ def test_the_index_cache_keeps_the_points(synth):
     np.testing.assert_array_equal(again.labels.points, first.labels.points)
     np.testing.assert_array_equal(again.labels.point_offsets, first.labels.point_offsets)
     assert again.kpt_shape == (5, 3)
+    # the same files under another kpt_shape: the cache does not serve them, every row is read again (and refused)
+    other = synth["pose"].with_name("other.yaml")
+    other.write_text(synth["pose"].read_text().replace("kpt_shape:\n- 5\n- 3", "kpt_shape:\n- 5\n- 2"))
+    wrong = build_index(other, "train", progress=False)
+    assert not wrong.report.cache_hit and wrong.kpt_shape == (5, 2)
+    assert wrong.report.rows_dropped == len(first.labels.rows) and set(wrong.report.by_kind()) == {"bad_keypoints"}
 
 
 @pytest.fixture(scope="module")
