@@ -89,7 +89,7 @@ def parse_labels(text: str, nc: int, path: str = "<labels>", tol: float = COORD_
                  kpt_shape: Sequence[int] | None = None) -> LabelResult:
     """Parse and validate YOLO label text against ``nc`` classes (and ``kpt_shape`` ``(K, D)`` for pose labels).
 
-    Which rows a file holds (the rule of YOLOv9's and Ultralytics' ``verify_image_label``, decided per file):
+    Which rows a file holds is decided per file, as YOLOv9's and Ultralytics' ``verify_image_label`` decide it:
 
     * with ``kpt_shape``, every row is a pose row ``class xc yc w h`` + K keypoints of D values (D=2: x y, whose
       visibility is 0 where x or y is negative, else 1, as Ultralytics derives it; D=3: x y visibility); points
@@ -128,7 +128,8 @@ def parse_labels(text: str, nc: int, path: str = "<labels>", tol: float = COORD_
                                           f"{kpt_dim} values, kpt_shape {[n_kpt, kpt_dim]} in the data yaml)")
             continue
         if polygons and (n < 5 or n % 2 == 0):
-            bad(line_no, "bad_columns", f"{n} columns: an odd number of coordinates (want class + x y pairs)")
+            what = "an odd number of coordinates" if n % 2 == 0 else "fewer than 2 points"
+            bad(line_no, "bad_columns", f"{n} columns: {what} (want class + x y pairs)")
             continue
         if kpt_shape is None and not polygons and n != 5:
             bad(line_no, "bad_columns", f"{n} columns (want 5: class xc yc w h, or class + >=3 x y pairs)")
