@@ -406,3 +406,16 @@ def test_synth_cli_task_option(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["synth", str(tmp_path / "x"), "--task", "classify"])
     assert "invalid choice: 'classify'" in capsys.readouterr().err
+
+
+def test_min_items_and_single_cls_keep_the_points():
+    from fastload.fastloader import _filter
+
+    rows = [np.array([[3, 0.5, 0.5, 0.2, 0.2]], np.float32), np.zeros((0, 5), np.float32),
+            np.array([[1, 0.5, 0.5, 0.2, 0.2], [2, 0.4, 0.4, 0.1, 0.1]], np.float32)]
+    pts = [np.full((3, 2), 0.5, np.float32), None, np.arange(14, dtype=np.float32).reshape(7, 2) / 20]
+    flat = FlatLabels.from_arrays(rows, pts, [np.array([0, 3]), None, np.array([0, 4, 7])])
+    keep, out = _filter(flat, 1, True)
+    assert keep.tolist() == [0, 2] and out.rows[:, 0].tolist() == [0, 0, 0]
+    np.testing.assert_array_equal(out.points, np.concatenate([pts[0], pts[2]]))
+    assert out.point_offsets.tolist() == [0, 3, 7, 10]
