@@ -20,7 +20,7 @@ import numpy as np
 
 from fastload.augment.params import ImageParams, SampleParams, translation
 
-__all__ = ["batch_targets", "transform_labels", "box_candidates", "xyxy_to_xywhn"]
+__all__ = ["batch_targets", "transform_labels", "box_candidates", "xyxy_to_xywhn", "moved_boxes", "batch_images"]
 
 Labels = Union[Sequence[np.ndarray], Callable[[int], np.ndarray]]
 
@@ -39,12 +39,13 @@ def box_candidates(
     return (w2 > wh_thr) & (h2 > wh_thr) & (w2 * h2 / (w1 * h1 + eps) > area_thr) & (ar < ar_thr)
 
 
-def _boxes(
+def moved_boxes(
     images: Sequence[ImageParams], owners: Sequence[int], get_labels: Callable[[int], np.ndarray]
-) -> tuple[np.ndarray, np.ndarray]:
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """float64 [n, 5] ``(cls, x0, y0, x1, y1)`` boxes in output pixels of every tile of several
-    images sharing one output size, in one vectorised pass, and per box the ``owners`` entry of its
-    image (the sample it belongs to).
+    images sharing one output size, in one vectorised pass, per box the ``owners`` entry of its
+    image (the sample it belongs to), and per box its row in the label rows of all tiles in order
+    (images, then tiles, then rows: what a caller moving per-row data with the boxes selects by).
 
     The per-tile loop only collects label arrays and tile constants; every row then carries its
     tile's crop, matrix and candidate scale, so the arithmetic is a handful of array operations
@@ -70,7 +71,7 @@ def _boxes(
             tile_owner.append(owner)
             persp = persp or not tile.is_affine
     if not labs:
-        return np.zeros((0, 5)), np.zeros(0, np.intp)
+        return np.zeros((0, 5)), np.zeros(0, np.intp), np.zeros(0, np.intp)
     lab = np.concatenate(labs, dtype=np.float64) if len(labs) > 1 else labs[0].astype(np.float64)
     rows = np.repeat(np.arange(len(counts)), counts) if len(counts) > 1 else np.zeros(len(lab), np.intp)
     c = np.array(consts, np.float64)[rows]  # per row: crop lo (x, y, x, y), crop hi, (w, h), candidate scale
@@ -102,12 +103,13 @@ def _boxes(
     np.maximum(out[:, 1:5], 0, out=out[:, 1:5])
     np.minimum(out[:, 1:5], (ow, oh, ow, oh), out=out[:, 1:5])
     owner = np.asarray(tile_owner, np.intp)[rows]
+    source = np.arange(len(lab))
     cand = c[:, 10]
     filtered = ~np.isnan(cand)
     if filtered.any():
         keep = box_candidates(xy * cand[:, None], out[:, 1:5]) | ~filtered
-        out, owner = out[keep], owner[keep]
-    return out, owner
+        out, owner, source = out[keep], owner[keep], source[keep]
+    return out, owner, source
 
 
 def xyxy_to_xywhn(boxes: np.ndarray, out_hw: tuple[int, int], eps: float = 1e-3) -> np.ndarray:
@@ -126,6 +128,23 @@ def xyxy_to_xywhn(boxes: np.ndarray, out_hw: tuple[int, int], eps: float = 1e-3)
     return out
 
 
+def batch_images(records: Sequence[SampleParams]) -> tuple[list[ImageParams], list[int]]:
+    """The composed images of a batch in label order (each record's main image, then its mixup
+    partner) and the position of the record each belongs to. Raises ``ValueError`` when the
+    records do not share one output size."""
+    out_hw = records[0].image.out_hw if records else None
+    if any(p.image.out_hw != out_hw for p in records):
+        raise ValueError(f"records of one batch have different output sizes {sorted({p.image.out_hw for p in records})}")
+    images, owners = [], []
+    for k, p in enumerate(records):
+        images.append(p.image)
+        owners.append(k)
+        if p.mixup is not None:
+            images.append(p.mixup)
+            owners.append(k)
+    return images, owners
+
+
 def batch_targets(records: Sequence[SampleParams], labels: Labels) -> np.ndarray:
     """YOLOv9 ``targets`` of a batch: float32 [N, 6] (position in ``records``, cls, xc, yc, w, h)
     normalised to the output, ordered by sample, boxes of one sample in tile order (the main
@@ -139,17 +158,9 @@ def batch_targets(records: Sequence[SampleParams], labels: Labels) -> np.ndarray
     if not records:
         return np.zeros((0, 6), np.float32)
     out_hw = records[0].image.out_hw
-    if any(p.image.out_hw != out_hw for p in records):
-        raise ValueError(f"records of one batch have different output sizes {sorted({p.image.out_hw for p in records})}")
     get = labels if callable(labels) else labels.__getitem__
-    images, owners = [], []
-    for k, p in enumerate(records):
-        images.append(p.image)
-        owners.append(k)
-        if p.mixup is not None:
-            images.append(p.mixup)
-            owners.append(k)
-    boxes, owner = _boxes(images, owners, get)
+    images, owners = batch_images(records)
+    boxes, owner, _ = moved_boxes(images, owners, get)
     out = np.empty((len(boxes), 6), np.float32)
     out[:, 0] = owner
     out[:, 1:] = xyxy_to_xywhn(boxes, out_hw)

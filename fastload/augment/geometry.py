@@ -1,0 +1,432 @@
+"""Moving polygons, keypoints and oriented boxes with augmentation records (segment, pose and obb tasks).
+
+:func:`transform_geometry` moves every instance of a batch of :class:`~fastload.augment.params.SampleParams`
+records: its box (the ``targets`` of :func:`~fastload.augment.boxes.batch_targets`, same per-sample order:
+main image tiles, then the mixup partner's) and its points (a segment's polygon, a pose row's keypoints, an
+oriented box's corners). It reads labels through a callable ``index -> (rows, points, point_offsets)``:
+``rows`` float32 [n, 5] ``(cls, xc, yc, w, h)`` normalised, ``points`` float32 [p, D] normalised to the image
+(D = 2: polygon points; D = 3: keypoints ``x, y, visibility``), ``point_offsets`` int64 [n + 1] (row ``r`` owns
+``points[point_offsets[r]:point_offsets[r + 1]]``).
+
+Each task follows its reference's semantics, because masks are compared with the reference's masks pixel by
+pixel (a 0.5 px shift of a polygon costs a 40 px-wide instance about 1 % of its mask IoU at ``mask_ratio=4``):
+
+* points move with the tile's matrix applied to their coordinates as both references apply theirs (pixel
+  coordinate ``u * w`` of the loaded image straight through the matrix; detection boxes instead follow the
+  pixels exactly, :mod:`fastload.augment.boxes`); validation letterboxes move them with the tile's
+  ``box_matrix`` in the reference's own float32 arithmetic, so they are the reference's bit for bit;
+* ``"yolov9"`` (``utils/segment``: segment only): a mosaic tile clips its polygons to what it shows (YOLOv9
+  clips to its canvas: the same region for points inside the image), then each polygon is resampled to
+  1000 points along its closed outline (``resample_segments``), warped, and its box re-derived from the warped
+  points that lie inside the output (``segment2box``); the polygon itself is not clipped. Candidates as
+  YOLOv9's with ``area_thr=0.01``;
+* ``"ultralytics"`` (8.4): polygons are resampled when loaded (1000 points, 100 for oriented boxes, the
+  original vertices kept), clipped to the tile, warped; a segment's box is its polygon's extent inside the
+  output, the polygon is then clipped to that box; oriented boxes keep their direction when cut by an edge
+  (``preserve_obb``: the part inside, as a rectangle in the box's own orientation); keypoints leaving the tile
+  or the output get visibility 0 and are clipped. Pose boxes are the detection boxes, keypoints move with
+  the detection boxes' pixel-exact matrix (within 0.5 px of Ultralytics', which is off the pixels by as much).
+
+A row without points in a segment or obb task is taken as its box's four corners.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Literal, Sequence, get_args
+
+import cv2
+import numpy as np
+
+from fastload.augment.boxes import batch_images, box_candidates, moved_boxes, xyxy_to_xywhn
+from fastload.augment.params import ImageParams, Recipe, SampleParams, TileParams, translation
+
+__all__ = [
+    "GeometryLabels",
+    "Task",
+    "TASKS",
+    "Geometry",
+    "transform_geometry",
+    "resample_polygon",
+    "obb_xywhr",
+]
+
+#: ``index -> (rows float32 [n, 5], points float32 [p, D], point_offsets int64 [n + 1])``, normalised.
+GeometryLabels = Callable[[int], tuple[np.ndarray, np.ndarray, np.ndarray]]
+
+#: The tasks with points: ``"segment"`` (polygons), ``"pose"`` (keypoints), ``"obb"`` (oriented boxes).
+Task = Literal["segment", "pose", "obb"]
+TASKS: tuple[str, ...] = get_args(Task)
+
+#: Points per polygon after resampling (YOLOv9 ``resample_segments``; Ultralytics ``segment_resamples``).
+SEGMENT_POINTS = 1000
+OBB_POINTS = 100
+#: The candidate filter's area threshold when boxes come from polygons (both references).
+SEGMENT_AREA_THR = 0.01
+
+_EDGE_IN = translation(-0.5, -0.5)
+_EDGE_OUT = translation(0.5, 0.5)
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """The moved labels of a batch, one entry per instance, in :func:`batch_targets` order.
+
+    Attributes:
+        targets: float32 [N, 6] ``(position in the batch, cls, xc, yc, w, h)`` normalised to the output, flips
+            applied (YOLOv9 ``targets``).
+        points: float64 [P, D] output pixels *before* the flips (YOLOv9 rasterises its masks unflipped and flips
+            the rasters: :mod:`fastload.augment.masks`); :meth:`flipped_points` gives them after.
+        offsets: int64 [N + 1]: instance ``i`` owns ``points[offsets[i]:offsets[i + 1]]``.
+        flip_ud / flip_lr: bool [N], the flips of each instance's sample.
+        out_hw: the output ``(h, w)``.
+        task / recipe: what moved them.
+    """
+
+    targets: np.ndarray
+    points: np.ndarray
+    offsets: np.ndarray
+    flip_ud: np.ndarray
+    flip_lr: np.ndarray
+    out_hw: tuple[int, int]
+    task: Task
+    recipe: Recipe
+
+    def __len__(self) -> int:
+        return len(self.targets)
+
+    def polygons(self, flipped: bool = False) -> list[np.ndarray]:
+        """Instance ``i``'s points as an array ``[k_i, D]`` (after the flips with ``flipped``)."""
+        pts = self.flipped_points() if flipped else self.points
+        return [pts[a:b] for a, b in zip(self.offsets[:-1].tolist(), self.offsets[1:].tolist())]
+
+    def flipped_points(self, flip_idx: Sequence[int] | None = None) -> np.ndarray:
+        """``points`` after the flips (``x -> w - x``, ``y -> h - y``, Ultralytics' ``Instances.fliplr/flipud``);
+        keypoints of a flipped instance are reordered through ``flip_idx`` for each flip, as Ultralytics'
+        ``RandomFlip`` does (pass it for pose: left and right joints swap)."""
+        out = self.points.copy()
+        h, w = self.out_hw
+        counts = np.diff(self.offsets)
+        for flag, axis, size in ((self.flip_ud, 1, h), (self.flip_lr, 0, w)):
+            per_point = np.repeat(flag, counts)
+            out[per_point, axis] = size - out[per_point, axis]
+        if self.task == "pose" and flip_idx is not None and len(self):
+            k = int(counts[0])
+            if len(flip_idx) != k:
+                raise ValueError(f"flip_idx has {len(flip_idx)} entries for {k} keypoints per instance")
+            kp = out.reshape(len(self), k, -1)
+            perm = np.asarray(flip_idx, np.intp)
+            for flag in (self.flip_ud, self.flip_lr):
+                kp[flag] = kp[flag][:, perm]
+        return out
+
+
+# ----------------------------------------------------------------------------------------- polygons
+def resample_polygon(poly: np.ndarray, n: int, keep_vertices: bool) -> np.ndarray:
+    """``n`` points evenly spaced in vertex index along the closed outline of ``poly`` [k, 2].
+
+    ``keep_vertices=False``: YOLOv9's ``resample_segments`` (float64, the vertices themselves only where they
+    fall on the spacing). ``True``: Ultralytics' (float32; the ``k`` vertices kept, ``n - k - 1`` points
+    spaced between them; a polygon of ``n`` points is returned unchanged)."""
+    if keep_vertices and len(poly) == n:
+        return poly.astype(np.float32)
+    closed = np.concatenate((poly, poly[:1]), 0)
+    xp = np.arange(len(closed))
+    if keep_vertices and len(closed) < n:
+        t = np.linspace(0, len(closed) - 1, n - len(closed))
+        t = np.insert(t, np.searchsorted(t, xp), xp)
+    else:
+        t = np.linspace(0, len(closed) - 1, n)
+    out = np.stack([np.interp(t, xp, closed[:, 0]), np.interp(t, xp, closed[:, 1])], 1)
+    return out.astype(np.float32) if keep_vertices else out
+
+
+def _inside_vertex_box(poly: np.ndarray, w: float, h: float) -> np.ndarray:
+    """YOLOv9 ``segment2box``: the extent of the points inside ``[0, w] x [0, h]``; zeros when none is, or when
+    every inside x is 0 (its ``any(x)`` test)."""
+    x, y = poly[:, 0], poly[:, 1]
+    inside = (x >= 0) & (y >= 0) & (x <= w) & (y <= h)
+    x, y = x[inside], y[inside]
+    if not x.any():
+        return np.zeros(4)
+    return np.array([x.min(), y.min(), x.max(), y.max()])
+
+
+def _clipped_extent_box(poly: np.ndarray, w: float, h: float) -> np.ndarray:
+    """Ultralytics 8.4 ``segment2box``: the extent of the polygon's part inside ``[0, w] x [0, h]`` (inside
+    vertices, crossings of the edges with the image border, image corners inside the polygon); zeros when
+    nothing is inside."""
+    if not len(poly):
+        return np.zeros(4)
+    x, y = poly[:, 0], poly[:, 1]
+    lo, hi = poly.min(0), poly.max(0)
+    if lo[0] >= 0 and lo[1] >= 0 and hi[0] <= w and hi[1] <= h:
+        return np.array([lo[0], lo[1], hi[0], hi[1]])
+    if hi[0] < 0 or hi[1] < 0 or lo[0] > w or lo[1] > h:
+        return np.zeros(4)
+    found = [poly[(x >= 0) & (y >= 0) & (x <= w) & (y <= h)]]
+    delta = np.roll(poly, -1, 0) - poly
+    for axis, bound, lim in ((0, 0.0, h), (0, w, h), (1, 0.0, w), (1, h, w)):
+        with np.errstate(divide="ignore", invalid="ignore"):
+            t = (bound - poly[:, axis]) / delta[:, axis]
+        cross = poly + t[:, None] * delta
+        other = cross[:, 1 - axis]
+        found.append(cross[(t >= 0) & (t <= 1) & (other >= 0) & (other <= lim)])
+    contour = poly.astype(np.float32)
+    corners = [c for c in ((0.0, 0.0), (w, 0.0), (0.0, h), (w, h)) if cv2.pointPolygonTest(contour, c, False) >= 0]
+    found.append(np.array(corners, np.float64).reshape(-1, 2))
+    pts = np.concatenate(found, 0)
+    if not len(pts):
+        return np.zeros(4)
+    return np.concatenate((pts.min(0), pts.max(0)))
+
+
+def _aligned_visible(poly: np.ndarray, rect: tuple[float, float, float, float], n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Ultralytics' ``preserve_obb`` clip of one oriented box crossing ``rect`` ``(x0, y0, x1, y1)``: the extent
+    of its visible part, and that part's bounding rectangle in the box's own orientation as ``n`` points (both
+    zero when nothing is visible)."""
+    x0, y0, x1, y1 = rect
+    canvas = np.array(((x0, y0), (x1, y0), (x1, y1), (x0, y1)), np.float32)
+    area, visible = cv2.intersectConvexConvex(cv2.convexHull(poly.astype(np.float32)), canvas)
+    if visible is None or area <= 0:
+        return np.zeros(4), np.zeros((n, 2))
+    visible = visible.reshape(-1, 2)
+    box = np.concatenate((visible.min(0), visible.max(0))).astype(np.float64)
+    (_, _), (bw, bh), angle = cv2.minAreaRect(poly.astype(np.float32))
+    if bw < bh:
+        angle += 90
+    angle = np.deg2rad(angle)
+    cos, sin = np.cos(angle), np.sin(angle)
+    basis = np.array(((cos, -sin), (sin, cos)), np.float32)
+    aligned = visible @ basis
+    (u1, v1), (u2, v2) = aligned.min(0), aligned.max(0)
+    corners = np.array(((u2, v2), (u2, v1), (u1, v1), (u1, v2)), np.float32)
+    return box, resample_polygon(corners @ basis.T, n, True).astype(np.float64)
+
+
+def _apply(m: np.ndarray, pts: np.ndarray) -> np.ndarray:
+    """``pts`` [k, 2] through the 3x3 matrix ``m`` (perspective divide when it has a perspective row)."""
+    out = pts @ m[:2, :2].T + m[:2, 2]
+    if m[2, 0] != 0.0 or m[2, 1] != 0.0 or m[2, 2] != 1.0:
+        out = out / (pts @ m[2, :2] + m[2, 2])[:, None]
+    return out
+
+
+def _letterbox_points(pts32: np.ndarray, hw: tuple[int, int], e: np.ndarray, recipe: Recipe) -> np.ndarray:
+    """Normalised float32 points of a validation letterbox tile in output pixels, in the reference's own float32
+    arithmetic (``e``: the edge-convention letterbox, scale ``r`` and pad): YOLOv9 ``xyn2xy(x, r * w, r * h,
+    padw, padh)``, Ultralytics ``denormalize``, ``scale(r)``, ``add_padding(left, top)``."""
+    h, w = hw
+    out = np.empty(pts32.shape, np.float32)
+    for axis, size in ((0, w), (1, h)):
+        r, pad = e[axis, axis], e[axis, 2]
+        if recipe == "yolov9":
+            out[:, axis] = pts32[:, axis] * np.float32(r * size) + np.float32(pad)
+        else:
+            out[:, axis] = pts32[:, axis] * np.float32(size) * np.float32(r) + np.float32(round(pad))
+    return out.astype(np.float64)
+
+
+def _box_corners(rows: np.ndarray) -> np.ndarray:
+    """[n, 4, 2] normalised corners of ``(cls, xc, yc, w, h)`` rows (the polygon of a row without points)."""
+    xc, yc, bw, bh = (rows[:, k : k + 1] for k in range(1, 5))
+    x0, x1, y0, y1 = xc - bw / 2, xc + bw / 2, yc - bh / 2, yc + bh / 2
+    return np.stack([np.concatenate(v, 1) for v in ((x0, y0), (x1, y0), (x1, y1), (x0, y1))], 1).astype(np.float32)
+
+
+def _row_polygons(rows: np.ndarray, points: np.ndarray, offsets: np.ndarray, src: int) -> list[np.ndarray]:
+    """Row ``r``'s normalised float32 polygon [k, 2] (its box's corners when it has no points)."""
+    if points.ndim != 2 or points.shape[1] != 2:
+        raise ValueError(f"labels of image {src}: polygon points must be [p, 2], got {points.shape}")
+    corners = None
+    out = []
+    for r, (a, b) in enumerate(zip(offsets[:-1].tolist(), offsets[1:].tolist())):
+        if b > a:
+            out.append(points[a:b].astype(np.float32))
+        else:
+            corners = _box_corners(rows) if corners is None else corners
+            out.append(corners[r])
+    return out
+
+
+def _edge_matrix(tile: TileParams) -> np.ndarray:
+    """The matrix boxes move with in edge coordinates (:mod:`fastload.augment.boxes`)."""
+    return _EDGE_OUT @ (tile.matrix if tile.box_matrix is None else tile.box_matrix) @ _EDGE_IN
+
+
+def _loaded_boxes(rows: np.ndarray, hw: tuple[int, int], crop: Sequence[int]) -> np.ndarray:
+    """[n, 4] xyxy label boxes in loaded pixels clipped to the crop (the candidate filter's boxes before)."""
+    h, w = hw
+    xy = np.concatenate((rows[:, 1:3] - rows[:, 3:5] / 2, rows[:, 1:3] + rows[:, 3:5] / 2), 1).astype(np.float64)
+    xy *= (w, h, w, h)
+    return np.clip(xy, crop[:2] * 2, crop[2:] * 2)
+
+
+# ----------------------------------------------------------------------------------------- per image
+@dataclass
+class _Moved:
+    """One composed image's instances: boxes xyxy output px, class, polygons / keypoints output px."""
+
+    boxes: np.ndarray
+    cls: np.ndarray
+    points: list[np.ndarray]
+
+
+def _polygon_image(image: ImageParams, get: GeometryLabels, recipe: Recipe, task: Task) -> _Moved:
+    """Segments or oriented boxes of one composed image through its tiles (module docstring)."""
+    oh, ow = image.out_hw
+    train = image.candidate_scale is not None
+    ultralytics = recipe == "ultralytics"
+    n_points = OBB_POINTS if task == "obb" else SEGMENT_POINTS
+    boxes, before, cls, polys = [], [], [], []
+    for tile in image.tiles:
+        rows, points, offsets = get(tile.src)
+        if not len(rows):
+            continue
+        if tile.src_hw is None:
+            raise ValueError(f"TileParams of image {tile.src} has no src_hw (loaded shape); records must come from ParamSampler")
+        hw = tile.src_hw
+        norm = _row_polygons(rows, points, offsets, tile.src)
+        if ultralytics:  # resampled when loaded (Ultralytics' dataset), longer polygons to their length + 1
+            longest = max(len(p) for p in norm)
+            n = longest + 1 if task != "obb" and longest > n_points else n_points
+            norm = [resample_polygon(p, n, True) for p in norm]
+        if not train:  # validation letterbox: the reference's arithmetic, nothing clipped or filtered
+            e = _edge_matrix(tile)
+            polys += [_letterbox_points(p, hw, e, recipe) for p in norm]
+            cls.append(rows[:, 0])
+            continue
+        h, w = hw
+        x0, y0, x1, y1 = tile.crop
+        pre = _loaded_boxes(rows, hw, tile.crop)
+        for k, p in enumerate(norm):
+            px = p.astype(np.float64) * (w, h)
+            if task == "obb":
+                if px.min(0)[0] < x0 or px.min(0)[1] < y0 or px.max(0)[0] > x1 or px.max(0)[1] > y1:
+                    pre[k], px = _aligned_visible(px, (x0, y0, x1, y1), len(px))
+            else:
+                px = np.clip(px, (x0, y0), (x1, y1))
+            if not ultralytics:
+                px = resample_polygon(px, SEGMENT_POINTS, False)
+            polys.append(_apply(tile.matrix, px))
+        cls.append(rows[:, 0])
+        before.append(pre * image.candidate_scale)
+    if not polys:
+        return _Moved(np.zeros((0, 4)), np.zeros(0), [])
+    cls_all = np.concatenate(cls).astype(np.float64)
+    if not train:
+        boxes_v = moved_boxes([image], [0], lambda i: get(i)[0])[0]
+        return _Moved(boxes_v[:, 1:5], cls_all, polys)
+    for k, p in enumerate(polys):
+        if not ultralytics:
+            boxes.append(_inside_vertex_box(p, ow, oh))
+            continue
+        b = _clipped_extent_box(p, ow, oh)
+        if task == "obb":
+            lo, hi = p.min(0), p.max(0)
+            if lo[0] < 0 or lo[1] < 0 or hi[0] > ow or hi[1] > oh:
+                b, p = _aligned_visible(p, (0.0, 0.0, float(ow), float(oh)), len(p))
+        else:  # the polygon clipped to its box, then to the output (Instances.clip)
+            p = np.clip(np.clip(p, b[:2], b[2:]), 0, (ow, oh))
+            b = np.clip(b, 0, (ow, oh, ow, oh))
+        polys[k] = p
+        boxes.append(b)
+    new = np.array(boxes, np.float64).reshape(-1, 4)
+    keep = box_candidates(np.concatenate(before, 0), new, area_thr=SEGMENT_AREA_THR)
+    return _Moved(new[keep], cls_all[keep], [p for p, k in zip(polys, keep) if k])
+
+
+def _keypoint_image(image: ImageParams, get: GeometryLabels) -> list[np.ndarray]:
+    """Keypoints [n, K, 3] output px of every labelled tile of one image, in tile order (all rows; the caller
+    keeps the rows the detection boxes keep)."""
+    oh, ow = image.out_hw
+    train = image.candidate_scale is not None
+    out = []
+    for tile in image.tiles:
+        rows, points, offsets = get(tile.src)
+        if not len(rows):
+            continue
+        counts = np.diff(offsets)
+        if points.ndim != 2 or points.shape[1] != 3 or len(set(counts.tolist())) != 1:
+            raise ValueError(f"labels of image {tile.src}: keypoints must be [n * K, 3] with K per row, got "
+                             f"{points.shape} for rows of {sorted(set(counts.tolist()))} points")
+        h, w = tile.src_hw  # type: ignore[misc]  # checked by moved_boxes, which runs first
+        kp = points.reshape(len(rows), int(counts[0]), 3)
+        vis = kp[..., 2].astype(np.float64)
+        if not train:  # validation letterbox: Ultralytics' float32 arithmetic, nothing clipped
+            xy = _letterbox_points(kp[..., :2].reshape(-1, 2).astype(np.float32), (h, w), _edge_matrix(tile),
+                                   "ultralytics").reshape(kp.shape[:2] + (2,))
+            out.append(np.concatenate((xy, vis[..., None]), -1))
+            continue
+        # Ultralytics' mosaic clip: leaving the tile hides a keypoint
+        xy = kp[..., :2].astype(np.float64) * (w, h)
+        x0, y0, x1, y1 = tile.crop
+        vis[(xy[..., 0] < x0) | (xy[..., 0] > x1) | (xy[..., 1] < y0) | (xy[..., 1] > y1)] = 0.0
+        xy = np.clip(xy, (x0, y0), (x1, y1))
+        xy = _apply(_edge_matrix(tile), xy.reshape(-1, 2)).reshape(xy.shape)
+        # RandomPerspective: leaving the output hides it, then Instances.clip
+        vis[(xy[..., 0] < 0) | (xy[..., 0] > ow) | (xy[..., 1] < 0) | (xy[..., 1] > oh)] = 0.0
+        xy = np.clip(xy, 0, (ow, oh))
+        out.append(np.concatenate((xy, vis[..., None]), -1))
+    return out
+
+
+# ----------------------------------------------------------------------------------------- the batch
+def transform_geometry(records: Sequence[SampleParams], get_geometry: GeometryLabels, recipe: Recipe,
+                       task: Task) -> Geometry:
+    """The boxes and points of a batch of records (one output size) for ``task`` with ``recipe``'s semantics
+    (module docstring). ``"yolov9"`` has only the segment task (its repository has no pose or obb loader)."""
+    if task not in TASKS:
+        raise ValueError(f"task must be one of {', '.join(TASKS)}, got {task!r}")
+    if recipe == "yolov9" and task != "segment":
+        raise ValueError(f"recipe='yolov9' has no {task} task (the official YOLOv9 repository trains detection and "
+                         f"segmentation only); use recipe='ultralytics'")
+    if not records:
+        return Geometry(np.zeros((0, 6), np.float32), np.zeros((0, 3 if task == "pose" else 2)), np.zeros(1, np.int64),
+                        np.zeros(0, bool), np.zeros(0, bool), (0, 0), task, recipe)
+    images, owners = batch_images(records)
+    out_hw = images[0].out_hw
+    if task == "pose":
+        boxes, owner, source = moved_boxes(images, owners, lambda i: get_geometry(i)[0])
+        kps = [k for image in images for k in _keypoint_image(image, get_geometry)]
+        kp = np.concatenate(kps, 0)[source] if kps else np.zeros((0, 1, 3))
+        points = kp.reshape(-1, 3)
+        offsets = np.arange(len(kp) + 1, dtype=np.int64) * kp.shape[1]
+        xyxy, cls = boxes[:, 1:5], boxes[:, 0]
+    else:
+        moved = [_polygon_image(image, get_geometry, recipe, task) for image in images]
+        owner = np.repeat(np.asarray(owners, np.intp), [len(m.cls) for m in moved])
+        xyxy = np.concatenate([m.boxes for m in moved], 0)
+        cls = np.concatenate([m.cls for m in moved])
+        polys = [p for m in moved for p in m.points]
+        points = np.concatenate(polys, 0) if polys else np.zeros((0, 2))
+        offsets = np.concatenate(([0], np.cumsum([len(p) for p in polys]))).astype(np.int64)
+    targets = np.empty((len(cls), 6), np.float32)
+    targets[:, 0] = owner
+    targets[:, 1:] = xyxy_to_xywhn(np.concatenate((cls[:, None], xyxy), 1), out_hw)
+    flip_ud = np.array([p.flip_ud for p in records], bool)[owner]
+    flip_lr = np.array([p.flip_lr for p in records], bool)[owner]
+    targets[flip_ud, 3] = 1 - targets[flip_ud, 3]
+    targets[flip_lr, 2] = 1 - targets[flip_lr, 2]
+    return Geometry(targets, points, offsets, flip_ud, flip_lr, out_hw, task, recipe)
+
+
+def obb_xywhr(geometry: Geometry) -> np.ndarray:
+    """float32 [N, 5] ``(xc, yc, w, h, angle)`` of an obb batch after the flips, normalised to the output
+    (Ultralytics ``Format(return_obb=True)``: the minimum-area rectangle of each instance's points, ``w`` the
+    longer side, angle in radians in ``[-pi/4, 3pi/4)``)."""
+    if geometry.task != "obb":
+        raise ValueError(f"obb_xywhr needs an obb Geometry, got task {geometry.task!r}")
+    h, w = geometry.out_hw
+    out = np.zeros((len(geometry), 5), np.float64)
+    for i, poly in enumerate(geometry.polygons(flipped=True)):
+        (cx, cy), (bw, bh), angle = cv2.minAreaRect(poly.astype(np.float32))
+        theta = angle / 180 * np.pi
+        if bw < bh:
+            bw, bh = bh, bw
+            theta += np.pi / 2
+        while theta >= 3 * np.pi / 4:
+            theta -= np.pi
+        while theta < -np.pi / 4:
+            theta += np.pi
+        out[i] = (cx / w, cy / h, bw / w, bh / h, theta)
+    return out.astype(np.float32)
