@@ -166,9 +166,9 @@ def _clipped_extent_box(poly: np.ndarray, w: float, h: float) -> np.ndarray:
     found = [poly[(x >= 0) & (y >= 0) & (x <= w) & (y <= h)]]
     delta = np.roll(poly, -1, 0) - poly
     for axis, bound, lim in ((0, 0.0, h), (0, w, h), (1, 0.0, w), (1, h, w)):
-        with np.errstate(divide="ignore", invalid="ignore"):
+        with np.errstate(divide="ignore", invalid="ignore"):  # an edge parallel to the border crosses nowhere
             t = (bound - poly[:, axis]) / delta[:, axis]
-        cross = poly + t[:, None] * delta
+            cross = poly + t[:, None] * delta
         other = cross[:, 1 - axis]
         found.append(cross[(t >= 0) & (t <= 1) & (other >= 0) & (other <= lim)])
     contour = poly.astype(np.float32)
