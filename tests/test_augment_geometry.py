@@ -387,3 +387,36 @@ def test_batch_order_flips_and_refusals():
     np.testing.assert_allclose(kp[:, 1, 0], IMGSZ - plain[:, 2, 0])  # left and right swap through flip_idx
     with pytest.raises(ValueError, match="no pose task"):
         transform_geometry(records, labels.__getitem__, "yolov9", "pose")
+
+
+def _random_polygons(rng: np.random.Generator, k: int, n: int, size: float) -> np.ndarray:
+    """[k, n, 2] float32 star polygons around ``size``-square, many crossing its border."""
+    centre = rng.uniform(-0.15 * size, 1.15 * size, (k, 1, 2))
+    radius = rng.uniform(0.01, 0.6, (k, 1, 1)) * size
+    ang = np.sort(rng.uniform(0, 2 * np.pi, (k, n)), 1)
+    poly = centre + radius * rng.uniform(0.3, 1, (k, n, 1)) * np.stack([np.cos(ang), np.sin(ang)], -1)
+    return poly.astype(np.float32)
+
+
+def test_polygon_pieces_equal_the_references_functions(yolov9, ultra):
+    """Resampling (both rules, bit for bit) and the boxes derived from warped polygons (both rules)."""
+    from ultralytics.utils import ops
+    from fastload.augment.geometry import _clipped_extent_boxes, _inside_vertex_boxes, resample_polygons
+
+    general = sys.modules["utils.general"]
+    rng = np.random.default_rng(0)
+    segs = [rng.uniform(-10, 700, (int(m), 2)).astype(np.float32) for m in rng.integers(1, 1100, 30)]
+    offsets = np.concatenate([[0], np.cumsum([len(p) for p in segs])])
+    flat = np.concatenate(segs)
+    for got, want in ((resample_polygons(flat, offsets, 1000, False), general.resample_segments([p.copy() for p in segs])),
+                      (resample_polygons(flat, offsets, 1000, True), ops.resample_segments([p.copy() for p in segs], 1000)),
+                      (resample_polygons(flat, offsets, 100, True), ops.resample_segments([p.copy() for p in segs], 100))):
+        assert all(np.array_equal(a, b) for a, b in zip(got, want))
+    for n in (4, 100, 1000):
+        poly = _random_polygons(rng, 40, n, 64.0)
+        poly[::4, :, 0] = np.clip(poly[::4, :, 0], 0, 64)  # points on the border
+        inside = _inside_vertex_boxes(poly.astype(np.float64), 64, 48)
+        clipped = _clipped_extent_boxes(poly.astype(np.float64), 64, 48)
+        for k in range(len(poly)):
+            np.testing.assert_array_equal(inside[k], general.segment2box(poly[k], 64, 48).reshape(4))
+            np.testing.assert_allclose(clipped[k], ops.segment2box(poly[k], 64, 48), atol=1e-4)

@@ -31,6 +31,7 @@ A row without points in a segment or obb task is taken as its box's four corners
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Callable, Literal, Sequence, get_args
 
@@ -46,6 +47,7 @@ __all__ = [
     "TASKS",
     "Geometry",
     "transform_geometry",
+    "resample_polygons",
     "resample_polygon",
     "obb_xywhr",
 ]
@@ -121,63 +123,145 @@ class Geometry:
 
 
 # ----------------------------------------------------------------------------------------- polygons
-def resample_polygon(poly: np.ndarray, n: int, keep_vertices: bool) -> np.ndarray:
-    """``n`` points evenly spaced in vertex index along the closed outline of ``poly`` [k, 2].
+@functools.lru_cache(maxsize=4096)
+def _spacing(vertices: int, n: int, keep_vertices: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """How the ``n`` resampled points of a polygon of ``vertices`` vertices are interpolated: for each, the vertex
+    it starts from, the next vertex (the first after the last), the fraction of the way, and how many trailing
+    points sit on the closing point (the first vertex again, as ``np.interp`` returns it there).
 
-    ``keep_vertices=False``: YOLOv9's ``resample_segments`` (float64, the vertices themselves only where they
-    fall on the spacing). ``True``: Ultralytics' (float32; the ``k`` vertices kept, ``n - k - 1`` points
-    spaced between them; a polygon of ``n`` points is returned unchanged)."""
-    if keep_vertices and len(poly) == n:
-        return poly.astype(np.float32)
-    closed = np.concatenate((poly, poly[:1]), 0)
-    xp = np.arange(len(closed))
-    if keep_vertices and len(closed) < n:
-        t = np.linspace(0, len(closed) - 1, n - len(closed))
+    The positions (in vertex index along the closed outline) are ``linspace(0, vertices, n)``, or with
+    ``keep_vertices`` the integers ``0..vertices`` merged into ``linspace(0, vertices, n - vertices - 1)`` while
+    that leaves room."""
+    if keep_vertices and vertices + 1 < n:
+        t = np.linspace(0, vertices, n - vertices - 1)
+        xp = np.arange(vertices + 1)
         t = np.insert(t, np.searchsorted(t, xp), xp)
     else:
-        t = np.linspace(0, len(closed) - 1, n)
-    out = np.stack([np.interp(t, xp, closed[:, 0]), np.interp(t, xp, closed[:, 1])], 1)
-    return out.astype(np.float32) if keep_vertices else out
+        t = np.linspace(0, vertices, n)
+    start = np.minimum(np.floor(t).astype(np.int64), vertices - 1)
+    nxt = np.where(start + 1 < vertices, start + 1, 0)
+    frac = t - start
+    for a in (start, nxt, frac):
+        a.setflags(write=False)
+    return start, nxt, frac, int(np.count_nonzero(t >= vertices))
 
 
-def _inside_vertex_box(poly: np.ndarray, w: float, h: float) -> np.ndarray:
-    """YOLOv9 ``segment2box``: the extent of the points inside ``[0, w] x [0, h]``; zeros when none is, or when
-    every inside x is 0 (its ``any(x)`` test)."""
-    x, y = poly[:, 0], poly[:, 1]
+def resample_polygons(points: np.ndarray, offsets: np.ndarray, n: int, keep_vertices: bool) -> np.ndarray:
+    """[k, n, 2]: each polygon ``points[offsets[i]:offsets[i + 1]]`` resampled to ``n`` points along its closed
+    outline, evenly in vertex index, by linear interpolation (``np.interp``'s arithmetic, bit for bit, in one
+    pass for all).
+
+    ``keep_vertices=False``: YOLOv9's ``resample_segments`` (float64; a vertex is kept only where it falls on the
+    spacing). ``True``: Ultralytics' (float32; every vertex kept, the other points spaced between; a polygon of
+    ``n`` points is returned unchanged)."""
+    offsets = np.asarray(offsets, np.int64)
+    counts = np.diff(offsets)
+    if len(counts) and counts.min() < 1:
+        raise ValueError("resample_polygons: every polygon needs at least one point")
+    out = np.empty((len(counts), n, 2))
+    if not len(counts):
+        return out.astype(np.float32) if keep_vertices else out
+    plans = [_spacing(c, n, keep_vertices) for c in counts.tolist()]
+    first = offsets[:-1, None]
+    start = np.stack([p[0] for p in plans]) + first
+    nxt = np.stack([p[1] for p in plans]) + first
+    frac = np.stack([p[2] for p in plans])
+    points = np.asarray(points)
+    for axis in range(2):
+        coord = np.ascontiguousarray(points[:, axis], dtype=np.float64)
+        base = coord.take(start)
+        step = coord.take(nxt) - base
+        step *= frac
+        step += base  # np.interp: slope * (x - xp[j]) + fp[j], the slope over a unit step
+        out[..., axis] = step
+        for i, p in enumerate(plans):
+            if p[3]:
+                out[i, n - p[3]:, axis] = coord[offsets[i]]
+    if not keep_vertices:
+        return out
+    out = out.astype(np.float32)
+    same = np.flatnonzero(counts == n)
+    if len(same):  # left as they are
+        out[same] = np.asarray(points, np.float32)[first[same] + np.arange(n)]
+    return out
+
+
+def resample_polygon(poly: np.ndarray, n: int, keep_vertices: bool) -> np.ndarray:
+    """One polygon ``[k, 2]`` through :func:`resample_polygons`: ``[n, 2]``."""
+    return resample_polygons(poly, np.array([0, len(poly)]), n, keep_vertices)[0]
+
+
+def _masked_extent(x: np.ndarray, y: np.ndarray, valid: np.ndarray) -> np.ndarray:
+    """[k, 4] extent ``(x0, y0, x1, y1)`` of the ``valid`` points of each row of ``x``, ``y`` [k, m]; zeros for a
+    row without one."""
+    box = np.stack([np.min(x, 1, where=valid, initial=np.inf), np.min(y, 1, where=valid, initial=np.inf),
+                    np.max(x, 1, where=valid, initial=-np.inf), np.max(y, 1, where=valid, initial=-np.inf)], 1)
+    box[~valid.any(1)] = 0.0
+    return box
+
+
+def _inside_vertex_boxes(poly: np.ndarray, w: float, h: float) -> np.ndarray:
+    """YOLOv9 ``segment2box`` of each polygon of ``poly`` [k, n, 2]: the extent of its points inside
+    ``[0, w] x [0, h]``; zeros when none is, or when every inside x is 0 (its ``any(x)`` test)."""
+    x, y = poly[..., 0], poly[..., 1]
     inside = (x >= 0) & (y >= 0) & (x <= w) & (y <= h)
-    x, y = x[inside], y[inside]
-    if not x.any():
-        return np.zeros(4)
-    return np.array([x.min(), y.min(), x.max(), y.max()])
+    box = _masked_extent(x, y, inside)
+    box[~(inside & (x != 0)).any(1)] = 0.0
+    return box
 
 
-def _clipped_extent_box(poly: np.ndarray, w: float, h: float) -> np.ndarray:
-    """Ultralytics 8.4 ``segment2box``: the extent of the polygon's part inside ``[0, w] x [0, h]`` (inside
-    vertices, crossings of the edges with the image border, image corners inside the polygon); zeros when
-    nothing is inside."""
-    if not len(poly):
-        return np.zeros(4)
-    x, y = poly[:, 0], poly[:, 1]
-    lo, hi = poly.min(0), poly.max(0)
-    if lo[0] >= 0 and lo[1] >= 0 and hi[0] <= w and hi[1] <= h:
-        return np.array([lo[0], lo[1], hi[0], hi[1]])
-    if hi[0] < 0 or hi[1] < 0 or lo[0] > w or lo[1] > h:
-        return np.zeros(4)
-    found = [poly[(x >= 0) & (y >= 0) & (x <= w) & (y <= h)]]
-    delta = np.roll(poly, -1, 0) - poly
+def _contains(poly: np.ndarray, px: float, py: float) -> np.ndarray:
+    """bool [k]: whether ``(px, py)`` lies inside each closed polygon of ``poly`` [k, n, 2] (even-odd rule)."""
+    x, y = poly[..., 0], poly[..., 1]
+    xn, yn = np.roll(x, -1, 1), np.roll(y, -1, 1)
+    spans = (y > py) != (yn > py)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        at = (xn - x) * (py - y) / (yn - y) + x
+    return ((spans & (px < at)).sum(1) % 2).astype(bool)
+
+
+def _clipped_extent_boxes(poly: np.ndarray, w: float, h: float) -> np.ndarray:
+    """Ultralytics 8.4 ``segment2box`` of each polygon of ``poly`` [k, n, 2]: the extent of its part inside
+    ``[0, w] x [0, h]`` (inside vertices, crossings of its edges with the border, image corners inside it); zeros
+    when nothing is inside."""
+    lo, hi = poly.min(1), poly.max(1)
+    box = np.concatenate((lo, hi), 1)
+    outside = (hi[:, 0] < 0) | (hi[:, 1] < 0) | (lo[:, 0] > w) | (lo[:, 1] > h)
+    box[outside] = 0.0
+    crossing = np.flatnonzero(~outside & ((lo < 0).any(1) | (hi[:, 0] > w) | (hi[:, 1] > h)))
+    if not len(crossing):
+        return box
+    p = poly[crossing]
+    x, y = p[..., 0], p[..., 1]
+    inside = (x >= 0) & (y >= 0) & (x <= w) & (y <= h)
+    ext = np.stack([np.min(x, 1, where=inside, initial=np.inf), np.min(y, 1, where=inside, initial=np.inf),
+                    np.max(x, 1, where=inside, initial=-np.inf), np.max(y, 1, where=inside, initial=-np.inf)], 1)
+    nxt = np.roll(p, -1, 1)
     for axis, bound, lim in ((0, 0.0, h), (0, w, h), (1, 0.0, w), (1, h, w)):
-        with np.errstate(divide="ignore", invalid="ignore"):  # an edge parallel to the border crosses nowhere
-            t = (bound - poly[:, axis]) / delta[:, axis]
-            cross = poly + t[:, None] * delta
+        a, b = p[..., axis], nxt[..., axis]
+        # only the edges with the border line between their ends can cross it (the others fail the t test below)
+        row, k = np.nonzero((np.minimum(a, b) <= bound) & (np.maximum(a, b) >= bound))
+        start, delta = p[row, k], nxt[row, k] - p[row, k]
+        with np.errstate(divide="ignore", invalid="ignore"):  # an edge along the border crosses nowhere
+            t = (bound - start[:, axis]) / delta[:, axis]
+            cross = start + t[:, None] * delta
         other = cross[:, 1 - axis]
-        found.append(cross[(t >= 0) & (t <= 1) & (other >= 0) & (other <= lim)])
-    contour = poly.astype(np.float32)
-    corners = [c for c in ((0.0, 0.0), (w, 0.0), (0.0, h), (w, h)) if cv2.pointPolygonTest(contour, c, False) >= 0]
-    found.append(np.array(corners, np.float64).reshape(-1, 2))
-    pts = np.concatenate(found, 0)
-    if not len(pts):
-        return np.zeros(4)
-    return np.concatenate((pts.min(0), pts.max(0)))
+        ok = (t >= 0) & (t <= 1) & (other >= 0) & (other <= lim)
+        _extend(ext, row[ok], cross[ok])
+    for corner in ((0.0, 0.0), (w, 0.0), (0.0, h), (w, h)):
+        near = np.flatnonzero(((lo[crossing] <= corner) & (hi[crossing] >= corner)).all(1))
+        inside = near[_contains(p[near], *corner)]
+        _extend(ext, inside, np.broadcast_to(np.array(corner), (len(inside), 2)))
+    ext[np.isinf(ext).any(1)] = 0.0
+    box[crossing] = ext
+    return box
+
+
+def _extend(ext: np.ndarray, rows: np.ndarray, pts: np.ndarray) -> None:
+    """Grow the extents ``ext`` [k, 4] of ``rows`` by the points ``pts`` [m, 2] (a row may repeat)."""
+    for axis in range(2):
+        np.minimum.at(ext[:, axis], rows, pts[:, axis])
+        np.maximum.at(ext[:, axis + 2], rows, pts[:, axis])
 
 
 def _aligned_visible(poly: np.ndarray, rect: tuple[float, float, float, float], n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -204,10 +288,14 @@ def _aligned_visible(poly: np.ndarray, rect: tuple[float, float, float, float], 
 
 
 def _apply(m: np.ndarray, pts: np.ndarray) -> np.ndarray:
-    """``pts`` [k, 2] through the 3x3 matrix ``m`` (perspective divide when it has a perspective row)."""
-    out = pts @ m[:2, :2].T + m[:2, 2]
+    """``pts`` [k, 2] through the 3x3 matrix ``m`` (perspective divide when it has a perspective row); written
+    out per coordinate, several times faster than a matrix product with an inner dimension of 2."""
+    x, y = pts[:, 0], pts[:, 1]
+    out = np.empty(pts.shape)
+    for axis in range(2):
+        out[:, axis] = x * m[axis, 0] + y * m[axis, 1] + m[axis, 2]
     if m[2, 0] != 0.0 or m[2, 1] != 0.0 or m[2, 2] != 1.0:
-        out = out / (pts @ m[2, :2] + m[2, 2])[:, None]
+        out /= (x * m[2, 0] + y * m[2, 1] + m[2, 2])[:, None]
     return out
 
 
@@ -233,19 +321,22 @@ def _box_corners(rows: np.ndarray) -> np.ndarray:
     return np.stack([np.concatenate(v, 1) for v in ((x0, y0), (x1, y0), (x1, y1), (x0, y1))], 1).astype(np.float32)
 
 
-def _row_polygons(rows: np.ndarray, points: np.ndarray, offsets: np.ndarray, src: int) -> list[np.ndarray]:
-    """Row ``r``'s normalised float32 polygon [k, 2] (its box's corners when it has no points)."""
+def _tile_polygons(rows: np.ndarray, points: np.ndarray, offsets: np.ndarray, src: int) -> tuple[np.ndarray, np.ndarray]:
+    """The normalised float32 polygons of an image's rows as ``(points [p, 2], offsets [n + 1])``, a row without
+    points taking its box's four corners."""
     if points.ndim != 2 or points.shape[1] != 2:
         raise ValueError(f"labels of image {src}: polygon points must be [p, 2], got {points.shape}")
-    corners = None
-    out = []
-    for r, (a, b) in enumerate(zip(offsets[:-1].tolist(), offsets[1:].tolist())):
-        if b > a:
-            out.append(points[a:b].astype(np.float32))
-        else:
-            corners = _box_corners(rows) if corners is None else corners
-            out.append(corners[r])
-    return out
+    offsets = np.asarray(offsets, np.int64)
+    counts = np.diff(offsets)
+    if len(counts) != len(rows) or (len(counts) and offsets[-1] != len(points)):
+        raise ValueError(f"labels of image {src}: {len(rows)} rows but point offsets {offsets.tolist()[:8]} for "
+                         f"{len(points)} points")
+    if (counts > 0).all():
+        return points.astype(np.float32, copy=False), offsets
+    corners = _box_corners(rows)
+    parts = [points[a:b] if b > a else corners[r] for r, (a, b) in enumerate(zip(offsets[:-1].tolist(), offsets[1:].tolist()))]
+    counts = np.where(counts > 0, counts, 4)
+    return np.concatenate(parts).astype(np.float32), np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
 
 
 def _edge_matrix(tile: TileParams) -> np.ndarray:
@@ -264,11 +355,12 @@ def _loaded_boxes(rows: np.ndarray, hw: tuple[int, int], crop: Sequence[int]) ->
 # ----------------------------------------------------------------------------------------- per image
 @dataclass
 class _Moved:
-    """One composed image's instances: boxes xyxy output px, class, polygons / keypoints output px."""
+    """One composed image's instances: boxes xyxy output px, classes, points output px [p, 2], points per instance."""
 
     boxes: np.ndarray
     cls: np.ndarray
-    points: list[np.ndarray]
+    points: np.ndarray
+    counts: np.ndarray
 
 
 def _polygon_image(image: ImageParams, get: GeometryLabels, recipe: Recipe, task: Task) -> _Moved:
@@ -276,63 +368,62 @@ def _polygon_image(image: ImageParams, get: GeometryLabels, recipe: Recipe, task
     oh, ow = image.out_hw
     train = image.candidate_scale is not None
     ultralytics = recipe == "ultralytics"
-    n_points = OBB_POINTS if task == "obb" else SEGMENT_POINTS
-    boxes, before, cls, polys = [], [], [], []
+    tiles = []
     for tile in image.tiles:
         rows, points, offsets = get(tile.src)
         if not len(rows):
             continue
         if tile.src_hw is None:
             raise ValueError(f"TileParams of image {tile.src} has no src_hw (loaded shape); records must come from ParamSampler")
-        hw = tile.src_hw
-        norm = _row_polygons(rows, points, offsets, tile.src)
-        if ultralytics:  # resampled when loaded (Ultralytics' dataset), longer polygons to their length + 1
-            longest = max(len(p) for p in norm)
-            n = longest + 1 if task != "obb" and longest > n_points else n_points
-            norm = [resample_polygon(p, n, True) for p in norm]
-        if not train:  # validation letterbox: the reference's arithmetic, nothing clipped or filtered
-            e = _edge_matrix(tile)
-            polys += [_letterbox_points(p, hw, e, recipe) for p in norm]
-            cls.append(rows[:, 0])
-            continue
-        h, w = hw
-        x0, y0, x1, y1 = tile.crop
-        pre = _loaded_boxes(rows, hw, tile.crop)
-        for k, p in enumerate(norm):
-            px = p.astype(np.float64) * (w, h)
-            if task == "obb":
-                if px.min(0)[0] < x0 or px.min(0)[1] < y0 or px.max(0)[0] > x1 or px.max(0)[1] > y1:
-                    pre[k], px = _aligned_visible(px, (x0, y0, x1, y1), len(px))
-            else:
-                px = np.clip(px, (x0, y0), (x1, y1))
-            if not ultralytics:
-                px = resample_polygon(px, SEGMENT_POINTS, False)
-            polys.append(_apply(tile.matrix, px))
-        cls.append(rows[:, 0])
+        tiles.append((tile, rows, *_tile_polygons(rows, points, offsets, tile.src)))
+    if not tiles:
+        return _Moved(np.zeros((0, 4)), np.zeros(0), np.zeros((0, 2)), np.zeros(0, np.int64))
+    if ultralytics:  # resampled when loaded (Ultralytics' dataset): a longer polygon sets its image's count to
+        # its length + 1; a mosaic's images then meet at the longest (Instances.concatenate)
+        base = OBB_POINTS if task == "obb" else SEGMENT_POINTS
+        longest = max(int(np.diff(off).max()) for _, _, _, off in tiles)
+        n = longest + 1 if task != "obb" and longest > base else base
+        tiles = [(tile, rows, resample_polygons(pts, off, n, True).reshape(-1, 2), np.arange(len(rows) + 1) * n)
+                 for tile, rows, pts, off in tiles]
+    cls = np.concatenate([rows[:, 0] for _, rows, _, _ in tiles]).astype(np.float64)
+    if not train:  # validation letterbox: the reference's arithmetic, nothing clipped or filtered
+        pts = np.concatenate([_letterbox_points(pts, tile.src_hw, _edge_matrix(tile), recipe)
+                              for tile, _, pts, _ in tiles])
+        counts = np.concatenate([np.diff(off) for _, _, _, off in tiles])
+        boxes = moved_boxes([image], [0], lambda i: get(i)[0])[0][:, 1:5]
+        return _Moved(boxes, cls, pts, counts)
+    polys, before = [], []
+    for tile, rows, pts, off in tiles:
+        h, w = tile.src_hw
+        crop = tile.crop
+        pre = _loaded_boxes(rows, (h, w), crop)
+        px = pts.astype(np.float64) * (w, h)
+        if task == "obb":  # Ultralytics' preserve_obb clip (its mosaic canvas: the tile's crop for these points)
+            poly = px.reshape(len(rows), -1, 2)
+            lo, hi = poly.min(1), poly.max(1)
+            for i in np.flatnonzero((lo < crop[:2]).any(1) | (hi > crop[2:]).any(1)).tolist():
+                pre[i], poly[i] = _aligned_visible(poly[i], crop, poly.shape[1])
+        else:
+            np.maximum(px, crop[:2], out=px)  # np.clip's result without its overhead
+            np.minimum(px, crop[2:], out=px)
+            poly = px.reshape(len(rows), -1, 2) if ultralytics else resample_polygons(px, off, SEGMENT_POINTS, False)
+        polys.append(_apply(tile.matrix, poly.reshape(-1, 2)).reshape(poly.shape))
         before.append(pre * image.candidate_scale)
-    if not polys:
-        return _Moved(np.zeros((0, 4)), np.zeros(0), [])
-    cls_all = np.concatenate(cls).astype(np.float64)
-    if not train:
-        boxes_v = moved_boxes([image], [0], lambda i: get(i)[0])[0]
-        return _Moved(boxes_v[:, 1:5], cls_all, polys)
-    for k, p in enumerate(polys):
-        if not ultralytics:
-            boxes.append(_inside_vertex_box(p, ow, oh))
-            continue
-        b = _clipped_extent_box(p, ow, oh)
-        if task == "obb":
-            lo, hi = p.min(0), p.max(0)
-            if lo[0] < 0 or lo[1] < 0 or hi[0] > ow or hi[1] > oh:
-                b, p = _aligned_visible(p, (0.0, 0.0, float(ow), float(oh)), len(p))
-        else:  # the polygon clipped to its box, then to the output (Instances.clip)
-            p = np.clip(np.clip(p, b[:2], b[2:]), 0, (ow, oh))
-            b = np.clip(b, 0, (ow, oh, ow, oh))
-        polys[k] = p
-        boxes.append(b)
-    new = np.array(boxes, np.float64).reshape(-1, 4)
-    keep = box_candidates(np.concatenate(before, 0), new, area_thr=SEGMENT_AREA_THR)
-    return _Moved(new[keep], cls_all[keep], [p for p, k in zip(polys, keep) if k])
+    poly = np.concatenate(polys, 0)
+    if not ultralytics:
+        boxes = _inside_vertex_boxes(poly, ow, oh)
+    else:
+        boxes = _clipped_extent_boxes(poly, ow, oh)
+        if task == "obb":  # preserve_obb: a box crossing the border becomes its visible part, in its direction
+            lo, hi = poly.min(1), poly.max(1)
+            for i in np.flatnonzero((lo < 0).any(1) | (hi[:, 0] > ow) | (hi[:, 1] > oh)).tolist():
+                boxes[i], poly[i] = _aligned_visible(poly[i], (0, 0, ow, oh), poly.shape[1])
+        else:  # the polygon clipped to its box (inside the output: Instances.clip then changes nothing)
+            np.maximum(poly, boxes[:, None, :2], out=poly)
+            np.minimum(poly, boxes[:, None, 2:], out=poly)
+    keep = box_candidates(np.concatenate(before, 0), boxes, area_thr=SEGMENT_AREA_THR)
+    kept = poly[keep]
+    return _Moved(boxes[keep], cls[keep], kept.reshape(-1, 2), np.full(len(kept), poly.shape[1], np.int64))
 
 
 def _keypoint_image(image: ImageParams, get: GeometryLabels) -> list[np.ndarray]:
@@ -397,9 +488,8 @@ def transform_geometry(records: Sequence[SampleParams], get_geometry: GeometryLa
         owner = np.repeat(np.asarray(owners, np.intp), [len(m.cls) for m in moved])
         xyxy = np.concatenate([m.boxes for m in moved], 0)
         cls = np.concatenate([m.cls for m in moved])
-        polys = [p for m in moved for p in m.points]
-        points = np.concatenate(polys, 0) if polys else np.zeros((0, 2))
-        offsets = np.concatenate(([0], np.cumsum([len(p) for p in polys]))).astype(np.int64)
+        points = np.concatenate([m.points for m in moved], 0)
+        offsets = np.concatenate(([0], np.cumsum(np.concatenate([m.counts for m in moved])))).astype(np.int64)
     targets = np.empty((len(cls), 6), np.float32)
     targets[:, 0] = owner
     targets[:, 1:] = xyxy_to_xywhn(np.concatenate((cls[:, None], xyxy), 1), out_hw)
