@@ -479,6 +479,9 @@ def transform_geometry(records: Sequence[SampleParams], get_geometry: GeometryLa
     if task == "pose":
         boxes, owner, source = moved_boxes(images, owners, lambda i: get_geometry(i)[0])
         kps = [k for image in images for k in _keypoint_image(image, get_geometry)]
+        if len({k.shape[1] for k in kps}) > 1:
+            raise ValueError(f"keypoints per instance differ between the images of a batch: {sorted({k.shape[1] for k in kps})} "
+                             f"(kpt_shape is one per dataset)")
         kp = np.concatenate(kps, 0)[source] if kps else np.zeros((0, 1, 3))
         points = kp.reshape(-1, 3)
         offsets = np.arange(len(kp) + 1, dtype=np.int64) * kp.shape[1]
