@@ -41,14 +41,14 @@ AUG_HYP = {"hsv_h": 0.0, "hsv_s": 0.0, "hsv_v": 0.0, "degrees": 10.0, "shear": 2
 
 
 # ----------------------------------------------------------------------------------------- synthetic labels
-def _world(task: str, seed: int = 0):
-    """Loaded shapes and per image ``(rows, points, offsets)``: star polygons, rotated rectangles or keypoints;
-    each row's box is its points' extent (as both references derive a segment row's box)."""
+def _world(task: str, seed: int = 0, long_side: int = IMGSZ):
+    """Loaded shapes (``long_side`` long) and per image ``(rows, points, offsets)``: star polygons, rotated rectangles
+    or keypoints; each row's box is its points' extent (as both references derive a segment row's box)."""
     rng = np.random.default_rng(seed)
     shapes, labels = [], []
     for _ in range(N_IMAGES):
-        short = int(rng.integers(IMGSZ // 2, IMGSZ + 1))
-        shapes.append((IMGSZ, short) if rng.random() < 0.5 else (short, IMGSZ))
+        short = int(rng.integers(long_side // 2, long_side + 1))
+        shapes.append((long_side, short) if rng.random() < 0.5 else (short, long_side))
         rows, pts = [], []
         for _ in range(int(rng.integers(2, 5))):
             c, size = rng.uniform(0.25, 0.75, 2), rng.uniform(0.1, 0.45)
@@ -167,7 +167,7 @@ def _official_sample(y9, monkeypatch, shapes, labels, hyp, rec: SampleParams, lo
     """``LoadImagesAndLabelsAndMasks.__getitem__`` on a stand-in dataset with fastload's draws."""
     ds = SimpleNamespace(
         indices=np.arange(len(shapes)), n=len(shapes), img_size=IMGSZ, mosaic_border=[-IMGSZ // 2, -IMGSZ // 2],
-        hyp={**load_hyp(hyp), "mosaic": 1.0 if augment else 0.0}, mosaic=augment, augment=augment, rect=False,
+        hyp=load_hyp(hyp), mosaic=augment, augment=augment, rect=False,
         labels=[lab[0].copy() for lab in labels],
         segments=[[pts[a:b].copy() for a, b in zip(off[:-1], off[1:])] for _, pts, off in labels],
         im_files=[f"{i}.jpg" for i in range(len(shapes))], overlap=overlap, downsample_ratio=RATIO,
@@ -210,11 +210,14 @@ def test_yolov9_validation_masks_identical(yolov9, monkeypatch, overlap):
         np.testing.assert_allclose(geo.targets[order], want_targets, atol=1e-6)
 
 
-def test_yolov9_training_same_draws(yolov9, monkeypatch, draws):
-    shapes, labels = _world("segment", 2)
-    hyp = {**AUG_HYP, "mixup": 0.5}
+@pytest.mark.parametrize("mosaic", [1.0, 0.0])
+def test_yolov9_training_same_draws(yolov9, monkeypatch, draws, mosaic):
+    """Mosaic with mixup, and the letterbox + random perspective of a sample without mosaic (close_mosaic; images
+    smaller than the output, so that the letterbox scales them)."""
+    shapes, labels = _world("segment", 2, IMGSZ if mosaic else 100)
+    hyp = {**AUG_HYP, "mixup": 0.5, "mosaic": mosaic}
     sampler = ParamSampler(shapes, hyp, IMGSZ, seed=3)
-    compared = ious = 0
+    compared = mixups = 0
     for i in range(8):
         rec, log = draws(sampler, 0, i)
         geo = transform_geometry([rec], labels.__getitem__, "yolov9", "segment")
@@ -226,8 +229,8 @@ def test_yolov9_training_same_draws(yolov9, monkeypatch, draws):
         for k in range(len(masks)):
             assert _iou(masks[k], want_masks[k]) >= 0.99, f"record {i} instance {k}: IoU {_iou(masks[k], want_masks[k])}"
         compared += len(masks)
-        ious += rec.mixup is not None
-    assert compared > 10 and ious > 0
+        mixups += rec.mixup is not None
+    assert compared > 10 and (mixups > 0) == (mosaic > 0)
 
 
 # ----------------------------------------------------------------------------------------- Ultralytics

@@ -39,7 +39,7 @@ import cv2
 import numpy as np
 
 from fastload.augment.boxes import batch_images, box_candidates, moved_boxes, xyxy_to_xywhn
-from fastload.augment.params import ImageParams, Recipe, SampleParams, TileParams, translation
+from fastload.augment.params import ImageParams, Recipe, SampleParams, TileParams, letterbox_fit, translation
 
 __all__ = [
     "GeometryLabels",
@@ -363,8 +363,19 @@ class _Moved:
     counts: np.ndarray
 
 
-def _polygon_image(image: ImageParams, get: GeometryLabels, recipe: Recipe, task: Task) -> _Moved:
-    """Segments or oriented boxes of one composed image through its tiles (module docstring)."""
+def _point_matrix(tile: TileParams, out_hw: tuple[int, int], letterboxed: bool) -> np.ndarray:
+    """The matrix a training tile's points move with: the tile's own, except for YOLOv9's letterbox (then its random
+    perspective), which moves labels by the float pad where the pixels move by the integer border."""
+    if not letterboxed:
+        return tile.matrix
+    fit = letterbox_fit(tile.src_hw, out_hw, scaleup=True)  # type: ignore[arg-type]  # checked by the caller
+    perspective = tile.matrix @ np.linalg.inv(fit.matrix)
+    return perspective @ np.array([[fit.r, 0.0, fit.pad[0]], [0.0, fit.r, fit.pad[1]], [0.0, 0.0, 1.0]])
+
+
+def _polygon_image(image: ImageParams, get: GeometryLabels, recipe: Recipe, task: Task, letterboxed: bool) -> _Moved:
+    """Segments or oriented boxes of one composed image through its tiles (module docstring); ``letterboxed``:
+    the image is a YOLOv9 letterbox (a training sample without mosaic)."""
     oh, ow = image.out_hw
     train = image.candidate_scale is not None
     ultralytics = recipe == "ultralytics"
@@ -407,7 +418,8 @@ def _polygon_image(image: ImageParams, get: GeometryLabels, recipe: Recipe, task
             np.maximum(px, crop[:2], out=px)  # np.clip's result without its overhead
             np.minimum(px, crop[2:], out=px)
             poly = px.reshape(len(rows), -1, 2) if ultralytics else resample_polygons(px, off, SEGMENT_POINTS, False)
-        polys.append(_apply(tile.matrix, poly.reshape(-1, 2)).reshape(poly.shape))
+        m = _point_matrix(tile, image.out_hw, letterboxed and not ultralytics)
+        polys.append(_apply(m, poly.reshape(-1, 2)).reshape(poly.shape))
         before.append(pre * image.candidate_scale)
     poly = np.concatenate(polys, 0)
     if not ultralytics:
@@ -487,7 +499,9 @@ def transform_geometry(records: Sequence[SampleParams], get_geometry: GeometryLa
         offsets = np.arange(len(kp) + 1, dtype=np.int64) * kp.shape[1]
         xyxy, cls = boxes[:, 1:5], boxes[:, 0]
     else:
-        moved = [_polygon_image(image, get_geometry, recipe, task) for image in images]
+        # a YOLOv9 record without mosaic is a letterbox (its mixup partner, when it has one, is a mosaic)
+        letterboxed = [not p.mosaic and k == 0 for p in records for k in range(1 if p.mixup is None else 2)]
+        moved = [_polygon_image(image, get_geometry, recipe, task, lb) for image, lb in zip(images, letterboxed)]
         owner = np.repeat(np.asarray(owners, np.intp), [len(m.cls) for m in moved])
         xyxy = np.concatenate([m.boxes for m in moved], 0)
         cls = np.concatenate([m.cls for m in moved])
