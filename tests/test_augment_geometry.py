@@ -301,7 +301,7 @@ def _ultra_sample(u, task, labels, rec: SampleParams, log, overlap: bool, augmen
 
 
 def _corners(xywhr: np.ndarray) -> np.ndarray:
-    return np.stack([cv2.boxPoints(((x, y), (w, h), np.degrees(r))) for x, y, w, h, r in xywhr.tolist()])
+    return np.array([cv2.boxPoints(((x, y), (w, h), np.degrees(r))) for x, y, w, h, r in xywhr.tolist()]).reshape(-1, 4, 2)
 
 
 def _compare_ultra(geo: Geometry, want: dict, task: str, overlap: bool, exact: bool, where: str) -> int:

@@ -41,11 +41,10 @@ def box_candidates(
 
 def moved_boxes(
     images: Sequence[ImageParams], owners: Sequence[int], get_labels: Callable[[int], np.ndarray]
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+) -> tuple[np.ndarray, np.ndarray]:
     """float64 [n, 5] ``(cls, x0, y0, x1, y1)`` boxes in output pixels of every tile of several
-    images sharing one output size, in one vectorised pass, per box the ``owners`` entry of its
-    image (the sample it belongs to), and per box its row in the label rows of all tiles in order
-    (images, then tiles, then rows: what a caller moving per-row data with the boxes selects by).
+    images sharing one output size, in one vectorised pass, and per box the ``owners`` entry of its
+    image (the sample it belongs to).
 
     The per-tile loop only collects label arrays and tile constants; every row then carries its
     tile's crop, matrix and candidate scale, so the arithmetic is a handful of array operations
@@ -71,7 +70,7 @@ def moved_boxes(
             tile_owner.append(owner)
             persp = persp or not tile.is_affine
     if not labs:
-        return np.zeros((0, 5)), np.zeros(0, np.intp), np.zeros(0, np.intp)
+        return np.zeros((0, 5)), np.zeros(0, np.intp)
     lab = np.concatenate(labs, dtype=np.float64) if len(labs) > 1 else labs[0].astype(np.float64)
     rows = np.repeat(np.arange(len(counts)), counts) if len(counts) > 1 else np.zeros(len(lab), np.intp)
     c = np.array(consts, np.float64)[rows]  # per row: crop lo (x, y, x, y), crop hi, (w, h), candidate scale
@@ -103,13 +102,12 @@ def moved_boxes(
     np.maximum(out[:, 1:5], 0, out=out[:, 1:5])
     np.minimum(out[:, 1:5], (ow, oh, ow, oh), out=out[:, 1:5])
     owner = np.asarray(tile_owner, np.intp)[rows]
-    source = np.arange(len(lab))
     cand = c[:, 10]
     filtered = ~np.isnan(cand)
     if filtered.any():
         keep = box_candidates(xy * cand[:, None], out[:, 1:5]) | ~filtered
-        out, owner, source = out[keep], owner[keep], source[keep]
-    return out, owner, source
+        out, owner = out[keep], owner[keep]
+    return out, owner
 
 
 def xyxy_to_xywhn(boxes: np.ndarray, out_hw: tuple[int, int], eps: float = 1e-3) -> np.ndarray:
@@ -160,7 +158,7 @@ def batch_targets(records: Sequence[SampleParams], labels: Labels) -> np.ndarray
     out_hw = records[0].image.out_hw
     get = labels if callable(labels) else labels.__getitem__
     images, owners = batch_images(records)
-    boxes, owner, _ = moved_boxes(images, owners, get)
+    boxes, owner = moved_boxes(images, owners, get)
     out = np.empty((len(boxes), 6), np.float32)
     out[:, 0] = owner
     out[:, 1:] = xyxy_to_xywhn(boxes, out_hw)

@@ -24,8 +24,9 @@ pixel (a 0.5 px shift of a polygon costs a 40 px-wide instance about 1 % of its 
   original vertices kept), clipped to the tile, warped; a segment's box is its polygon's extent inside the
   output, the polygon is then clipped to that box; oriented boxes keep their direction when cut by an edge
   (``preserve_obb``: the part inside, as a rectangle in the box's own orientation); keypoints leaving the tile
-  or the output get visibility 0 and are clipped. Pose boxes are the detection boxes, keypoints move with
-  the detection boxes' pixel-exact matrix (within 0.5 px of Ultralytics', which is off the pixels by as much).
+  or the output get visibility 0 and are clipped; pose boxes move as Ultralytics moves them (corners through the
+  matrix, candidate filter with its detection threshold), not as the detection boxes (pixel-exact, up to 0.5 px
+  away: enough to move a box across the filter's thresholds).
 
 A row without points in a segment or obb task is taken as its box's four corners.
 """
@@ -433,44 +434,80 @@ def _polygon_image(image: ImageParams, get: GeometryLabels, recipe: Recipe, task
         else:  # the polygon clipped to its box (inside the output: Instances.clip then changes nothing)
             np.maximum(poly, boxes[:, None, :2], out=poly)
             np.minimum(poly, boxes[:, None, 2:], out=poly)
-    keep = box_candidates(np.concatenate(before, 0), boxes, area_thr=SEGMENT_AREA_THR)
+    before_all = np.concatenate(before, 0)
+    keep = box_candidates(before_all, boxes, area_thr=SEGMENT_AREA_THR)
+    if ultralytics:
+        keep &= _shown(before_all)
     kept = poly[keep]
     return _Moved(boxes[keep], cls[keep], kept.reshape(-1, 2), np.full(len(kept), poly.shape[1], np.int64))
 
 
-def _keypoint_image(image: ImageParams, get: GeometryLabels) -> list[np.ndarray]:
-    """Keypoints [n, K, 3] output px of every labelled tile of one image, in tile order (all rows; the caller
-    keeps the rows the detection boxes keep)."""
+def _shown(boxes: np.ndarray) -> np.ndarray:
+    """bool [n]: the label boxes (xyxy, clipped to their tile) that keep an area: Ultralytics' mosaic drops the
+    others before its random perspective (``remove_zero_area_boxes``), where YOLOv9 keeps them (a box squeezed
+    onto a tile's edge can pass the candidate filter once rotated: its area before is 0)."""
+    return (boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])
+
+
+def _one_keypoint_count(counts: set[int]) -> None:
+    if len(counts) > 1:
+        raise ValueError(f"keypoints per instance differ between the images of a batch: {sorted(counts)} (kpt_shape is "
+                         f"one per dataset)")
+
+
+def _keypoint_image(image: ImageParams, get: GeometryLabels) -> _Moved:
+    """Pose instances of one composed image through its tiles: boxes as Ultralytics moves them (corners clipped to
+    the tile, through the matrix, their extent clipped to the output, its candidate filter with ``area_thr=0.1``),
+    keypoints through the same matrix; leaving the tile or the output hides a keypoint (visibility 0), which is
+    then clipped (``Instances.clip``). Validation: the letterbox only, in Ultralytics' float32 arithmetic."""
     oh, ow = image.out_hw
     train = image.candidate_scale is not None
-    out = []
+    kps, cls, boxes, before = [], [], [], []
     for tile in image.tiles:
         rows, points, offsets = get(tile.src)
         if not len(rows):
             continue
+        if tile.src_hw is None:
+            raise ValueError(f"TileParams of image {tile.src} has no src_hw (loaded shape); records must come from ParamSampler")
         counts = np.diff(offsets)
-        if points.ndim != 2 or points.shape[1] != 3 or len(set(counts.tolist())) != 1:
+        if points.ndim != 2 or points.shape[1] != 3 or len(set(counts.tolist())) != 1 or counts[0] < 1:
             raise ValueError(f"labels of image {tile.src}: keypoints must be [n * K, 3] with K per row, got "
                              f"{points.shape} for rows of {sorted(set(counts.tolist()))} points")
-        h, w = tile.src_hw  # type: ignore[misc]  # checked by moved_boxes, which runs first
+        h, w = tile.src_hw
         kp = points.reshape(len(rows), int(counts[0]), 3)
         vis = kp[..., 2].astype(np.float64)
-        if not train:  # validation letterbox: Ultralytics' float32 arithmetic, nothing clipped
+        cls.append(rows[:, 0])
+        if not train:
             xy = _letterbox_points(kp[..., :2].reshape(-1, 2).astype(np.float32), (h, w), _edge_matrix(tile),
                                    "ultralytics").reshape(kp.shape[:2] + (2,))
-            out.append(np.concatenate((xy, vis[..., None]), -1))
+            kps.append(np.concatenate((xy, vis[..., None]), -1))
             continue
-        # Ultralytics' mosaic clip: leaving the tile hides a keypoint
-        xy = kp[..., :2].astype(np.float64) * (w, h)
         x0, y0, x1, y1 = tile.crop
+        xy = kp[..., :2].astype(np.float64) * (w, h)
         vis[(xy[..., 0] < x0) | (xy[..., 0] > x1) | (xy[..., 1] < y0) | (xy[..., 1] > y1)] = 0.0
-        xy = np.clip(xy, (x0, y0), (x1, y1))
-        xy = _apply(_edge_matrix(tile), xy.reshape(-1, 2)).reshape(xy.shape)
-        # RandomPerspective: leaving the output hides it, then Instances.clip
+        np.maximum(xy, (x0, y0), out=xy)
+        np.minimum(xy, (x1, y1), out=xy)
+        xy = _apply(tile.matrix, xy.reshape(-1, 2)).reshape(xy.shape)
         vis[(xy[..., 0] < 0) | (xy[..., 0] > ow) | (xy[..., 1] < 0) | (xy[..., 1] > oh)] = 0.0
-        xy = np.clip(xy, 0, (ow, oh))
-        out.append(np.concatenate((xy, vis[..., None]), -1))
-    return out
+        np.maximum(xy, 0, out=xy)
+        np.minimum(xy, (ow, oh), out=xy)
+        kps.append(np.concatenate((xy, vis[..., None]), -1))
+        pre = _loaded_boxes(rows, (h, w), tile.crop)
+        corners = _apply(tile.matrix, pre[:, [0, 1, 2, 1, 2, 3, 0, 3]].reshape(-1, 2)).reshape(-1, 4, 2)
+        moved = np.concatenate((corners.min(1), corners.max(1)), 1)
+        boxes.append(np.clip(moved, 0, (ow, oh, ow, oh)))
+        before.append(pre)
+    if not kps:
+        return _Moved(np.zeros((0, 4)), np.zeros(0), np.zeros((0, 3)), np.zeros(0, np.int64))
+    _one_keypoint_count({k.shape[1] for k in kps})
+    kp_all, cls_all = np.concatenate(kps, 0), np.concatenate(cls).astype(np.float64)
+    if not train:
+        box_v = moved_boxes([image], [0], lambda i: get(i)[0])[0][:, 1:5]
+        return _Moved(box_v, cls_all, kp_all.reshape(-1, 3), np.full(len(kp_all), kp_all.shape[1], np.int64))
+    pre_all, moved_all = np.concatenate(before, 0), np.concatenate(boxes, 0)
+    keep = box_candidates(pre_all * image.candidate_scale, moved_all) & _shown(pre_all)
+    kept = kp_all[keep]
+    return _Moved(moved_all[keep], cls_all[keep], kept.reshape(-1, 3), np.full(len(kept), kp_all.shape[1], np.int64))
 
 
 # ----------------------------------------------------------------------------------------- the batch
@@ -489,24 +526,17 @@ def transform_geometry(records: Sequence[SampleParams], get_geometry: GeometryLa
     images, owners = batch_images(records)
     out_hw = images[0].out_hw
     if task == "pose":
-        boxes, owner, source = moved_boxes(images, owners, lambda i: get_geometry(i)[0])
-        kps = [k for image in images for k in _keypoint_image(image, get_geometry)]
-        if len({k.shape[1] for k in kps}) > 1:
-            raise ValueError(f"keypoints per instance differ between the images of a batch: {sorted({k.shape[1] for k in kps})} "
-                             f"(kpt_shape is one per dataset)")
-        kp = np.concatenate(kps, 0)[source] if kps else np.zeros((0, 1, 3))
-        points = kp.reshape(-1, 3)
-        offsets = np.arange(len(kp) + 1, dtype=np.int64) * kp.shape[1]
-        xyxy, cls = boxes[:, 1:5], boxes[:, 0]
+        moved = [_keypoint_image(image, get_geometry) for image in images]
+        _one_keypoint_count({int(m.counts[0]) for m in moved if len(m.counts)})
     else:
         # a YOLOv9 record without mosaic is a letterbox (its mixup partner, when it has one, is a mosaic)
         letterboxed = [not p.mosaic and k == 0 for p in records for k in range(1 if p.mixup is None else 2)]
         moved = [_polygon_image(image, get_geometry, recipe, task, lb) for image, lb in zip(images, letterboxed)]
-        owner = np.repeat(np.asarray(owners, np.intp), [len(m.cls) for m in moved])
-        xyxy = np.concatenate([m.boxes for m in moved], 0)
-        cls = np.concatenate([m.cls for m in moved])
-        points = np.concatenate([m.points for m in moved], 0)
-        offsets = np.concatenate(([0], np.cumsum(np.concatenate([m.counts for m in moved])))).astype(np.int64)
+    owner = np.repeat(np.asarray(owners, np.intp), [len(m.cls) for m in moved])
+    xyxy = np.concatenate([m.boxes for m in moved], 0)
+    cls = np.concatenate([m.cls for m in moved])
+    points = np.concatenate([m.points for m in moved], 0)
+    offsets = np.concatenate(([0], np.cumsum(np.concatenate([m.counts for m in moved])))).astype(np.int64)
     targets = np.empty((len(cls), 6), np.float32)
     targets[:, 0] = owner
     targets[:, 1:] = xyxy_to_xywhn(np.concatenate((cls[:, None], xyxy), 1), out_hw)
