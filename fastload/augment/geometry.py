@@ -14,7 +14,8 @@ pixel (a 0.5 px shift of a polygon costs a 40 px-wide instance about 1 % of its 
 * points move with the tile's matrix applied to their coordinates as both references apply theirs (pixel
   coordinate ``u * w`` of the loaded image straight through the matrix; detection boxes instead follow the
   pixels exactly, :mod:`fastload.augment.boxes`); validation letterboxes move them with the tile's
-  ``box_matrix`` in the reference's own float32 arithmetic, so they are the reference's bit for bit;
+  ``box_matrix`` in the reference's own float32 arithmetic, so they are the reference's bit for bit; YOLOv9's
+  training sample without mosaic moves them by its letterbox's float pad, as YOLOv9 does;
 * ``"yolov9"`` (``utils/segment``: segment only): a mosaic tile clips its polygons to what it shows (YOLOv9
   clips to its canvas: the same region for points inside the image), then each polygon is resampled to
   1000 points along its closed outline (``resample_segments``), warped, and its box re-derived from the warped
@@ -34,7 +35,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Callable, Literal, Sequence, get_args
+from typing import Callable, Iterator, Literal, Sequence, get_args
 
 import cv2
 import numpy as np
@@ -193,12 +194,10 @@ def resample_polygon(poly: np.ndarray, n: int, keep_vertices: bool) -> np.ndarra
 
 
 def _masked_extent(x: np.ndarray, y: np.ndarray, valid: np.ndarray) -> np.ndarray:
-    """[k, 4] extent ``(x0, y0, x1, y1)`` of the ``valid`` points of each row of ``x``, ``y`` [k, m]; zeros for a
-    row without one."""
-    box = np.stack([np.min(x, 1, where=valid, initial=np.inf), np.min(y, 1, where=valid, initial=np.inf),
-                    np.max(x, 1, where=valid, initial=-np.inf), np.max(y, 1, where=valid, initial=-np.inf)], 1)
-    box[~valid.any(1)] = 0.0
-    return box
+    """[k, 4] extent ``(x0, y0, x1, y1)`` of the ``valid`` points of each row of ``x``, ``y`` [k, m]
+    (``(inf, inf, -inf, -inf)`` for a row without one)."""
+    return np.stack([np.min(x, 1, where=valid, initial=np.inf), np.min(y, 1, where=valid, initial=np.inf),
+                     np.max(x, 1, where=valid, initial=-np.inf), np.max(y, 1, where=valid, initial=-np.inf)], 1)
 
 
 def _inside_vertex_boxes(poly: np.ndarray, w: float, h: float) -> np.ndarray:
@@ -207,7 +206,7 @@ def _inside_vertex_boxes(poly: np.ndarray, w: float, h: float) -> np.ndarray:
     x, y = poly[..., 0], poly[..., 1]
     inside = (x >= 0) & (y >= 0) & (x <= w) & (y <= h)
     box = _masked_extent(x, y, inside)
-    box[~(inside & (x != 0)).any(1)] = 0.0
+    box[~(inside & (x != 0)).any(1)] = 0.0  # also every row without an inside point
     return box
 
 
@@ -234,9 +233,7 @@ def _clipped_extent_boxes(poly: np.ndarray, w: float, h: float) -> np.ndarray:
         return box
     p = poly[crossing]
     x, y = p[..., 0], p[..., 1]
-    inside = (x >= 0) & (y >= 0) & (x <= w) & (y <= h)
-    ext = np.stack([np.min(x, 1, where=inside, initial=np.inf), np.min(y, 1, where=inside, initial=np.inf),
-                    np.max(x, 1, where=inside, initial=-np.inf), np.max(y, 1, where=inside, initial=-np.inf)], 1)
+    ext = _masked_extent(x, y, (x >= 0) & (y >= 0) & (x <= w) & (y <= h))
     nxt = np.roll(p, -1, 1)
     for axis, bound, lim in ((0, 0.0, h), (0, w, h), (1, 0.0, w), (1, h, w)):
         a, b = p[..., axis], nxt[..., axis]
@@ -354,6 +351,17 @@ def _loaded_boxes(rows: np.ndarray, hw: tuple[int, int], crop: Sequence[int]) ->
 
 
 # ----------------------------------------------------------------------------------------- per image
+def _labelled_tiles(image: ImageParams, get: GeometryLabels) -> Iterator[tuple[TileParams, np.ndarray, np.ndarray, np.ndarray]]:
+    """``(tile, rows, points, offsets)`` of each tile of ``image`` whose image has labels, in tile order."""
+    for tile in image.tiles:
+        rows, points, offsets = get(tile.src)
+        if not len(rows):
+            continue
+        if tile.src_hw is None:
+            raise ValueError(f"TileParams of image {tile.src} has no src_hw (loaded shape); records must come from ParamSampler")
+        yield tile, rows, points, np.asarray(offsets, np.int64)
+
+
 @dataclass
 class _Moved:
     """One composed image's instances: boxes xyxy output px, classes, points output px [p, 2], points per instance."""
@@ -380,14 +388,8 @@ def _polygon_image(image: ImageParams, get: GeometryLabels, recipe: Recipe, task
     oh, ow = image.out_hw
     train = image.candidate_scale is not None
     ultralytics = recipe == "ultralytics"
-    tiles = []
-    for tile in image.tiles:
-        rows, points, offsets = get(tile.src)
-        if not len(rows):
-            continue
-        if tile.src_hw is None:
-            raise ValueError(f"TileParams of image {tile.src} has no src_hw (loaded shape); records must come from ParamSampler")
-        tiles.append((tile, rows, *_tile_polygons(rows, points, offsets, tile.src)))
+    tiles = [(tile, rows, *_tile_polygons(rows, points, offsets, tile.src))
+             for tile, rows, points, offsets in _labelled_tiles(image, get)]
     if not tiles:
         return _Moved(np.zeros((0, 4)), np.zeros(0), np.zeros((0, 2)), np.zeros(0, np.int64))
     if ultralytics:  # resampled when loaded (Ultralytics' dataset): a longer polygon sets its image's count to
@@ -463,12 +465,7 @@ def _keypoint_image(image: ImageParams, get: GeometryLabels) -> _Moved:
     oh, ow = image.out_hw
     train = image.candidate_scale is not None
     kps, cls, boxes, before = [], [], [], []
-    for tile in image.tiles:
-        rows, points, offsets = get(tile.src)
-        if not len(rows):
-            continue
-        if tile.src_hw is None:
-            raise ValueError(f"TileParams of image {tile.src} has no src_hw (loaded shape); records must come from ParamSampler")
+    for tile, rows, points, offsets in _labelled_tiles(image, get):
         counts = np.diff(offsets)
         if points.ndim != 2 or points.shape[1] != 3 or len(set(counts.tolist())) != 1 or counts[0] < 1:
             raise ValueError(f"labels of image {tile.src}: keypoints must be [n * K, 3] with K per row, got "
