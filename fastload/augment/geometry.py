@@ -193,11 +193,18 @@ def resample_polygon(poly: np.ndarray, n: int, keep_vertices: bool) -> np.ndarra
     return resample_polygons(poly, np.array([0, len(poly)]), n, keep_vertices)[0]
 
 
+def _extent(poly: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(lo, hi)`` [k, 2]: each polygon's smallest and largest x and y (``poly`` [k, n, 2]; one reduction per
+    coordinate: numpy reduces the middle axis of a [k, n, 2] array some fifty times slower)."""
+    x, y = poly[..., 0], poly[..., 1]
+    return np.stack((x.min(1), y.min(1)), 1), np.stack((x.max(1), y.max(1)), 1)
+
+
 def _masked_extent(x: np.ndarray, y: np.ndarray, valid: np.ndarray) -> np.ndarray:
     """[k, 4] extent ``(x0, y0, x1, y1)`` of the ``valid`` points of each row of ``x``, ``y`` [k, m]
     (``(inf, inf, -inf, -inf)`` for a row without one)."""
-    return np.stack([np.min(x, 1, where=valid, initial=np.inf), np.min(y, 1, where=valid, initial=np.inf),
-                     np.max(x, 1, where=valid, initial=-np.inf), np.max(y, 1, where=valid, initial=-np.inf)], 1)
+    return np.stack([np.where(valid, x, np.inf).min(1), np.where(valid, y, np.inf).min(1),
+                     np.where(valid, x, -np.inf).max(1), np.where(valid, y, -np.inf).max(1)], 1)
 
 
 def _inside_vertex_boxes(poly: np.ndarray, w: float, h: float) -> np.ndarray:
@@ -224,7 +231,7 @@ def _clipped_extent_boxes(poly: np.ndarray, w: float, h: float) -> np.ndarray:
     """Ultralytics 8.4 ``segment2box`` of each polygon of ``poly`` [k, n, 2]: the extent of its part inside
     ``[0, w] x [0, h]`` (inside vertices, crossings of its edges with the border, image corners inside it); zeros
     when nothing is inside."""
-    lo, hi = poly.min(1), poly.max(1)
+    lo, hi = _extent(poly)
     box = np.concatenate((lo, hi), 1)
     outside = (hi[:, 0] < 0) | (hi[:, 1] < 0) | (lo[:, 0] > w) | (lo[:, 1] > h)
     box[outside] = 0.0
@@ -283,6 +290,24 @@ def _aligned_visible(poly: np.ndarray, rect: tuple[float, float, float, float], 
     (u1, v1), (u2, v2) = aligned.min(0), aligned.max(0)
     corners = np.array(((u2, v2), (u2, v1), (u1, v1), (u1, v2)), np.float32)
     return box, resample_polygon(corners @ basis.T, n, True).astype(np.float64)
+
+
+def _scaled(pts: np.ndarray, w: float, h: float) -> np.ndarray:
+    """float64 ``pts * (w, h)`` for points [..., 2], one coordinate at a time (numpy runs element-wise operations
+    against a trailing axis of 2 several times slower)."""
+    out = np.empty(pts.shape)
+    np.multiply(pts[..., 0], w, out=out[..., 0])
+    np.multiply(pts[..., 1], h, out=out[..., 1])
+    return out
+
+
+def _clip_points(pts: np.ndarray, lo: np.ndarray | Sequence[float], hi: np.ndarray | Sequence[float]) -> None:
+    """Clip points [..., 2] in place to ``[lo, hi]`` per coordinate (``lo``, ``hi``: ``(x, y)`` pairs, or arrays
+    [..., 2] broadcasting against the points), one coordinate at a time (:func:`_scaled`)."""
+    lo, hi = np.asarray(lo, np.float64), np.asarray(hi, np.float64)
+    for axis in range(2):
+        np.maximum(pts[..., axis], lo[..., axis], out=pts[..., axis])
+        np.minimum(pts[..., axis], hi[..., axis], out=pts[..., axis])
 
 
 def _apply(m: np.ndarray, pts: np.ndarray) -> np.ndarray:
@@ -411,15 +436,14 @@ def _polygon_image(image: ImageParams, get: GeometryLabels, recipe: Recipe, task
         h, w = tile.src_hw
         crop = tile.crop
         pre = _loaded_boxes(rows, (h, w), crop)
-        px = pts.astype(np.float64) * (w, h)
+        px = _scaled(pts, w, h)
         if task == "obb":  # Ultralytics' preserve_obb clip (its mosaic canvas: the tile's crop for these points)
             poly = px.reshape(len(rows), -1, 2)
-            lo, hi = poly.min(1), poly.max(1)
+            lo, hi = _extent(poly)
             for i in np.flatnonzero((lo < crop[:2]).any(1) | (hi > crop[2:]).any(1)).tolist():
                 pre[i], poly[i] = _aligned_visible(poly[i], crop, poly.shape[1])
         else:
-            np.maximum(px, crop[:2], out=px)  # np.clip's result without its overhead
-            np.minimum(px, crop[2:], out=px)
+            _clip_points(px, crop[:2], crop[2:])
             poly = px.reshape(len(rows), -1, 2) if ultralytics else resample_polygons(px, off, SEGMENT_POINTS, False)
         m = _point_matrix(tile, image.out_hw, letterboxed and not ultralytics)
         polys.append(_apply(m, poly.reshape(-1, 2)).reshape(poly.shape))
@@ -430,12 +454,11 @@ def _polygon_image(image: ImageParams, get: GeometryLabels, recipe: Recipe, task
     else:
         boxes = _clipped_extent_boxes(poly, ow, oh)
         if task == "obb":  # preserve_obb: a box crossing the border becomes its visible part, in its direction
-            lo, hi = poly.min(1), poly.max(1)
+            lo, hi = _extent(poly)
             for i in np.flatnonzero((lo < 0).any(1) | (hi[:, 0] > ow) | (hi[:, 1] > oh)).tolist():
                 boxes[i], poly[i] = _aligned_visible(poly[i], (0, 0, ow, oh), poly.shape[1])
         else:  # the polygon clipped to its box (inside the output: Instances.clip then changes nothing)
-            np.maximum(poly, boxes[:, None, :2], out=poly)
-            np.minimum(poly, boxes[:, None, 2:], out=poly)
+            _clip_points(poly, boxes[:, None, :2], boxes[:, None, 2:])
     before_all = np.concatenate(before, 0)
     keep = box_candidates(before_all, boxes, area_thr=SEGMENT_AREA_THR)
     if ultralytics:
@@ -480,18 +503,16 @@ def _keypoint_image(image: ImageParams, get: GeometryLabels) -> _Moved:
             kps.append(np.concatenate((xy, vis[..., None]), -1))
             continue
         x0, y0, x1, y1 = tile.crop
-        xy = kp[..., :2].astype(np.float64) * (w, h)
+        xy = _scaled(kp[..., :2], w, h)
         vis[(xy[..., 0] < x0) | (xy[..., 0] > x1) | (xy[..., 1] < y0) | (xy[..., 1] > y1)] = 0.0
-        np.maximum(xy, (x0, y0), out=xy)
-        np.minimum(xy, (x1, y1), out=xy)
+        _clip_points(xy, (x0, y0), (x1, y1))
         xy = _apply(tile.matrix, xy.reshape(-1, 2)).reshape(xy.shape)
         vis[(xy[..., 0] < 0) | (xy[..., 0] > ow) | (xy[..., 1] < 0) | (xy[..., 1] > oh)] = 0.0
-        np.maximum(xy, 0, out=xy)
-        np.minimum(xy, (ow, oh), out=xy)
+        _clip_points(xy, (0, 0), (ow, oh))
         kps.append(np.concatenate((xy, vis[..., None]), -1))
         pre = _loaded_boxes(rows, (h, w), tile.crop)
         corners = _apply(tile.matrix, pre[:, [0, 1, 2, 1, 2, 3, 0, 3]].reshape(-1, 2)).reshape(-1, 4, 2)
-        moved = np.concatenate((corners.min(1), corners.max(1)), 1)
+        moved = np.concatenate(_extent(corners), 1)
         boxes.append(np.clip(moved, 0, (ow, oh, ow, oh)))
         before.append(pre)
     if not kps:
