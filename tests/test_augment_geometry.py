@@ -1,14 +1,7 @@
 """Segments, keypoints and oriented boxes moved by :mod:`fastload.augment.geometry` and masks built by
-:mod:`fastload.augment.masks`, against the real reference code run on the same records.
-
-* YOLOv9: ``LoadImagesAndLabelsAndMasks.__getitem__`` of a temporary copy of ../shared/upstream/yolov9, imported
-  here, called on a stand-in dataset (the synthetic labels, grey images of the loaded sizes) with the ``random``
-  of its modules replaced by a script that returns fastload's draws (mosaic, centre, partners, the eight
-  perspective draws, mixup, flips), so it builds the same sample through its own load_mosaic, random_perspective,
-  segment2box, box_candidates, polygons2masks(_overlap) and flips.
-* Ultralytics 8.4 (installed): its label preparation (``YOLODataset.update_labels_info``), ``Mosaic`` label
-  steps, ``RandomPerspective.apply_instances`` with fastload's matrix and scale, ``MixUp``, ``RandomFlip``,
-  ``LetterBox`` and ``Format``.
+:mod:`fastload.augment.masks`, against the real reference code run on the same records and draws
+(tests/reference/geometry_replay.py): the official YOLOv9 segment loader's ``__getitem__`` from a temporary copy
+of ../shared/upstream/yolov9, and Ultralytics 8.4's label preparation and transforms (installed).
 
 With augmentation off masks, keypoints and rotated boxes are the references' exactly; with it on each instance
 mask has IoU >= 0.99 with the reference's and keypoints / box corners are within 1 px.
@@ -16,20 +9,17 @@ mask has IoU >= 0.99 with the reference's and keypoints / box corners are within
 from __future__ import annotations
 
 import importlib.util
-import shutil
-import sys
-from types import MethodType, SimpleNamespace
 
 import cv2
 import numpy as np
 import pytest
 
-from fastload.augment import params as params_module
-from fastload.augment.hyp import load_hyp
 from fastload.augment.geometry import Geometry, obb_xywhr, transform_geometry
 from fastload.augment.masks import batch_masks, polygon_mask
-from fastload.augment.params import ParamSampler, SampleParams, translation
+from fastload.augment.params import ParamSampler, SampleParams
 from official_helpers import UPSTREAM
+from tests.reference.geometry_replay import (official_segment_modules, official_segment_sample, recording_draws,
+                                             ultralytics_label, ultralytics_modules, ultralytics_sample)
 
 IMGSZ = 128
 RATIO = 4
@@ -74,73 +64,10 @@ def _world(task: str, seed: int = 0, long_side: int = IMGSZ):
     return np.array(shapes, np.int64), labels
 
 
-class _Recorder:
-    """A generator stand-in that returns the real generator's values and keeps them."""
-
-    def __init__(self, rng: np.random.Generator) -> None:
-        self.rng, self.values = rng, []
-
-    def uniform(self, *a):
-        v = self.rng.uniform(*a)
-        self.values.append(v)
-        return v
-
-    def random(self, *a):
-        v = self.rng.random(*a)
-        self.values.append(v)
-        return v
-
-
 @pytest.fixture
-def draws(monkeypatch):
-    """Records, per composed image of a record, fastload's mosaic centre, tile offsets and perspective draws."""
-    log: list = []
-    place, persp = params_module._mosaic4_placements, ParamSampler._perspective
-
-    def spy_place(rng, s, hw):
-        rec = _Recorder(rng)
-        out = place(rec, s, hw)
-        log.append({"centre": rec.values, "offsets": [o for crop, o in out if crop is not None]})
-        return out
-
-    def spy_persp(self, rng, canvas_hw, out_hw):
-        rec = _Recorder(rng)
-        out = persp(self, rec, canvas_hw, out_hw)
-        if log and "u" not in log[-1]:
-            log[-1]["u"] = rec.values[0].tolist()
-        else:
-            log.append({"u": rec.values[0].tolist()})
-        return out
-
-    monkeypatch.setattr(params_module, "_mosaic4_placements", spy_place)
-    monkeypatch.setattr(ParamSampler, "_perspective", spy_persp)
-
-    def sample(sampler: ParamSampler, epoch: int, index: int) -> tuple[SampleParams, list]:
-        log.clear()
-        return sampler.sample(epoch, index), list(log)
-    return sample
-
-
-# ----------------------------------------------------------------------------------------- YOLOv9
-class _Script:
-    """A ``random`` module stand-in answering from queues (fastload's draws)."""
-
-    def __init__(self, **queues) -> None:
-        self.q = {k: list(v) for k, v in queues.items()}
-
-    def random(self):
-        return self.q["random"].pop(0)
-
-    def uniform(self, a, b):
-        if "u" in self.q:  # random_perspective's draws: the same expression as fastload's
-            return a + (b - a) * self.q["u"].pop(0)
-        return self.q["uniform"].pop(0)
-
-    def choices(self, seq, k):
-        return self.q["choices"].pop(0)
-
-    def randint(self, a, b):
-        return self.q["randint"].pop(0)
+def draws():
+    with recording_draws() as sample:
+        yield sample
 
 
 @pytest.fixture(scope="module")
@@ -148,48 +75,13 @@ def yolov9(tmp_path_factory):
     """The official segment loader's modules, imported from a temporary copy (removed from sys.modules after)."""
     if not (UPSTREAM / "utils" / "segment" / "dataloaders.py").is_file():
         pytest.skip(f"official YOLOv9 checkout not found at {UPSTREAM} (set FASTLOAD_YOLOV9_UPSTREAM)")
-    root = tmp_path_factory.mktemp("yolov9_geometry") / "yolov9"
-    shutil.copytree(UPSTREAM / "utils", root / "utils")
-    before = set(sys.modules)
-    sys.path.insert(0, str(root))
-    try:
-        import utils.segment.augmentations as seg_aug
-        import utils.segment.dataloaders as seg_dl
-        yield SimpleNamespace(dl=seg_dl, aug=seg_aug)
-    finally:
-        sys.path.remove(str(root))
-        for name in set(sys.modules) - before:
-            if name == "utils" or name.startswith(("utils.", "models")):
-                del sys.modules[name]
+    with official_segment_modules(UPSTREAM, tmp_path_factory.mktemp("yolov9_geometry")) as modules:
+        yield modules
 
 
-def _official_sample(y9, monkeypatch, shapes, labels, hyp, rec: SampleParams, log: list, overlap: bool, augment: bool):
-    """``LoadImagesAndLabelsAndMasks.__getitem__`` on a stand-in dataset with fastload's draws."""
-    ds = SimpleNamespace(
-        indices=np.arange(len(shapes)), n=len(shapes), img_size=IMGSZ, mosaic_border=[-IMGSZ // 2, -IMGSZ // 2],
-        hyp=load_hyp(hyp), mosaic=augment, augment=augment, rect=False,
-        labels=[lab[0].copy() for lab in labels],
-        segments=[[pts[a:b].copy() for a, b in zip(off[:-1], off[1:])] for _, pts, off in labels],
-        im_files=[f"{i}.jpg" for i in range(len(shapes))], overlap=overlap, downsample_ratio=RATIO,
-        albumentations=lambda im, lb: (im, lb),
-        load_image=lambda i: (np.full((*shapes[i], 3), 114, np.uint8), tuple(shapes[i]), tuple(shapes[i])),
-    )
-    ds.load_mosaic = MethodType(y9.dl.LoadImagesAndLabelsAndMasks.load_mosaic, ds)
-    images = [rec.image] + ([rec.mixup] if rec.mixup is not None else [])
-    queue = {"random": [0.0 if rec.mosaic else 1.0], "uniform": [], "choices": [], "randint": []}
-    if rec.mosaic:
-        queue["random"].append(0.0 if rec.mixup is not None else 1.0)
-        for k, image in enumerate(images):
-            queue["uniform"] += log[k]["centre"]
-            queue["choices"].append([t.src for t in image.tiles[1:]])
-            if k:
-                queue["randint"].append(image.tiles[0].src)
-    queue["random"] += [0.0 if rec.flip_ud else 0.999, 0.0 if rec.flip_lr else 0.999]
-    monkeypatch.setattr(y9.dl, "random", _Script(**queue))
-    monkeypatch.setattr(y9.aug, "random", _Script(u=[v for entry in log for v in entry["u"]]))
-    _, targets, _, _, masks = y9.dl.LoadImagesAndLabelsAndMasks.__getitem__(ds, rec.image.tiles[0].src if rec.mosaic
-                                                                             else rec.index)
-    return targets.numpy(), masks.numpy()
+def _official_sample(y9, shapes, labels, hyp, rec: SampleParams, log: list, overlap: bool, augment: bool):
+    return official_segment_sample(y9, shapes, labels, hyp, rec, log, imgsz=IMGSZ, mask_ratio=RATIO, overlap=overlap,
+                                   augment=augment)
 
 
 def _iou(a: np.ndarray, b: np.ndarray) -> float:
@@ -198,20 +90,20 @@ def _iou(a: np.ndarray, b: np.ndarray) -> float:
 
 
 @pytest.mark.parametrize("overlap", [True, False])
-def test_yolov9_validation_masks_identical(yolov9, monkeypatch, overlap):
+def test_yolov9_validation_masks_identical(yolov9, overlap):
     shapes, labels = _world("segment", 1)
     sampler = ParamSampler(shapes, AUG_HYP, IMGSZ, augment=False)
     for i in range(N_IMAGES):
         rec = sampler.sample(0, i)
         geo = transform_geometry([rec], labels.__getitem__, "yolov9", "segment")
         masks, order = batch_masks(geo, 1, RATIO, overlap)
-        want_targets, want_masks = _official_sample(yolov9, monkeypatch, shapes, labels, AUG_HYP, rec, [], overlap, False)
+        want_targets, want_masks = _official_sample(yolov9, shapes, labels, AUG_HYP, rec, [], overlap, False)
         assert np.array_equal(masks, want_masks), f"image {i}: masks differ from the official loader's"
         np.testing.assert_allclose(geo.targets[order], want_targets, atol=1e-6)
 
 
 @pytest.mark.parametrize("mosaic", [1.0, 0.0])
-def test_yolov9_training_same_draws(yolov9, monkeypatch, draws, mosaic):
+def test_yolov9_training_same_draws(yolov9, draws, mosaic):
     """Mosaic with mixup, and the letterbox + random perspective of a sample without mosaic (close_mosaic; images
     smaller than the output, so that the letterbox scales them)."""
     shapes, labels = _world("segment", 2, IMGSZ if mosaic else 100)
@@ -222,7 +114,7 @@ def test_yolov9_training_same_draws(yolov9, monkeypatch, draws, mosaic):
         rec, log = draws(sampler, 0, i)
         geo = transform_geometry([rec], labels.__getitem__, "yolov9", "segment")
         masks, order = batch_masks(geo, 1, RATIO, False)
-        want_targets, want_masks = _official_sample(yolov9, monkeypatch, shapes, labels, hyp, rec, log, False, True)
+        want_targets, want_masks = _official_sample(yolov9, shapes, labels, hyp, rec, log, False, True)
         assert len(geo) == len(want_targets), f"record {i}: {len(geo)} instances, official {len(want_targets)}"
         np.testing.assert_allclose(geo.targets[:, :2], want_targets[:, :2])
         np.testing.assert_allclose(geo.targets[:, 2:] * IMGSZ, want_targets[:, 2:] * IMGSZ, atol=1.0)
@@ -238,66 +130,12 @@ def test_yolov9_training_same_draws(yolov9, monkeypatch, draws, mosaic):
 def ultra():
     if importlib.util.find_spec("ultralytics") is None:
         pytest.skip('ultralytics is not installed (pip install "fastload[ultralytics]")')
-    from ultralytics.data import augment
-    from ultralytics.data.dataset import YOLODataset
-    return SimpleNamespace(aug=augment, YOLODataset=YOLODataset)
-
-
-def _ultra_label(u, task: str, lab, hw) -> dict:
-    rows, pts, off = lab
-    polys = [pts[a:b] for a, b in zip(off[:-1].tolist(), off[1:].tolist())]
-    fake = SimpleNamespace(use_obb=task == "obb", use_segments=task == "segment", format_class=u.aug.Format)
-    label = {"img": np.full((*hw, 3), 114, np.uint8), "cls": rows[:, :1].copy(), "bboxes": rows[:, 1:5].copy(),
-             "segments": [] if task == "pose" else [p.copy() for p in polys], "normalized": True, "bbox_format": "xywh",
-             "keypoints": np.stack(polys).copy() if task == "pose" else None, "resized_shape": tuple(hw),
-             "ori_shape": tuple(hw), "im_file": ""}
-    return u.YOLODataset.update_labels_info(fake, label)
-
-
-def _ultra_image(u, task, labels, image, log_entry) -> dict:
-    """One composed image through Ultralytics' label steps with fastload's placement and matrix."""
-    s = IMGSZ
-    fake_ds = SimpleNamespace(cache="ram", use_obb=task == "obb")
-    mosaic = "offsets" in log_entry
-    if mosaic:
-        ox, oy = log_entry["offsets"][0]
-        m = image.tiles[0].matrix @ translation(-ox, -oy)
-        patches = []
-        for tile, (ox, oy) in zip(image.tiles, log_entry["offsets"]):
-            lab = _ultra_label(u, task, labels[tile.src], tile.src_hw)
-            patches.append(u.aug.Mosaic._update_labels(lab, ox, oy, tile.src_hw))
-        out = u.aug.Mosaic(fake_ds, imgsz=s)._cat_labels(patches)
-        orig = (2 * s, 2 * s)
-    else:
-        tile = image.tiles[0]
-        m, out, orig = tile.matrix, _ultra_label(u, task, labels[tile.src], tile.src_hw), tile.src_hw
-    out["img"] = np.full((*orig, 3), 114, np.uint8)
-    rp = u.aug.RandomPerspective(preserve_obb=task == "obb")
-    out = rp.apply_instances(out, {"M": m.astype(np.float32), "scale": image.candidate_scale, "orig_shape": orig,
-                                   "size": (s, s)})
-    out["img"] = np.full((s, s, 3), 114, np.uint8)
-    return out
+    return ultralytics_modules()
 
 
 def _ultra_sample(u, task, labels, rec: SampleParams, log, overlap: bool, augment: bool) -> dict:
-    s = IMGSZ
-    if augment:
-        out = _ultra_image(u, task, labels, rec.image, log[0])
-        if rec.mixup is not None:
-            out["mix_labels"] = [_ultra_image(u, task, labels, rec.mixup, log[1])]
-            out = u.aug.MixUp(SimpleNamespace(cache="ram")).apply_instances(out, {})
-        for flag, direction in ((rec.flip_ud, "vertical"), (rec.flip_lr, "horizontal")):
-            if flag:
-                flip = u.aug.RandomFlip(1.0, direction, FLIP_IDX if task == "pose" else None)
-                out = flip.apply_instances(out, {"flip": True, "h": s, "w": s, "direction": direction,
-                                                 "flip_idx": flip.flip_idx})
-    else:
-        tile = rec.image.tiles[0]
-        out = _ultra_label(u, task, labels[tile.src], tile.src_hw)
-        out = u.aug.LetterBox(new_shape=(s, s), scaleup=False)(out)
-    fmt = u.aug.Format(bbox_format="xywh", normalize=True, return_mask=task == "segment", return_keypoint=task == "pose",
-                       return_obb=task == "obb", mask_ratio=RATIO, mask_overlap=overlap, batch_idx=True)
-    return fmt.apply_instances(out, fmt.get_params(out))
+    return ultralytics_sample(u, task, lambda i, hw: ultralytics_label(u, task, labels[i], hw), rec, log, imgsz=IMGSZ,
+                              mask_ratio=RATIO, overlap=overlap, augment=augment, flip_idx=FLIP_IDX)
 
 
 def _corners(xywhr: np.ndarray) -> np.ndarray:
@@ -406,7 +244,7 @@ def test_polygon_pieces_equal_the_references_functions(yolov9, ultra):
     from ultralytics.utils import ops
     from fastload.augment.geometry import _clipped_extent_boxes, _inside_vertex_boxes, resample_polygons
 
-    general = sys.modules["utils.general"]
+    general = yolov9.general
     rng = np.random.default_rng(0)
     segs = [rng.uniform(-10, 700, (int(m), 2)).astype(np.float32) for m in rng.integers(1, 1100, 30)]
     offsets = np.concatenate([[0], np.cumsum([len(p) for p in segs])])
