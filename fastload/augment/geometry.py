@@ -41,7 +41,7 @@ import cv2
 import numpy as np
 
 from fastload.augment.boxes import batch_images, box_candidates, moved_boxes, xyxy_to_xywhn
-from fastload.augment.params import ImageParams, Recipe, SampleParams, TileParams, letterbox_fit, translation
+from fastload.augment.params import CopyPaste, ImageParams, Recipe, SampleParams, TileParams, letterbox_fit, translation
 
 __all__ = [
     "GeometryLabels",
@@ -52,6 +52,8 @@ __all__ = [
     "resample_polygons",
     "resample_polygon",
     "obb_xywhr",
+    "paste_selection",
+    "paste_outlines",
 ]
 
 #: ``index -> (rows float32 [n, 5], points float32 [p, D], point_offsets int64 [n + 1])``, normalised.
@@ -407,23 +409,111 @@ def _point_matrix(tile: TileParams, out_hw: tuple[int, int], letterboxed: bool) 
     return perspective @ np.array([[fit.r, 0.0, fit.pad[0]], [0.0, fit.r, fit.pad[1]], [0.0, 0.0, 1.0]])
 
 
-def _polygon_image(image: ImageParams, get: GeometryLabels, recipe: Recipe, task: Task, letterboxed: bool) -> _Moved:
-    """Segments or oriented boxes of one composed image through its tiles (module docstring); ``letterboxed``:
-    the image is a YOLOv9 letterbox (a training sample without mosaic)."""
-    oh, ow = image.out_hw
-    train = image.candidate_scale is not None
-    ultralytics = recipe == "ultralytics"
+def _image_tiles(image: ImageParams, get: GeometryLabels, recipe: Recipe, task: Task
+                 ) -> list[tuple[TileParams, np.ndarray, np.ndarray, np.ndarray]]:
+    """``(tile, rows, points, offsets)`` of each labelled tile of ``image``, normalised, a row without points taking
+    its box's corners; ``"ultralytics"``: every polygon resampled as its dataset resamples it when loaded."""
     tiles = [(tile, rows, *_tile_polygons(rows, points, offsets, tile.src))
              for tile, rows, points, offsets in _labelled_tiles(image, get)]
-    if not tiles:
-        return _Moved(np.zeros((0, 4)), np.zeros(0), np.zeros((0, 2)), np.zeros(0, np.int64))
-    if ultralytics:  # resampled when loaded (Ultralytics' dataset): a longer polygon sets its image's count to
-        # its length + 1; a mosaic's images then meet at the longest (Instances.concatenate)
+    if tiles and recipe == "ultralytics":  # resampled when loaded (Ultralytics' dataset): a longer polygon sets its
+        # image's count to its length + 1; a mosaic's images then meet at the longest (Instances.concatenate)
         base = OBB_POINTS if task == "obb" else SEGMENT_POINTS
         longest = max(int(np.diff(off).max()) for _, _, _, off in tiles)
         n = longest + 1 if task != "obb" and longest > base else base
         tiles = [(tile, rows, resample_polygons(pts, off, n, True).reshape(-1, 2), np.arange(len(rows) + 1) * n)
                  for tile, rows, pts, off in tiles]
+    return tiles
+
+
+def _clipped(tile: TileParams, rows: np.ndarray, pts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A training tile's label boxes (xyxy loaded px, clipped to its crop: :func:`_loaded_boxes`) and its polygon
+    points in loaded px clipped to the crop (the references' mosaic clip)."""
+    h, w = tile.src_hw  # type: ignore[misc]  # checked by _labelled_tiles
+    px = _scaled(pts, w, h)
+    _clip_points(px, tile.crop[:2], tile.crop[2:])
+    return _loaded_boxes(rows, (h, w), tile.crop), px
+
+
+def paste_selection(boxes: np.ndarray, paste: CopyPaste) -> np.ndarray:
+    """The instances copy-paste pastes, in paste order, from their label boxes ``boxes`` [n, 4] (xyxy on the canvas,
+    clipped to their tiles, in tile order): the candidates are those whose box mirrored across the canvas overlaps
+    every box by less than 0.3 of that box's area (both references' ``bbox_ioa < 0.3``, in their float32), of which
+    ``round(fraction * candidates)`` are pasted: ``"yolov9"`` those with the smallest keys (``random.sample``),
+    ``"ultralytics"`` those of least largest overlap (its ``argsort``; boxes without area take no part: its mosaic
+    removed them)."""
+    n = len(boxes)
+    index = np.arange(n)
+    yolov9 = paste.recipe == "yolov9"
+    if yolov9:
+        if paste.keys is None or len(paste.keys) != n:
+            raise ValueError(f"copy-paste keys for {0 if paste.keys is None else len(paste.keys)} instances, the tiles' "
+                             f"labels have {n} rows: build the sampler with the instances of the labels it is applied with")
+    else:
+        index = index[_shown(boxes)]
+    b = np.asarray(boxes, np.float32)[index]
+    w = np.float32(paste.canvas_hw[1])
+    mirrored = np.stack((w - b[:, 2], b[:, 1], w - b[:, 0], b[:, 3]), 1)
+    inter = ((np.minimum(mirrored[:, None, 2], b[:, 2]) - np.maximum(mirrored[:, None, 0], b[:, 0])).clip(0)
+             * (np.minimum(mirrored[:, None, 3], b[:, 3]) - np.maximum(mirrored[:, None, 1], b[:, 1])).clip(0))
+    ioa = inter / ((b[:, 2] - b[:, 0]) * (b[:, 3] - b[:, 1]) + np.float32(1e-7))
+    candidates = np.flatnonzero((ioa < 0.3).all(1))
+    k = round(paste.fraction * len(candidates))
+    if yolov9:
+        order = np.argsort(np.asarray(paste.keys)[candidates], kind="stable")
+    else:  # Ultralytics' own sort, ties (no overlap at all is common) broken as numpy breaks them there
+        order = np.argsort(ioa.max(1)[candidates]) if len(candidates) else candidates
+    return index[candidates[order[:k]]]
+
+
+def _canvas_boxes(tiles: Sequence[tuple[TileParams, np.ndarray]]) -> np.ndarray:
+    """[n, 4] the label boxes ``(tile, loaded-px boxes)`` of a copy-paste image on its canvas."""
+    return np.concatenate([pre + (tile.offset * 2) for tile, pre in tiles], 0)  # type: ignore[operator]
+
+
+def _mirror(tile: TileParams, canvas_w: float) -> np.ndarray:
+    """The matrix a tile's points move with once mirrored across the canvas (``x -> canvas_w - x`` between the
+    tile's canvas offset and the canvas's warp)."""
+    ox, oy = tile.offset  # type: ignore[misc]  # set with copy_paste
+    flip = np.array([[-1.0, 0.0, canvas_w], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]])
+    return tile.matrix @ translation(-ox, -oy) @ flip @ translation(ox, oy)
+
+
+def paste_outlines(image: ImageParams, get: GeometryLabels) -> tuple[list[np.ndarray], bool]:
+    """The polygons, in canvas px, whose fill is the pixel mask of ``image``'s copy-paste (pixels inside it come from
+    the canvas mirrored left-right), and whether that fill is mirrored after: YOLOv9 fills the pasted instances'
+    clipped polygons and flips the fill (True); Ultralytics fills their mirrored resampled polygons (False)."""
+    paste = image.copy_paste
+    if paste is None:
+        return [], False
+    tiles = [(tile, *_clipped(tile, rows, pts), off)
+             for tile, rows, pts, off in _image_tiles(image, get, paste.recipe, "segment")]
+    if not tiles:
+        return [], False
+    chosen = paste_selection(_canvas_boxes([(tile, pre) for tile, pre, _, _ in tiles]), paste)
+    outlines = [px[a:b] + tile.offset for tile, _, px, off in tiles for a, b in zip(off[:-1].tolist(), off[1:].tolist())]
+    picked = [outlines[i] for i in chosen.tolist()]
+    if paste.recipe == "yolov9":
+        return picked, True
+    w = float(paste.canvas_hw[1])
+    for poly in picked:
+        poly[:, 0] = w - poly[:, 0]
+    return picked, False
+
+
+def _polygon_image(image: ImageParams, get: GeometryLabels, recipe: Recipe, task: Task, letterboxed: bool) -> _Moved:
+    """Segments or oriented boxes of one composed image through its tiles (module docstring); ``letterboxed``:
+    the image is a YOLOv9 letterbox (a training sample without mosaic). Copy-paste: the pasted instances, mirrored
+    across the canvas, follow the image's own (YOLOv9 appends them to its labels before its random perspective,
+    Ultralytics to its instances)."""
+    oh, ow = image.out_hw
+    train = image.candidate_scale is not None
+    ultralytics = recipe == "ultralytics"
+    if image.copy_paste is not None and (task != "segment" or image.copy_paste.recipe != recipe):
+        raise ValueError(f"a record with {image.copy_paste.recipe}'s copy-paste moved as {recipe}'s {task} labels: "
+                         f"copy-paste applies to the segment task of the sampler's own recipe")
+    tiles = _image_tiles(image, get, recipe, task)
+    if not tiles:
+        return _Moved(np.zeros((0, 4)), np.zeros(0), np.zeros((0, 2)), np.zeros(0, np.int64))
     cls = np.concatenate([rows[:, 0] for _, rows, _, _ in tiles]).astype(np.float64)
     if not train:  # validation letterbox: the reference's arithmetic, nothing clipped or filtered
         pts = np.concatenate([_letterbox_points(pts, tile.src_hw, _edge_matrix(tile), recipe)
@@ -431,23 +521,33 @@ def _polygon_image(image: ImageParams, get: GeometryLabels, recipe: Recipe, task
         counts = np.concatenate([np.diff(off) for _, _, _, off in tiles])
         boxes = moved_boxes([image], [0], lambda i: get(i)[0])[0][:, 1:5]
         return _Moved(boxes, cls, pts, counts)
-    polys, before = [], []
+    polys, before, sources = [], [], []
     for tile, rows, pts, off in tiles:
-        h, w = tile.src_hw
         crop = tile.crop
-        pre = _loaded_boxes(rows, (h, w), crop)
-        px = _scaled(pts, w, h)
         if task == "obb":  # Ultralytics' preserve_obb clip (its mosaic canvas: the tile's crop for these points)
-            poly = px.reshape(len(rows), -1, 2)
+            h, w = tile.src_hw
+            pre = _loaded_boxes(rows, (h, w), crop)
+            poly = _scaled(pts, w, h).reshape(len(rows), -1, 2)
             lo, hi = _extent(poly)
             for i in np.flatnonzero((lo < crop[:2]).any(1) | (hi > crop[2:]).any(1)).tolist():
                 pre[i], poly[i] = _aligned_visible(poly[i], crop, poly.shape[1])
         else:
-            _clip_points(px, crop[:2], crop[2:])
+            pre, px = _clipped(tile, rows, pts)
             poly = px.reshape(len(rows), -1, 2) if ultralytics else resample_polygons(px, off, SEGMENT_POINTS, False)
         m = _point_matrix(tile, image.out_hw, letterboxed and not ultralytics)
         polys.append(_apply(m, poly.reshape(-1, 2)).reshape(poly.shape))
         before.append(pre * image.candidate_scale)
+        sources.append((tile, pre, poly))
+    if image.copy_paste is not None:
+        chosen = paste_selection(_canvas_boxes([(tile, pre) for tile, pre, _ in sources]), image.copy_paste)
+        owner = np.repeat(np.arange(len(sources)), [len(pre) for _, pre, _ in sources])[chosen]
+        row = chosen - np.concatenate(([0], np.cumsum([len(pre) for _, pre, _ in sources])))[owner]
+        w = float(image.copy_paste.canvas_hw[1])
+        for k, r in zip(owner.tolist(), row.tolist()):
+            tile, pre, poly = sources[k]
+            polys.append(_apply(_mirror(tile, w), poly[r]).reshape(1, -1, 2))
+            before.append(pre[r:r + 1] * image.candidate_scale)
+        cls = np.concatenate((cls, cls[chosen]))
     poly = np.concatenate(polys, 0)
     if not ultralytics:
         boxes = _inside_vertex_boxes(poly, ow, oh)
