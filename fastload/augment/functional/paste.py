@@ -68,12 +68,24 @@ def paste_mirrored(out: np.ndarray, image: ImageParams, outlines: Sequence[np.nd
         alpha = cv2.warpPerspective(mask, local, size, flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_CONSTANT)
     if not alpha.any():
         return None
-    flip = np.array([[-1.0, 0.0, paste.canvas_hw[1] - 1.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]])
-    mirrored = ImageParams(tuple(TileParams(t.src, t.crop, to_rect @ warp @ flip @ translation(*t.offset), t.src_hw)  # type: ignore[misc]
-                                 for t in image.tiles), (size[1], size[0]), image.fill)
-    flipped, _ = render_image_bbox(mirrored, get_image, scratch("paste", (size[1], size[0], 3)), axis_kernel=axis_kernel)
+    # The mirrored tiles are drawn flipped back (x -> width - 1 - x on both sides of the canvas flip), so that an
+    # axis-aligned warp keeps the fast axis-aligned kernels; the drawing is then read mirrored.
+    canvas_flip = _flip_x(paste.canvas_hw[1] - 1.0)
+    back = _flip_x(size[0] - 1.0) @ to_rect @ warp @ canvas_flip
+    unflipped = ImageParams(tuple(TileParams(t.src, t.crop, back @ translation(*t.offset), t.src_hw)  # type: ignore[misc]
+                                  for t in image.tiles), (size[1], size[0]), image.fill)
+    drawn, _ = render_image_bbox(unflipped, get_image, scratch("paste", (size[1], size[0], 3)), axis_kernel=axis_kernel)
+    flipped = cv2.flip(drawn, 1)
     roi = out[rect.y0:rect.y1, rect.x0:rect.x1]
-    a = alpha[..., None].astype(np.uint16)
-    mixed = roi.astype(np.uint16) * (255 - a) + flipped.astype(np.uint16) * a + 127
-    roi[...] = mixed // 255
+    cv2.copyTo(flipped, cv2.compare(alpha, 255, cv2.CMP_EQ), roi)
+    edge = np.flatnonzero(cv2.inRange(alpha, 1, 254))  # along the outline, a blend (a thin band, pixel by pixel)
+    if len(edge):
+        rows, cols = np.divmod(edge, size[0])
+        a = alpha[rows, cols][:, None].astype(np.uint16)
+        roi[rows, cols] = ((roi[rows, cols] * (255 - a) + flipped[rows, cols] * a + 127) // 255).astype(np.uint8)
     return rect
+
+
+def _flip_x(width: float) -> np.ndarray:
+    """3x3 ``x -> width - x``."""
+    return np.array([[-1.0, 0.0, width], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]])
