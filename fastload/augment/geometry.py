@@ -415,14 +415,19 @@ def _image_tiles(image: ImageParams, get: GeometryLabels, recipe: Recipe, task: 
     its box's corners; ``"ultralytics"``: every polygon resampled as its dataset resamples it when loaded."""
     tiles = [(tile, rows, *_tile_polygons(rows, points, offsets, tile.src))
              for tile, rows, points, offsets in _labelled_tiles(image, get)]
-    if tiles and recipe == "ultralytics":  # resampled when loaded (Ultralytics' dataset): a longer polygon sets its
-        # image's count to its length + 1; a mosaic's images then meet at the longest (Instances.concatenate)
-        base = OBB_POINTS if task == "obb" else SEGMENT_POINTS
-        longest = max(int(np.diff(off).max()) for _, _, _, off in tiles)
-        n = longest + 1 if task != "obb" and longest > base else base
+    if tiles and recipe == "ultralytics":
+        n = _loaded_points(tiles, task)
         tiles = [(tile, rows, resample_polygons(pts, off, n, True).reshape(-1, 2), np.arange(len(rows) + 1) * n)
                  for tile, rows, pts, off in tiles]
     return tiles
+
+
+def _loaded_points(tiles: Sequence[tuple[TileParams, np.ndarray, np.ndarray, np.ndarray]], task: Task) -> int:
+    """The points per polygon of an ``"ultralytics"`` image, resampled when loaded (its dataset): a longer polygon
+    sets its image's count to its length + 1; a mosaic's images then meet at the longest (Instances.concatenate)."""
+    base = OBB_POINTS if task == "obb" else SEGMENT_POINTS
+    longest = max(int(np.diff(off).max()) for _, _, _, off in tiles)
+    return longest + 1 if task != "obb" and longest > base else base
 
 
 def _clipped(tile: TileParams, rows: np.ndarray, pts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -485,19 +490,31 @@ def paste_outlines(image: ImageParams, get: GeometryLabels) -> tuple[list[np.nda
     paste = image.copy_paste
     if paste is None:
         return [], False
-    tiles = [(tile, *_clipped(tile, rows, pts), off)
-             for tile, rows, pts, off in _image_tiles(image, get, paste.recipe, "segment")]
+    tiles = [(tile, rows, *_tile_polygons(rows, points, offsets, tile.src))
+             for tile, rows, points, offsets in _labelled_tiles(image, get)]
     if not tiles:
         return [], False
-    chosen = paste_selection(_canvas_boxes([(tile, pre) for tile, pre, _, _ in tiles]), paste)
-    outlines = [px[a:b] + tile.offset for tile, _, px, off in tiles for a, b in zip(off[:-1].tolist(), off[1:].tolist())]
-    picked = [outlines[i] for i in chosen.tolist()]
-    if paste.recipe == "yolov9":
-        return picked, True
-    w = float(paste.canvas_hw[1])
-    for poly in picked:
-        poly[:, 0] = w - poly[:, 0]
-    return picked, False
+    boxes = _canvas_boxes([(tile, _loaded_boxes(rows, tile.src_hw, tile.crop)) for tile, rows, _, _ in tiles])
+    chosen = paste_selection(boxes, paste)
+    owner = np.repeat(np.arange(len(tiles)), [len(rows) for _, rows, _, _ in tiles])
+    first = np.concatenate(([0], np.cumsum([len(rows) for _, rows, _, _ in tiles])))
+    yolov9 = paste.recipe == "yolov9"
+    n = 0 if yolov9 else _loaded_points(tiles, "segment")
+    outlines = []
+    for i in chosen.tolist():  # only the pasted ones are resampled (Ultralytics) and clipped
+        tile, rows, pts, off = tiles[owner[i]]
+        r = i - first[owner[i]]
+        poly = pts[off[r]:off[r + 1]]
+        if not yolov9:
+            poly = resample_polygon(poly, n, True)
+        h, w = tile.src_hw  # type: ignore[misc]  # checked by _labelled_tiles
+        px = _scaled(poly, w, h)
+        _clip_points(px, tile.crop[:2], tile.crop[2:])
+        px += tile.offset
+        if not yolov9:
+            px[:, 0] = paste.canvas_hw[1] - px[:, 0]
+        outlines.append(px)
+    return outlines, yolov9
 
 
 def _polygon_image(image: ImageParams, get: GeometryLabels, recipe: Recipe, task: Task, letterboxed: bool) -> _Moved:
