@@ -82,6 +82,7 @@ def test_copy_paste_arguments_are_checked():
         ParamSampler(shapes, None, IMGSZ, copy_paste=0.3)
     with pytest.raises(ValueError, match=r"in \[0, 1\]"):
         ParamSampler(shapes, None, IMGSZ, copy_paste=1.5, instances=_instances(labels))
+    assert ParamSampler(shapes, None, IMGSZ, augment=False, copy_paste=0.3).copy_paste == 0.0  # training only
     with pytest.raises(ValueError, match="9-tile"):
         ParamSampler(shapes, None, IMGSZ, copy_paste=0.3, instances=_instances(labels), mosaic9=True)
     sampler = ParamSampler(shapes, {**PASTE_HYP, "mosaic": 1.0}, IMGSZ, copy_paste=0.3, instances=_instances(labels))
@@ -173,7 +174,7 @@ def test_yolov9_pixels_same_draws(yolov9, draws):
     """The official segment loader's image (its canvas pasted, then warped) on real pixels and the same draws."""
     shapes, labels = _world("segment", 2)
     images = _images(shapes)
-    hyp = {**PASTE_HYP, "mixup": 0.0, "mosaic": 1.0, "flipud": 0.0, "fliplr": 0.0, "copy_paste": 1.0}
+    hyp = {**PASTE_HYP, "mixup": 0.0, "mosaic": 1.0, "flipud": 0.0, "fliplr": 0.0, "copy_paste": 1.0, "perspective": 0.0005}
     sampler = ParamSampler(shapes, hyp, IMGSZ, seed=4, copy_paste=1.0, instances=_instances(labels))
     area = 0
     for i in range(6):
@@ -209,3 +210,19 @@ def test_ultralytics_pixels_same_draws(ultra, draws):
                             for c in (out["canvas"], canvas))
         area += _pixel_parity(got, got_plain, want, want_plain, f"record {i}")
     assert area > 2000, area
+
+
+def test_mixup_partner_is_pasted_too():
+    """YOLOv9's mixup partner is a mosaic of its own: pasted, and its pixels with it."""
+    shapes, labels = _world("segment", 2)
+    images = _images(shapes)
+    hyp = {**PASTE_HYP, "mixup": 1.0, "mosaic": 1.0}
+    sampler = ParamSampler(shapes, hyp, IMGSZ, seed=6, copy_paste=1.0, instances=_instances(labels))
+    changed = 0
+    for i in range(4):
+        rec = sampler.sample(0, i)
+        assert rec.mixup is not None and rec.mixup.copy_paste is not None
+        only_main = dataclasses.replace(rec, mixup=_without_paste(dataclasses.replace(rec, image=rec.mixup)).image)
+        got = render_sample(rec, images.__getitem__, hsv=False, labels=labels.__getitem__)
+        changed += int((got != render_sample(only_main, images.__getitem__, hsv=False, labels=labels.__getitem__)).any())
+    assert changed >= 2

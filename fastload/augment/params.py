@@ -402,10 +402,10 @@ class ParamSampler:
             this rank visits in an epoch, e.g. :class:`fastload.order.EpochOrder`; every image it renders
             must be in it. ``window``: the positions the partners come from.
         copy_paste: the fraction of candidate instances each copy-paste image pastes (hyp ``copy_paste``; 0: no
-            copy-paste, the records are exactly those of a sampler built without it). A loader sets it for the segment
-            task only: YOLOv9 pastes on every mosaic (the main one and the mixup partner), Ultralytics on every
-            training image (mosaic or not, its mixup partner too) (:class:`CopyPaste`). Switching it on adds the
-            optional fields (``ImageParams.copy_paste``, ``TileParams.offset``) and moves no other draw.
+            copy-paste, the records are exactly those of a sampler built without it; 0 without ``augment``). A loader
+            sets it for the segment task only: YOLOv9 pastes on every mosaic (the main one and the mixup partner),
+            Ultralytics on every training image (mosaic or not, its mixup partner too) (:class:`CopyPaste`). Switching
+            it on adds the optional fields (``ImageParams.copy_paste``, ``TileParams.offset``) and moves no other draw.
         instances: int [N], the label rows of every image (``recipe="yolov9"`` with ``copy_paste``: one selection key
             is drawn per row of a mosaic's tiles); the labels the records are applied with must have these counts.
     """
@@ -466,9 +466,9 @@ class ParamSampler:
         # Ultralytics: mosaic and mixup are both off without augmentation or with rect batches.
         self.mosaic_prob = self.hyp["mosaic"] if (self.augment and self.rect_shapes is None) else 0.0
         self.mixup_prob = self.hyp["mixup"] if (recipe == "yolov9" or (self.augment and self.rect_shapes is None)) else 0.0
-        self.copy_paste = float(copy_paste)
-        if not 0.0 <= self.copy_paste <= 1.0:
+        if not 0.0 <= float(copy_paste) <= 1.0:
             raise ValueError(f"copy_paste is the fraction of candidate instances pasted, in [0, 1]; got {copy_paste!r}")
+        self.copy_paste = float(copy_paste) if self.augment else 0.0  # (like mosaic: a training augmentation)
         if self.copy_paste and self.mosaic9:
             raise ValueError("copy_paste with mosaic9: YOLOv9's segment loader has no 9-tile mosaic; use the 4-tile one")
         self.instances: np.ndarray | None = None
