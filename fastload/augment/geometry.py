@@ -29,7 +29,9 @@ pixel (a 0.5 px shift of a polygon costs a 40 px-wide instance about 1 % of its 
   matrix, candidate filter with its detection threshold), not as the detection boxes (pixel-exact, up to 0.5 px
   away: enough to move a box across the filter's thresholds).
 
-A row without points in a segment or obb task is taken as its box's four corners.
+A row without points in a segment or obb task is taken as its box's four corners. Copy-paste (segment, both
+recipes: :class:`~fastload.augment.params.CopyPaste`) appends the instances :func:`paste_selection` picks, mirrored
+across the canvas, before the warp; :func:`paste_outlines` gives the pixel path the polygons its mask is filled from.
 """
 from __future__ import annotations
 
@@ -430,15 +432,6 @@ def _loaded_points(tiles: Sequence[tuple[TileParams, np.ndarray, np.ndarray, np.
     return longest + 1 if task != "obb" and longest > base else base
 
 
-def _clipped(tile: TileParams, rows: np.ndarray, pts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """A training tile's label boxes (xyxy loaded px, clipped to its crop: :func:`_loaded_boxes`) and its polygon
-    points in loaded px clipped to the crop (the references' mosaic clip)."""
-    h, w = tile.src_hw  # type: ignore[misc]  # checked by _labelled_tiles
-    px = _scaled(pts, w, h)
-    _clip_points(px, tile.crop[:2], tile.crop[2:])
-    return _loaded_boxes(rows, (h, w), tile.crop), px
-
-
 def paste_selection(boxes: np.ndarray, paste: CopyPaste) -> np.ndarray:
     """The instances copy-paste pastes, in paste order, from their label boxes ``boxes`` [n, 4] (xyxy on the canvas,
     clipped to their tiles, in tile order): the candidates are those whose box mirrored across the canvas overlaps
@@ -470,6 +463,13 @@ def paste_selection(boxes: np.ndarray, paste: CopyPaste) -> np.ndarray:
     return index[candidates[order[:k]]]
 
 
+def _owners(counts: Sequence[int], chosen: np.ndarray) -> list[tuple[int, int]]:
+    """``(tile, row)`` of each instance ``chosen`` by its position in the image (tiles of ``counts`` rows each)."""
+    owner = np.repeat(np.arange(len(counts)), counts)[chosen]
+    row = chosen - np.concatenate(([0], np.cumsum(counts)))[owner]
+    return list(zip(owner.tolist(), row.tolist()))
+
+
 def _canvas_boxes(tiles: Sequence[tuple[TileParams, np.ndarray]]) -> np.ndarray:
     """[n, 4] the label boxes ``(tile, loaded-px boxes)`` of a copy-paste image on its canvas."""
     return np.concatenate([pre + (tile.offset * 2) for tile, pre in tiles], 0)  # type: ignore[operator]
@@ -496,14 +496,11 @@ def paste_outlines(image: ImageParams, get: GeometryLabels) -> tuple[list[np.nda
         return [], False
     boxes = _canvas_boxes([(tile, _loaded_boxes(rows, tile.src_hw, tile.crop)) for tile, rows, _, _ in tiles])
     chosen = paste_selection(boxes, paste)
-    owner = np.repeat(np.arange(len(tiles)), [len(rows) for _, rows, _, _ in tiles])
-    first = np.concatenate(([0], np.cumsum([len(rows) for _, rows, _, _ in tiles])))
     yolov9 = paste.recipe == "yolov9"
     n = 0 if yolov9 else _loaded_points(tiles, "segment")
     outlines = []
-    for i in chosen.tolist():  # only the pasted ones are resampled (Ultralytics) and clipped
-        tile, rows, pts, off = tiles[owner[i]]
-        r = i - first[owner[i]]
+    for k, r in _owners([len(rows) for _, rows, _, _ in tiles], chosen):  # only the pasted ones resampled, clipped
+        tile, _, pts, off = tiles[k]
         poly = pts[off[r]:off[r + 1]]
         if not yolov9:
             poly = resample_polygon(poly, n, True)
@@ -540,16 +537,17 @@ def _polygon_image(image: ImageParams, get: GeometryLabels, recipe: Recipe, task
         return _Moved(boxes, cls, pts, counts)
     polys, before, sources = [], [], []
     for tile, rows, pts, off in tiles:
+        h, w = tile.src_hw
         crop = tile.crop
+        pre = _loaded_boxes(rows, (h, w), crop)
+        px = _scaled(pts, w, h)
         if task == "obb":  # Ultralytics' preserve_obb clip (its mosaic canvas: the tile's crop for these points)
-            h, w = tile.src_hw
-            pre = _loaded_boxes(rows, (h, w), crop)
-            poly = _scaled(pts, w, h).reshape(len(rows), -1, 2)
+            poly = px.reshape(len(rows), -1, 2)
             lo, hi = _extent(poly)
             for i in np.flatnonzero((lo < crop[:2]).any(1) | (hi > crop[2:]).any(1)).tolist():
                 pre[i], poly[i] = _aligned_visible(poly[i], crop, poly.shape[1])
         else:
-            pre, px = _clipped(tile, rows, pts)
+            _clip_points(px, crop[:2], crop[2:])
             poly = px.reshape(len(rows), -1, 2) if ultralytics else resample_polygons(px, off, SEGMENT_POINTS, False)
         m = _point_matrix(tile, image.out_hw, letterboxed and not ultralytics)
         polys.append(_apply(m, poly.reshape(-1, 2)).reshape(poly.shape))
@@ -557,12 +555,10 @@ def _polygon_image(image: ImageParams, get: GeometryLabels, recipe: Recipe, task
         sources.append((tile, pre, poly))
     if image.copy_paste is not None:
         chosen = paste_selection(_canvas_boxes([(tile, pre) for tile, pre, _ in sources]), image.copy_paste)
-        owner = np.repeat(np.arange(len(sources)), [len(pre) for _, pre, _ in sources])[chosen]
-        row = chosen - np.concatenate(([0], np.cumsum([len(pre) for _, pre, _ in sources])))[owner]
-        w = float(image.copy_paste.canvas_hw[1])
-        for k, r in zip(owner.tolist(), row.tolist()):
+        canvas_w = float(image.copy_paste.canvas_hw[1])
+        for k, r in _owners([len(pre) for _, pre, _ in sources], chosen):
             tile, pre, poly = sources[k]
-            polys.append(_apply(_mirror(tile, w), poly[r]).reshape(1, -1, 2))
+            polys.append(_apply(_mirror(tile, canvas_w), poly[r]).reshape(1, -1, 2))
             before.append(pre[r:r + 1] * image.candidate_scale)
         cls = np.concatenate((cls, cls[chosen]))
     poly = np.concatenate(polys, 0)
