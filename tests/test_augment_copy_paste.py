@@ -112,6 +112,40 @@ def test_selection_rules():
     assert paste_selection(boxes[:0], CopyPaste(1.0, (100, 100), "ultralytics")).tolist() == []
 
 
+def test_selection_equals_the_references_on_many_boxes(yolov9, ultra):
+    """The references' own selection code on 60 boxes (many without any overlap: ties in Ultralytics' sort)."""
+    from ultralytics.utils.instance import Instances
+
+    from tests.reference.geometry_replay import _Script
+
+    rng = np.random.default_rng(3)
+    for trial in range(6):
+        n, side = 60, 256
+        xy = rng.uniform(0, side - 40, (n, 2))
+        boxes = np.concatenate((xy, xy + rng.uniform(2, 40, (n, 2))), 1).astype(np.float32)
+        corners = [b[[0, 1, 2, 1, 2, 3, 0, 3]].reshape(4, 2).copy() for b in boxes]
+        fraction = (0.3, 0.5, 1.0)[trial % 3]
+        keys = tuple(rng.random(n).tolist())
+        # YOLOv9: copy_paste appends each pasted instance's mirrored box, its random.sample answered from the keys
+        labels = np.concatenate((np.zeros((n, 1), np.float32), boxes), 1)
+        stdlib = yolov9.base_aug.random
+        yolov9.base_aug.random = _Script(keys=[keys])
+        try:
+            _, out, _ = yolov9.base_aug.copy_paste(np.zeros((side, side, 3), np.uint8), labels, list(corners), fraction)
+        finally:
+            yolov9.base_aug.random = stdlib
+        got = paste_selection(boxes, CopyPaste(fraction, (side, side), "yolov9", keys))
+        want = np.stack((side - boxes[:, 2], boxes[:, 1], side - boxes[:, 0], boxes[:, 3]), 1)[got]
+        np.testing.assert_array_equal(out[n:, 1:], want)
+        # Ultralytics: CopyPaste.get_params's selection
+        inst = Instances(boxes.copy(), np.stack(corners), bbox_format="xyxy", normalized=False)
+        label = {"img": np.zeros((side, side, 3), np.uint8), "cls": np.zeros((n, 1), np.float32), "instances": inst}
+        selected = ultra.aug.CopyPaste(p=fraction, mode="flip").get_params(label)["selected"]
+        got = paste_selection(boxes, CopyPaste(fraction, (side, side), "ultralytics"))
+        assert got.tolist() == list(selected), f"trial {trial}"
+        assert len(got) >= 3
+
+
 # ----------------------------------------------------------------------------------------- labels
 def _pasted_count(rec: SampleParams, labels, recipe: str) -> int:
     with_paste = len(transform_geometry([rec], labels.__getitem__, recipe, "segment"))
