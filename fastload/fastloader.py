@@ -772,6 +772,9 @@ def loader(
         if single_cls:
             view.names = ["item"]
         hyp_d = load_hyp(hyp)
+        if task == "segment" and augment and not rect and float(hyp_d.get("copy_paste", 0.0)) > 0:
+            warnings.warn(f"fastload.loader: copy_paste={hyp_d['copy_paste']} is not implemented: segment training "
+                          f"batches have no copy-paste (docs/augmentation.md)")
         loaded_hw = loaded_shapes(view.shapes, imgsz, recipe)
 
         rect_batches = batch_shapes = rect_shapes = None
