@@ -75,6 +75,16 @@ def test_segment_masks_per_instance_follow_the_targets_and_min_items_keeps_the_p
         assert all(c >= 2 for c in torch.bincount(o.targets[:, 0].long()).tolist())
 
 
+def test_the_dataset_exposes_the_polygons_of_the_images_it_kept(task_data):
+    with fastload.loader(task_data["segment"], "train", imgsz=64, batch_size=4, workers=0, store="files",
+                         task="segment", min_items=2) as fl:
+        ds = fl.dataset
+        assert len(ds.segments) == ds.n and [len(s) for s in ds.segments] == [len(lb) for lb in ds.labels]
+        for polygons, rows in zip(ds.segments, ds.labels):
+            for poly, row in zip(polygons, rows):  # a row's box spans its polygon
+                np.testing.assert_allclose((poly.min(0) + poly.max(0)) / 2, row[1:3], atol=1e-6)
+
+
 def test_detection_batches_keep_their_four_fields(task_data):
     with fastload.loader(task_data["detect"], "train", imgsz=64, batch_size=4, workers=0, store="files") as fl:
         batch = next(iter(fl))
