@@ -499,8 +499,9 @@ class FastLoader:
         self.close()
 
     def __repr__(self) -> str:
-        return (f"FastLoader(engine={self.engine.name}, store={self.store.kind}, n={self.n}, "
-                f"batch_size={self.batch_size}, batches={len(self)}, rank={self.rank}/{self.world_size}"
+        task = self.engine.settings.task
+        return (f"FastLoader(engine={self.engine.name}, store={self.store.kind}, "
+                + ("" if task == "detect" else f"task={task}, ") + f"n={self.n}, batch_size={self.batch_size}, batches={len(self)}, rank={self.rank}/{self.world_size}"
                 + (f", {self.plan})" if self.engine.sampler.draws_mosaics else ")"))
 
 

@@ -79,6 +79,7 @@ def test_segment_masks_per_instance_follow_the_targets_and_min_items_keeps_the_p
 def test_the_dataset_exposes_the_polygons_of_the_images_it_kept(task_data):
     with fastload.loader(task_data["segment"], "train", imgsz=64, batch_size=4, workers=0, store="files",
                          task="segment", min_items=2) as fl:
+        assert "store=files, task=segment, n=" in repr(fl)
         ds = fl.dataset
         assert len(ds.segments) == ds.n and [len(s) for s in ds.segments] == [len(lb) for lb in ds.labels]
         for polygons, rows in zip(ds.segments, ds.labels):
@@ -89,6 +90,7 @@ def test_the_dataset_exposes_the_polygons_of_the_images_it_kept(task_data):
 def test_detection_batches_keep_their_four_fields(task_data):
     with fastload.loader(task_data["detect"], "train", imgsz=64, batch_size=4, workers=0, store="files") as fl:
         batch = next(iter(fl))
+        assert "task=" not in repr(fl)
     assert type(batch) is fastload.Batch and len(batch) == 4
 
 
