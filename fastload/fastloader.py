@@ -789,9 +789,11 @@ def loader(
             warnings.warn("fastload.loader: the data yaml has no flip_idx for its keypoints; fliplr and flipud set "
                           "to 0.0 (as Ultralytics)")
             hyp_d = {**hyp_d, "fliplr": 0.0, "flipud": 0.0}
+        # copy-paste (hyp copy_paste) pastes segment instances: the segment task's training samples only, as both
+        # references (a detection loader with the same hyp draws none)
+        paste = {}
         if task == "segment" and augment and not rect and float(hyp_d.get("copy_paste", 0.0)) > 0:
-            warnings.warn(f"fastload.loader: copy_paste={hyp_d['copy_paste']} is not implemented: segment training "
-                          f"batches have no copy-paste (docs/augmentation.md)")
+            paste = {"copy_paste": float(hyp_d["copy_paste"]), "instances": view.labels.counts}
         loaded_hw = loaded_shapes(view.shapes, imgsz, recipe)
 
         rect_batches = batch_shapes = rect_shapes = None
@@ -811,7 +813,7 @@ def loader(
                       "window": recent_window(len(view), batch_size)}
         sampler = ParamSampler(loaded_hw, hyp_d, imgsz, augment=augment, seed=seed, rect_shapes=rect_shapes,
                                orig_shapes=view.shapes, partners=plan.partners, recipe=recipe,
-                               **recent)
+                               **recent, **paste)
         if partners in ("batch", "recent") and not sampler.draws_mosaics:
             raise ValueError(f"partners={partners!r} applies to mosaic training batches only, and this loader draws no "
                              f"mosaic (augment={augment}, rect={rect}, hyp mosaic={hyp_d['mosaic']}); leave partners unset")

@@ -139,3 +139,27 @@ def test_pose_without_flip_idx_does_not_flip_as_ultralytics(task_data, tmp_path)
                              recipe="ultralytics", hyp={"fliplr": 0.5, "flipud": 0.5})
     with fl:
         assert fl.dataset.hyp["fliplr"] == fl.dataset.hyp["flipud"] == 0.0
+
+
+@pytest.mark.parametrize("recipe", ["yolov9", "ultralytics"])
+def test_segment_training_pastes_copies_the_same_in_process_and_in_workers(task_data, recipe):
+    """hyp copy_paste > 0 reaches the segment loader's records: instances are added (mirrored copies), the same
+    whether rendered in process or by forked workers; a detection loader with the same hyp pastes none."""
+    hyp = {"mosaic": 1.0, "mixup": 0.0, "degrees": 0.0, "shear": 0.0, "perspective": 0.0}
+    kw = dict(imgsz=64, batch_size=4, store="files", task="segment", recipe=recipe, seed=1)
+
+    def run(workers: int, copy_paste: float, task: str = "segment") -> list:
+        with fastload.loader(task_data[task], "train", workers=workers,
+                             hyp={**hyp, "copy_paste": copy_paste}, **{**kw, "task": task}) as fl:
+            records = fl.engine.sampler.sample_batch(0, np.arange(len(fl.dataset.im_files)))
+            return [list(fl), records]
+
+    pasted, records = run(0, 1.0)
+    forked, _ = run(2, 1.0)
+    plain, _ = run(0, 0.0)
+    for a, b in zip(pasted, forked):
+        _same(a, b)
+    assert all(r.image.copy_paste is not None for r in records)
+    assert sum(len(b.targets) for b in pasted) > sum(len(b.targets) for b in plain)
+    _, detect_records = run(0, 1.0, "detect")
+    assert all(r.image.copy_paste is None for r in detect_records)

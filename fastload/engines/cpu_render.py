@@ -154,11 +154,13 @@ class BatchRenderer:
             p = params[k] = self.sampler.first_usable(epoch, sample_id, lambda r: self.damaged.load_all(r.sources, images, self.get_image),
                                                       ids if by_batch else None, record=params[k])
             if self.layout == "nhwc":
-                render_sample(p, images.__getitem__, out=out[k], hsv=self.hsv_in_worker, axis_kernel=self.axis_kernel)
+                render_sample(p, images.__getitem__, out=out[k], hsv=self.hsv_in_worker, axis_kernel=self.axis_kernel,
+                              labels=self.labels.image)
             else:
                 if self._scratch is None or self._scratch.shape != (h, w, 3):
                     self._scratch = np.empty((h, w, 3), np.uint8)
-                img = render_sample(p, images.__getitem__, out=self._scratch, hsv=self.hsv_in_worker, axis_kernel=self.axis_kernel)
+                img = render_sample(p, images.__getitem__, out=self._scratch, hsv=self.hsv_in_worker,
+                                    axis_kernel=self.axis_kernel, labels=self.labels.image)
                 np.copyto(out[k], img.transpose(2, 0, 1))
         gains = None
         if not self.hsv_in_worker:
