@@ -27,7 +27,7 @@ from fastload.augment.functional.tiles import AxisKernel, check_axis_kernel
 from fastload.augment.params import ParamSampler, image_of
 from fastload.augment.pipeline import render_sample
 from fastload.data.images import ShrinkFilter
-from fastload.engines.shm_cache import SharedDecodeCache
+from fastload.engines.shm_cache import DecodeCache
 from fastload.store.base import DamagedRecords, Store
 
 if TYPE_CHECKING:  # a name for annotations only: importing engines.base would load torch into Ray actors
@@ -80,7 +80,7 @@ class BatchRenderer:
         store: Store,
         sampler: ParamSampler,
         *,
-        cache: SharedDecodeCache | None = None,
+        cache: DecodeCache | None = None,
         hsv_in_worker: bool = True,
         layout: Layout = "nhwc",
         reduced_decode: bool = False,

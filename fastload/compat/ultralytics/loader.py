@@ -198,7 +198,8 @@ def build_loader(args: Any, data: Mapping[str, Any], req: LoaderRequest, opts: U
     summary = (f"fastload: {fl.n} images, {len(fl)} batches of {batch_size}, {fl.num_workers} workers, {base.kind} "
                f"store, {opts.engine} engine, HSV {_hsv_place(fl, augment)}, batches on "
                f"{device if device is not None else 'cpu'}, {recipe} recipe"
-               + (f" (mosaic partners: {fl.engine.sampler.partners})" if fl.engine.sampler.draws_mosaics else ""))
+               + (f" (mosaic partners: {fl.engine.sampler.partners})" if fl.engine.sampler.draws_mosaics else "")
+               + (f", {fl.cache_plan}" if fl.cache_plan.keep == "latest" else ""))
     LOG.info("%s %s loader: %s", OWNER, req.mode, summary)
     source: Any = BatchLog(fl, opts.batch_log, prefix=req.mode) if opts.batch_log else fl
     return UltralyticsLoader(fl, source, view, summary=summary)
