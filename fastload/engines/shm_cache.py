@@ -45,11 +45,13 @@ Platforms without OFD locks (macOS) get no cache (a warning; every read decodes)
 The turnover cache (``keep="latest"``) rewrites entries, so it cannot trust what a process saw once: its entries
 are fixed-size slots (the largest loaded image) in a ring, each with a header (the image it holds, 0: none) and a
 lock byte; a table says in which slot each image was last written. A read locks the slot the table names
-(shared, never waiting), checks under the lock that its header names the image, and copies the pixels out before
-it unlocks: a slot is never overwritten while a process reads it, and the caller's copy outlives the slot. A
-miss decodes without any lock, takes the next ring position (a counter, under a lock held for a few
-instructions), and writes the slot only if its exclusive lock is free (a reader copying it: the image stays
-uncached): header cleared, pixels, header set. A writer that dies mid-slot leaves the header 0.
+(shared, never waiting), checks under the lock that its header names the image, and returns a read-only view of
+the slot, keeping the lock until the caller says it is done with its images (``release()``: the renderer calls it
+after each sample, or each batch with ``partners="batch"``): a slot is never overwritten while a process uses
+it. A miss decodes without any lock, takes the next ring position (a counter, under a lock held for a few
+instructions), and writes the slot only if its exclusive lock is free (a process using it: the image stays
+uncached): header cleared, pixels, header set. A writer that dies mid-slot leaves the header 0, and a process
+that dies drops its holds with its descriptors.
 """
 from __future__ import annotations
 
@@ -240,6 +242,10 @@ class DecodeCache:
     def get(self, i: int, load: Callable[[int], np.ndarray]) -> np.ndarray:
         """The loaded image of loader index ``i``: from the cache, else ``load(i)``."""
         raise NotImplementedError
+
+    def release(self) -> None:
+        """The caller is done with the images :meth:`get` returned so far (a cache whose entries are rewritten
+        keeps them until then)."""
 
     def stats(self) -> dict[str, Any]:
         """The machine-wide state (``decode_cache_*``)."""
@@ -441,9 +447,13 @@ class TurnoverDecodeCache(DecodeCache):
     (decoded longest ago) is dropped. For ``partners="recent"`` on a dataset larger than the cache: partners are
     drawn from the images of the last positions of the epoch order, which this cache holds.
 
-    Reads return a private copy (the slot may be reused once the read is over); the protocol is in the module
-    docstring. Attributes as :class:`SharedDecodeCache`'s (``slots``: slots of the ring).
+    A hit is a read-only view of its slot, held (a shared lock) until :meth:`release`; more than ``MAX_HELD`` held
+    at once (``partners="batch"`` with large batches) and hits are copied instead, so a process never holds many
+    descriptors. The protocol is in the module docstring. Attributes as :class:`SharedDecodeCache`'s (``slots``:
+    slots of the ring).
     """
+
+    MAX_HELD = 64
 
     KEEP = "latest"
 
@@ -462,6 +472,7 @@ class TurnoverDecodeCache(DecodeCache):
         self._headers = self._buf[_HEADERS_AT:_HEADERS_AT + 4 * self.slots].view(np.int32)
         table_at = _HEADERS_AT + 4 * self.slots
         self._table = self._buf[table_at:table_at + 4 * self.n].view(np.int32)  # image -> slot last written (+1)
+        self._held: list[int] = []  # descriptors holding the slots of the views returned since the last release()
 
     @staticmethod
     def _build(segment: Path, hw: np.ndarray, budget: int, imgsz: int, recipe: str) -> None:
@@ -487,17 +498,24 @@ class TurnoverDecodeCache(DecodeCache):
         return self._buf[off : off + h * w * 3].reshape(h, w, 3)
 
     def get(self, i: int, load: Callable[[int], np.ndarray]) -> np.ndarray:
-        """The loaded image of loader index ``i`` (a private array): copied from the slot that holds it, else
-        ``load(i)``, then written into the next slot of the ring when no process reads or writes that one."""
+        """The loaded image of loader index ``i``: a read-only view of the slot that holds it (held until
+        :meth:`release`), else ``load(i)``, then written into the next slot of the ring when no process uses
+        that one."""
         b = int(self._base_idx[i])
         s = int(self._table[b]) - 1  # a plain read: a stale slot fails the header check under its lock
         if 0 <= s < self.slots:
             fd = self._lock_entry(_HEADERS_AT + 4 * s, exclusive=False)
-            if fd is not None:
+            if fd is not None and self._headers[s] != b + 1:  # the slot went to another image since the table said
+                os.close(fd)
+            elif fd is not None:
+                self.hits += 1
+                view = self._slot_view(s, b)
+                if len(self._held) < self.MAX_HELD:
+                    view.flags.writeable = False
+                    self._held.append(fd)
+                    return view
                 try:
-                    if self._headers[s] == b + 1:
-                        self.hits += 1
-                        return self._slot_view(s, b).copy()
+                    return view.copy()
                 finally:
                     os.close(fd)
         img = load(i)
@@ -532,6 +550,12 @@ class TurnoverDecodeCache(DecodeCache):
         finally:
             os.close(fd)  # releases the lock: the stores above happen before any later lock of this slot
 
+    def release(self) -> None:
+        """Drop the holds on the slots of the views :meth:`get` returned: the caller no longer reads them."""
+        held, self._held = self._held, []
+        for fd in held:
+            os.close(fd)
+
     def stats(self) -> dict[str, Any]:
         """As :meth:`SharedDecodeCache.stats` (``_slots``: slots of the ring; ``_filled``: slots holding an image)."""
         return {"decode_cache_segment": str(self.segment), "decode_cache_slots": self.slots,
@@ -539,6 +563,7 @@ class TurnoverDecodeCache(DecodeCache):
                 "decode_cache_bytes": self.nbytes, "decode_cache_policy": TURNOVER_POLICY}
 
     def _release_views(self) -> None:
+        self.release()
         self._counter = np.zeros(0, np.int64)
         self._headers = self._table = np.zeros(0, np.int32)
 
