@@ -120,7 +120,8 @@ def create_dataloader(
         raise
     ds = fl.dataset
     if not ds.names or single_cls:
-        top = max((int(lb[:, 0].max()) for lb in ds.labels if len(lb)), default=0)
+        classes = ds.labels.rows[:, 0]  # the packed labels (FlatLabels): no array per image
+        top = int(classes.max()) if len(classes) else 0
         ds.names = ["item"] if single_cls else [str(i) for i in range(top + 1)]
     LOG.info("%sfastload: %d images, %d batches of %d, %d workers, %s store, %s engine, HSV %s, batches on %s",
              prefix, ds.n, len(fl), batch_size, fl.num_workers, store.kind, opts.engine,
