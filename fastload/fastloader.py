@@ -104,7 +104,7 @@ def _cache_plan(options: Any, view: StoreView, imgsz: int, recipe: Recipe, partn
     """What the decoded cache keeps: ``"latest"`` (it turns over in epoch order) where partners are the epoch
     order's recent images (``partners="recent"``), the decoded set exceeds the cache and the cache's ring holds
     every image a partner can be (the window and the batches rendered at once); else ``"first"`` (a uniform
-    draw, a batch's own images or one read per epoch gain nothing from a turnover, which costs a copy per read)."""
+    draw, a batch's own images or one read per epoch gain nothing from a turnover, which costs a lock per hit)."""
     asked = getattr(options, "decode_cache_keep", None)
     if asked is not None:
         return CachePlan(asked, "caller", "asked for")

@@ -54,8 +54,8 @@ class CPUOptions(HostRenderOptions):
             store that fit are cached and the others decoded on every read (``stats()`` says how many), unless
             the cache turns over (``decode_cache_keep``).
         decode_cache_keep: what the decoded cache keeps of a dataset larger than it, when this loader creates it:
-            ``"first"``: the first images of the store that fit (zero-copy reads); ``"latest"``: the latest
-            decoded, the cache turning over in epoch order (a read copies the image out), for
+            ``"first"``: the first images of the store that fit; ``"latest"``: the latest decoded, the cache
+            turning over in epoch order (a hit holds its slot, an OFD lock, until the sample is drawn), for
             ``partners="recent"``, whose partners are the epoch order's recent images. ``None``: planned by
             :func:`fastload.loader` (:class:`fastload.fastloader.CachePlan`, in ``repr(loader)``).
         decode_scale: encoded stores: ``"full"`` (every JPEG decoded at its stored size, as YOLOv9
