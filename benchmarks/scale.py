@@ -17,7 +17,8 @@ step in its own subprocess (``PYTHONPATH`` = the tree under test, ``--tree``):
 temporary copy of ``--upstream``) and Ultralytics' own ``build_yolo_dataset`` + ``build_dataloader``, each opened
 without its ``labels/train.cache`` and again with it. Per loader: open seconds, the seconds its trainer's first
 read of ``dataset.labels`` takes (YOLOv9: ``np.concatenate(dataset.labels)``; Ultralytics: the per-class count over
-one dict per image), first batch, images/s, and main / worker memory as above.
+one dict per image), first batch, images/s, and main / worker memory as above. ``--compat-only``: those rows only
+(fastload's index cache made first by ``fastload info``, timed), saved to ``--json`` after each loader.
 
 Printed as one table per step with each size side by side and the growth ratio of the largest to the smallest.
 
@@ -344,9 +345,20 @@ def compat_child(spec: str) -> None:
     print("RESULT " + json.dumps(out))
 
 
-def measure_compat(n: int, a: argparse.Namespace, row: dict[str, Any]) -> None:
-    """The ``--compat`` rows of the dataset of ``n`` images, added to ``row``; the official loaders' first open
-    is without their ``labels/train.cache`` (a file both name alike: each is removed before its first open)."""
+def index_only(n: int, a: argparse.Namespace) -> dict[str, Any]:
+    """``--compat-only``: the dataset of ``n`` images and fastload's index cache (``fastload info``, timed: with no
+    cache it is the first scan), so the compat rows open as a second ``loader()`` does."""
+    yaml_path = make_dataset(a.root, n, threads=a.threads)
+    os.environ["FASTLOAD_CACHE_DIR"] = str(a.root / "user-cache")
+    row: dict[str, Any] = {"images": n}
+    _, row["info s"], row["info maxrss"] = run_child(["-m", "fastload", "info", str(yaml_path), "--split", "train"], a.tree)
+    return row
+
+
+def measure_compat(n: int, a: argparse.Namespace, row: dict[str, Any], save: Callable[[], None]) -> None:
+    """The ``--compat`` rows of the dataset of ``n`` images, added to ``row`` (``save()`` after each loader); the
+    official loaders' first open is without their ``labels/train.cache`` (a file both name alike: each is removed
+    before its first open)."""
     ds = make_dataset(a.root, n, threads=a.threads).parent
     label_cache = ds / "labels" / "train.cache"
     bench = str(Path(__file__).resolve().parent)
@@ -375,6 +387,7 @@ def measure_compat(n: int, a: argparse.Namespace, row: dict[str, Any]) -> None:
             row[f"{kind} main {field}"] = res["main"][field]
             if res["workers"]:
                 row[f"{kind} worker {field} (max)"] = max(w[field] for w in res["workers"])
+        save()
 
 
 def upstream_copy(src: Path) -> Path:
@@ -426,22 +439,29 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, help="also write the rows here")
     ap.add_argument("--compat", action="store_true",
                     help="add the compat layers' rows and those of the official YOLOv9 and Ultralytics loaders")
+    ap.add_argument("--compat-only", action="store_true",
+                    help="--compat without the other steps (fastload's index cache is made first, by `fastload info`)")
     ap.add_argument("--upstream", type=Path, default=REPO.parent / "shared" / "upstream" / "yolov9",
                     help="the official YOLOv9 checkout (--compat; copied to a temporary folder)")
     a = ap.parse_args(argv)
     a.stores = [s for s in a.stores.split(",") if s]
     a.root, a.tree = a.root.resolve(), a.tree.resolve()
     sizes = sorted(set(a.sizes + ([1_000_000] if a.million else [])))
+    a.compat = a.compat or a.compat_only
     if a.compat:
         a.upstream = upstream_copy(a.upstream) if (a.upstream / "utils" / "dataloaders.py").is_file() else None
-    rows = []
-    for n in sizes:
-        rows.append(measure(n, a))
-        if a.compat:
-            measure_compat(n, a, rows[-1])
-        print(f"measured N = {n:,}", file=sys.stderr)
+    rows: list[dict[str, Any]] = []
+
+    def save() -> None:
         if a.json:
             a.json.write_text(json.dumps(rows, indent=1))
+
+    for n in sizes:
+        rows.append(index_only(n, a) if a.compat_only else measure(n, a))
+        if a.compat:
+            measure_compat(n, a, rows[-1], save)
+        print(f"measured N = {n:,}", file=sys.stderr)
+        save()
     print(f"tree {a.tree}; imgsz {a.imgsz}, batch {a.batch}, {a.workers} workers, {a.batches} batches timed")
     print(table(rows))
     return 0
