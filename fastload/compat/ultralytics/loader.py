@@ -240,20 +240,21 @@ class UltralyticsLabels(Sequence[dict]):
             return [self[k] for k in range(*i.indices(len(self)))]
         lb = self.flat[i]  # checks the index
         h, w = (int(v) for v in self.hw[i])
-        return _label_dict(self.im_files[i], (h, w), lb)
+        return _label_dict(self.im_files[i], (h, w), lb[:, 0:1], lb[:, 1:5])
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        # Ultralytics' trainer walks every image's dict (class counts, its max_det check): one pass over plain lists
-        # and the packed rows, the dicts made one at a time
+        # Ultralytics' trainer walks every image's dict (its max_det check): one pass over plain lists and the
+        # packed columns, the dicts made one at a time
         rows, bounds = self.flat.rows, self.flat.offsets.tolist()
+        cls, boxes = rows[:, 0:1], rows[:, 1:5]
         for f, a, b, hw in zip(self.im_files, bounds[:-1], bounds[1:], self.hw.tolist()):
-            yield _label_dict(f, tuple(hw), rows[a:b])
+            yield _label_dict(f, tuple(hw), cls[a:b], boxes[a:b])
 
 
-def _label_dict(im_file: str, shape: tuple[int, int], lb: np.ndarray) -> dict[str, Any]:
-    """One image's label dict as Ultralytics' dataset holds it (``lb``: its ``[n, 5]`` packed rows)."""
-    return {"im_file": im_file, "shape": shape, "cls": lb[:, 0:1], "bboxes": lb[:, 1:5], "segments": [],
-            "keypoints": None, "normalized": True, "bbox_format": "xywh"}
+def _label_dict(im_file: str, shape: tuple[int, int], cls: np.ndarray, boxes: np.ndarray) -> dict[str, Any]:
+    """One image's label dict as Ultralytics' dataset holds it (``cls`` [n, 1], ``boxes`` [n, 4] xywh)."""
+    return {"im_file": im_file, "shape": shape, "cls": cls, "bboxes": boxes, "segments": [], "keypoints": None,
+            "normalized": True, "bbox_format": "xywh"}
 
 
 class UltralyticsDataset:
