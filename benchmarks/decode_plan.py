@@ -10,7 +10,18 @@ the other in every round (so their ratios hold on a shared machine):
 - ``fits, batch``: the same cache, ``partners="batch"`` (what the plan's draw costs where the cache is no matter);
 - ``small, dataset``: ``decode_cache_mb`` set so the cache holds ``1 / --ratio`` of the decoded set, today's
   plan asked for explicitly (``partners="dataset"``): what a large dataset got before the plan;
-- ``small, planned``: the same cache, ``partners`` left to the loader (it plans ``"batch"``).
+- ``small, planned``: the same cache, ``partners`` left to the loader (it plans ``"batch"``);
+- ``small, batch, latest``: the same, with the cache turning over in epoch order (``decode_cache_keep="latest"``):
+  whether the planned ``"batch"`` draw gains from it (its draws are unchanged).
+
+``--recipe ultralytics``: Ultralytics' recipe with its default hyperparameters (read from the installed
+``ultralytics``' ``cfg/default.yaml``) and ``partners="recent"``, what the Ultralytics compat layer passes
+(Ultralytics' buffer of recent images), in three configurations:
+
+- ``fits, recent``: the default budget holds the decoded set (the small-dataset reference);
+- ``small, recent, first``: the small cache keeping its first images, asked for explicitly
+  (``decode_cache_keep="first"``): what a large dataset got before the turnover;
+- ``small, recent, planned``: the same cache, left to the loader (it plans ``decode_cache_keep="latest"``).
 
 Each runs ``--epochs`` epochs; the first fills the cache and the rest are the steady state that is reported
 (decodes counted by the engine, per output image; images/s; and CPU ms per image of the consumer and its
@@ -19,6 +30,7 @@ ratio of the cache to the decoded set, not the number of images: a few thousand 
 Objects365 at 640.
 
     python benchmarks/decode_plan.py --images 2000 --imgsz 640 --workers 2 --rounds 3
+    python benchmarks/decode_plan.py --images 2000 --imgsz 640 --workers 2 --rounds 3 --recipe ultralytics
 """
 from __future__ import annotations
 
@@ -49,6 +61,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--ratio", type=float, default=5.0, help="the small cache holds 1/RATIO of the decoded set")
     p.add_argument("--epochs", type=int, default=2, help="epochs per configuration (the first fills the cache)")
     p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--recipe", choices=("yolov9", "ultralytics"), default="yolov9",
+                   help="yolov9: the planned partners; ultralytics: partners='recent' and the cache's turnover")
     p.add_argument("--data", default=None, help="folder of the dataset (made there once; default: a temporary one)")
     p.add_argument("--json", default=None, help="write the results here")
     return p.parse_args(argv)
@@ -67,8 +81,8 @@ def run_config(data: Path, args: argparse.Namespace, **kw) -> dict:
     """Every epoch of one loader: images, decodes, wall and CPU seconds (consumer and workers); and its plan."""
     epochs = []
     with fastload.loader(data, imgsz=args.imgsz, batch_size=args.batch, workers=args.workers, store="files",
-                         **kw) as fl:
-        plan = str(fl.plan)
+                         recipe=args.recipe, **kw) as fl:
+        plan = str(fl.plan) + (f", {fl.cache_plan}" if fl.cache_plan.keep is not None else "")
         for _ in range(args.epochs):
             before = fl.stats()
             cpu = _cpu_seconds(before["worker_pids"])
@@ -81,7 +95,33 @@ def run_config(data: Path, args: argparse.Namespace, **kw) -> dict:
                            "seconds": seconds, "cpu_seconds": _cpu_seconds(after["worker_pids"]) - cpu})
         stats = fl.stats()
     return {"plan": plan, "partners": stats["partners"], "partners_by": stats["partners_by"],
+            "keep": stats["decode_cache_keep"], "keep_by": stats["decode_cache_keep_by"],
             "cache_slots": stats.get("decode_cache_slots"), "epochs": epochs}
+
+
+def ultralytics_hyp() -> dict[str, float]:
+    """The augmentation hyperparameters of the installed Ultralytics' ``cfg/default.yaml``."""
+    import ultralytics
+    import yaml
+    from fastload.augment.hyp import AUGMENT_KEYS
+
+    cfg = yaml.safe_load((Path(ultralytics.__file__).parent / "cfg" / "default.yaml").read_text())
+    return {k: float(cfg[k]) for k in AUGMENT_KEYS}
+
+
+def configurations(args: argparse.Namespace, small_mb: int) -> dict[str, dict]:
+    """The loaders compared, by name (the first is the reference of the ratios)."""
+    small = {"decode_cache_mb": small_mb}
+    if args.recipe == "ultralytics":
+        recent = {"partners": "recent", "hyp": ultralytics_hyp()}
+        return {"fits, recent": recent,
+                "small, recent, first": {**recent, "engine_options": {**small, "decode_cache_keep": "first"}},
+                "small, recent, planned": {**recent, "engine_options": small}}
+    return {"fits, planned": {},
+            "fits, batch": {"partners": "batch"},
+            "small, dataset": {"partners": "dataset", "engine_options": small},
+            "small, planned": {"engine_options": small},
+            "small, batch, latest": {"engine_options": {**small, "decode_cache_keep": "latest"}}}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -94,14 +134,12 @@ def main(argv: list[str] | None = None) -> int:
                                max_objects=5)
         print(f"made {args.images} images in {time.perf_counter() - t:.0f} s: {root}", flush=True)
     store = open_store(data, split="train", kind="files")
-    need = decoded_set_bytes(store, args.imgsz, "yolov9")
+    need = decoded_set_bytes(store, args.imgsz, args.recipe)
     store.close()
     small_mb = max(1, int(need / args.ratio) >> 20)
     print(f"decoded set at {args.imgsz}: {need / 2**20:.0f} MB; small cache: {small_mb} MB", flush=True)
-    configs = {"fits, planned": {},
-               "fits, batch": {"partners": "batch"},
-               "small, dataset": {"partners": "dataset", "engine_options": {"decode_cache_mb": small_mb}},
-               "small, planned": {"engine_options": {"decode_cache_mb": small_mb}}}
+    configs = configurations(args, small_mb)
+    ref = next(iter(configs))
     results: dict[str, list[dict]] = {name: [] for name in configs}
     for r in range(args.rounds):
         for name, kw in configs.items():
@@ -109,15 +147,15 @@ def main(argv: list[str] | None = None) -> int:
             results[name].append(res)
             steady = res["epochs"][1:] or res["epochs"]
             imgs = sum(e["images"] for e in steady)
-            print(f"round {r} {name:15s} {res['plan']}: steady {sum(e['decodes'] for e in steady) / imgs:.2f} "
+            print(f"round {r} {name:22s} {res['plan']}: steady {sum(e['decodes'] for e in steady) / imgs:.2f} "
                   f"decodes/output, {imgs / sum(e['seconds'] for e in steady):.0f} img/s, "
                   f"{1e3 * sum(e['cpu_seconds'] for e in steady) / imgs:.2f} CPU ms/img "
                   f"(first epoch {res['epochs'][0]['decodes'] / res['epochs'][0]['images']:.2f}, "
                   f"{res['epochs'][0]['images'] / res['epochs'][0]['seconds']:.0f} img/s)", flush=True)
     print(f"\n{args.images} images 96-160 px at imgsz {args.imgsz}, batch {args.batch}, {args.workers} workers, "
-          f"small cache 1/{args.ratio:g} of the decoded set; steady epochs, all rounds:")
-    print(f"{'configuration':16s} {'partners (by)':28s} {'decodes/output':>15s} {'img/s':>7s} {'vs fits':>8s} "
-          f"{'CPU ms/img':>11s} {'vs fits':>8s}")
+          f"{args.recipe} recipe, small cache 1/{args.ratio:g} of the decoded set; steady epochs, all rounds:")
+    print(f"{'configuration':23s} {'partners (by)':24s} {'cache keeps (by)':18s} {'decodes/output':>15s} {'img/s':>7s} "
+          f"{'vs fits':>8s} {'CPU ms/img':>11s} {'vs fits':>8s}")
     rate, cpu = {}, {}
     for name, runs in results.items():
         steady = [e for res in runs for e in (res["epochs"][1:] or res["epochs"])]
@@ -125,8 +163,9 @@ def main(argv: list[str] | None = None) -> int:
         rate[name] = imgs / sum(e["seconds"] for e in steady)
         cpu[name] = 1e3 * sum(e["cpu_seconds"] for e in steady) / imgs
         plan = f"{runs[0]['partners']} ({runs[0]['partners_by']})"
-        print(f"{name:16s} {plan:28s} {sum(e['decodes'] for e in steady) / imgs:15.2f} {rate[name]:7.0f} "
-              f"{rate[name] / rate['fits, planned']:8.2f} {cpu[name]:11.2f} {cpu['fits, planned'] / cpu[name]:8.2f}")
+        keep = f"{runs[0]['keep']} ({runs[0]['keep_by']})"
+        print(f"{name:23s} {plan:24s} {keep:18s} {sum(e['decodes'] for e in steady) / imgs:15.2f} {rate[name]:7.0f} "
+              f"{rate[name] / rate[ref]:8.2f} {cpu[name]:11.2f} {cpu[ref] / cpu[name]:8.2f}")
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "decoded_bytes": need, "small_mb": small_mb,
                                                "results": results}, indent=1))

@@ -11,10 +11,20 @@ step in its own subprocess (``PYTHONPATH`` = the tree under test, ``--tree``):
   the memory of the main process and of each worker after them: RSS, USS, PSS (psutil) and private anonymous
   memory (``/proc/PID/smaps``: anonymous pages mapped by that process only) and file-backed RSS.
 
+``--compat`` adds the compat layers and the loaders they replace, each in its own subprocess on the same images
+(``imgsz``, ``batch``, ``workers``, ``--batches``): fastload's Ultralytics layer (``build_loader``, what
+``FastloadTrainer`` builds) and YOLOv9 ``create_dataloader``; the official YOLOv9 ``create_dataloader`` (from a
+temporary copy of ``--upstream``) and Ultralytics' own ``build_yolo_dataset`` + ``build_dataloader``, each opened
+without its ``labels/train.cache`` and again with it. Per loader: open seconds, the seconds its trainer's first
+read of ``dataset.labels`` takes (YOLOv9: ``np.concatenate(dataset.labels)``; Ultralytics: the per-class count over
+one dict per image), first batch, images/s, and main / worker memory as above. ``--compat-only``: those rows only
+(fastload's index cache made first by ``fastload info``, timed), saved to ``--json`` after each loader.
+
 Printed as one table per step with each size side by side and the growth ratio of the largest to the smallest.
 
     python benchmarks/scale.py --root /tmp/scale --sizes 10000 100000          # add --million for 1M
     python benchmarks/scale.py --root /tmp/scale --sizes 10000 --tree /work/main  # another tree's code
+    python benchmarks/scale.py --root /tmp/scale --sizes 10000 100000 --stores '' --compat  # + the compat rows
 """
 from __future__ import annotations
 
@@ -28,7 +38,7 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import yaml
@@ -226,6 +236,167 @@ def measure(n: int, a: argparse.Namespace) -> dict[str, Any]:
     return row
 
 
+# ----------------------------------------------------------------------------- compat layers (--compat)
+
+COMPAT_LOADERS = ("fastload ultralytics compat", "fastload yolov9 compat", "official yolov9", "ultralytics own")
+
+
+def process_memory(pid: int) -> dict[str, int]:
+    """RSS, USS, PSS (psutil) of ``pid``, its private anonymous memory and file-backed RSS (``/proc/PID/smaps``)."""
+    import psutil
+
+    anon = file_rss = 0
+    fields: dict[str, Any] = {}
+
+    def flush() -> None:
+        nonlocal anon, file_rss
+        if fields:
+            anon += min(fields.get("Anonymous", 0), fields.get("Private_Clean", 0) + fields.get("Private_Dirty", 0))
+            file_rss += fields.get("Rss", 0) if fields["path"].startswith("/") else 0
+
+    with open(f"/proc/{pid}/smaps") as f:
+        for line in f:
+            head = line.split(None, 1)[0]
+            if not head.endswith(":"):  # a mapping line: address perms offset dev inode [path]
+                flush()
+                parts = line.split(None, 5)
+                fields = {"path": parts[5].strip() if len(parts) > 5 else ""}
+            elif head[:-1] in ("Rss", "Anonymous", "Private_Clean", "Private_Dirty"):
+                fields[head[:-1]] = int(line.split()[1]) * 1024
+    flush()
+    m = psutil.Process(pid).memory_full_info()
+    return {"rss": m.rss, "uss": m.uss, "pss": m.pss, "private_anon": anon, "file_rss": file_rss}
+
+
+def _compat_opener(a: dict[str, Any]) -> Callable[[], tuple[Any, Any, Callable[[], list[int]], Callable[[], None]]]:
+    """In the child, once the modules of ``a["kind"]`` are imported: the function that opens that loader and
+    returns ``(batches, dataset.labels as its trainer reads them, worker pids, close)``."""
+    images, kind = a["images"], a["kind"]
+    data = {"names": dict(enumerate(NAMES)), "nc": len(NAMES), "channels": 3}
+    overrides = {"imgsz": a["imgsz"], "batch": a["batch"], "workers": a["workers"], "seed": 0, "verbose": False}
+    if kind == "fastload ultralytics compat":
+        from fastload.compat.ultralytics.loader import LoaderRequest, build_loader
+        from fastload.compat.ultralytics.options import UltralyticsOptions
+        from ultralytics.cfg import get_cfg
+
+        def ultralytics_compat():
+            ld = build_loader(get_cfg(overrides=overrides), data, LoaderRequest(images, a["batch"], "train", False, 32),
+                              UltralyticsOptions())
+            return ld, ld.dataset.labels, lambda: ld.stats()["worker_pids"], ld.close
+        return ultralytics_compat
+    if kind == "fastload yolov9 compat":
+        from fastload.augment.hyp import HYP_SCRATCH_HIGH
+        from fastload.compat.yolov9 import create_dataloader
+
+        def yolov9_compat():
+            fl, ds = create_dataloader(images, a["imgsz"], a["batch"], 32, hyp=dict(HYP_SCRATCH_HIGH), augment=True,
+                                       workers=a["workers"], shuffle=True)
+            return fl, ds.labels, lambda: fl.stats()["worker_pids"], fl.close
+        return yolov9_compat
+    if kind == "official yolov9":
+        sys.path.insert(0, a["upstream"])
+        from utils.dataloaders import create_dataloader  # the official one, from the copy
+
+        hyp = yaml.safe_load((Path(a["upstream"]) / "data" / "hyps" / "hyp.scratch-high.yaml").read_text())
+
+        def official():
+            ld, ds = create_dataloader(images, a["imgsz"], a["batch"], 32, hyp=hyp, augment=True,
+                                       workers=a["workers"], shuffle=True)
+            return ld, ds.labels, lambda: [w.pid for w in ld.iterator._workers], lambda: None
+        return official
+    from ultralytics.cfg import get_cfg
+    from ultralytics.data import build_dataloader, build_yolo_dataset
+
+    def ultralytics_own():
+        ds = build_yolo_dataset(get_cfg(overrides=overrides), images, a["batch"], data, mode="train", stride=32)
+        ld = build_dataloader(ds, a["batch"], a["workers"], shuffle=True, rank=-1)
+        return ld, ds.labels, lambda: [w.pid for w in ld.iterator._workers], lambda: None
+    return ultralytics_own
+
+
+def compat_child(spec: str) -> None:
+    """The measured subprocess of one compat row (``--compat``): prints ``RESULT {json}``."""
+    import numpy as np
+
+    a = json.loads(spec)
+    t0 = time.perf_counter()
+    open_loader = _compat_opener(a)
+    t1 = time.perf_counter()
+    batches, read, worker_pids, close = open_loader()
+    out: dict[str, Any] = {"import_s": t1 - t0, "open_s": time.perf_counter() - t1}
+    t = time.perf_counter()
+    if a["kind"] in ("fastload yolov9 compat", "official yolov9"):  # YOLOv9's train.py: one array of every label
+        np.concatenate(read, 0)
+    else:  # Ultralytics' trainer: class counts over one dict per image (and its max_det check, the same walk)
+        np.bincount(np.concatenate([lb["cls"].flatten() for lb in read], 0).astype(int), minlength=len(NAMES))
+    out["labels_s"] = time.perf_counter() - t
+    if a["batches"]:
+        it = iter(batches)
+        t = time.perf_counter()
+        next(it)
+        out["first_batch_s"] = time.perf_counter() - t
+        t = time.perf_counter()
+        for _ in range(a["batches"]):
+            next(it)
+        out["img_per_s"] = a["batches"] * a["batch"] / (time.perf_counter() - t)
+        out["main"] = process_memory(os.getpid())
+        out["workers"] = [process_memory(pid) for pid in worker_pids()]
+    close()
+    print("RESULT " + json.dumps(out))
+
+
+def index_only(n: int, a: argparse.Namespace) -> dict[str, Any]:
+    """``--compat-only``: the dataset of ``n`` images and fastload's index cache (``fastload info``, timed: with no
+    cache it is the first scan), so the compat rows open as a second ``loader()`` does."""
+    yaml_path = make_dataset(a.root, n, threads=a.threads)
+    os.environ["FASTLOAD_CACHE_DIR"] = str(a.root / "user-cache")
+    row: dict[str, Any] = {"images": n}
+    _, row["info s"], row["info maxrss"] = run_child(["-m", "fastload", "info", str(yaml_path), "--split", "train"], a.tree)
+    return row
+
+
+def measure_compat(n: int, a: argparse.Namespace, row: dict[str, Any], save: Callable[[], None]) -> None:
+    """The ``--compat`` rows of the dataset of ``n`` images, added to ``row`` (``save()`` after each loader); the
+    official loaders' first open is without their ``labels/train.cache`` (a file both name alike: each is removed
+    before its first open)."""
+    ds = make_dataset(a.root, n, threads=a.threads).parent
+    label_cache = ds / "labels" / "train.cache"
+    bench = str(Path(__file__).resolve().parent)
+    for kind in COMPAT_LOADERS:
+        if kind == "official yolov9" and a.upstream is None:
+            continue
+        official = kind in ("official yolov9", "ultralytics own")
+        spec = {"kind": kind, "images": str(ds / "images" / "train"), "imgsz": a.imgsz, "batch": a.batch,
+                "workers": a.workers, "batches": a.batches, "upstream": str(a.upstream)}
+        child = ["-c", f"import sys; sys.path.insert(0, {bench!r}); import scale; scale.compat_child(sys.argv[1])"]
+        if official:
+            label_cache.unlink(missing_ok=True)
+        try:
+            res, _, row[f"{kind} maxrss"] = run_child(child + [json.dumps(spec)], a.tree)
+        except RuntimeError as e:  # say which loader does not run here, and go on with the others
+            print(f"{kind} at N = {n:,}: {str(e).splitlines()[0]}", file=sys.stderr)
+            continue
+        row[f"{kind} {'first ' if official else ''}open s"] = res["open_s"]
+        if official:
+            again, _, _ = run_child(child + [json.dumps(dict(spec, batches=0))], a.tree)
+            row[f"{kind} second open s"] = again["open_s"]
+        row[f"{kind} labels read s"] = res["labels_s"]
+        row[f"{kind} first batch s"] = res["first_batch_s"]
+        row[f"{kind} img/s"] = res["img_per_s"]
+        for field in ("rss", "uss", "pss", "private_anon"):
+            row[f"{kind} main {field}"] = res["main"][field]
+            if res["workers"]:
+                row[f"{kind} worker {field} (max)"] = max(w[field] for w in res["workers"])
+        save()
+
+
+def upstream_copy(src: Path) -> Path:
+    """A temporary copy of the official YOLOv9 checkout (its loader imported from there, nothing changed)."""
+    dst = Path(tempfile.mkdtemp(prefix="scale_yolov9_")) / "yolov9"
+    shutil.copytree(src, dst)
+    return dst
+
+
 def _fmt(key: str, v: Any) -> str:
     if v is None:
         return "-"
@@ -266,16 +437,31 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=8, help="generator threads")
     ap.add_argument("--keep-stores", action="store_true", help="keep the converted stores (default: removed)")
     ap.add_argument("--json", type=Path, help="also write the rows here")
+    ap.add_argument("--compat", action="store_true",
+                    help="add the compat layers' rows and those of the official YOLOv9 and Ultralytics loaders")
+    ap.add_argument("--compat-only", action="store_true",
+                    help="--compat without the other steps (fastload's index cache is made first, by `fastload info`)")
+    ap.add_argument("--upstream", type=Path, default=REPO.parent / "shared" / "upstream" / "yolov9",
+                    help="the official YOLOv9 checkout (--compat; copied to a temporary folder)")
     a = ap.parse_args(argv)
     a.stores = [s for s in a.stores.split(",") if s]
     a.root, a.tree = a.root.resolve(), a.tree.resolve()
     sizes = sorted(set(a.sizes + ([1_000_000] if a.million else [])))
-    rows = []
-    for n in sizes:
-        rows.append(measure(n, a))
-        print(f"measured N = {n:,}", file=sys.stderr)
+    a.compat = a.compat or a.compat_only
+    if a.compat:
+        a.upstream = upstream_copy(a.upstream) if (a.upstream / "utils" / "dataloaders.py").is_file() else None
+    rows: list[dict[str, Any]] = []
+
+    def save() -> None:
         if a.json:
             a.json.write_text(json.dumps(rows, indent=1))
+
+    for n in sizes:
+        rows.append(index_only(n, a) if a.compat_only else measure(n, a))
+        if a.compat:
+            measure_compat(n, a, rows[-1], save)
+        print(f"measured N = {n:,}", file=sys.stderr)
+        save()
     print(f"tree {a.tree}; imgsz {a.imgsz}, batch {a.batch}, {a.workers} workers, {a.batches} batches timed")
     print(table(rows))
     return 0

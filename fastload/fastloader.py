@@ -6,6 +6,7 @@ It ties the packages together: a store (``fastload.store.open_store``), the augm
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -27,7 +28,8 @@ from fastload.data.images import loaded_shapes
 from fastload.data.labels import FlatLabels, label_paths
 from fastload.engines.base import TASKS, Batch, Engine, EngineSettings, HostRenderOptions, HSVMode, Layout, Task
 from fastload.engines.factory import SAMPLE_ID_ENGINES, engine_class, resolve_options
-from fastload.engines.shm_cache import ENTRY_LOCKS, decoded_set_bytes, planned_cache_bytes
+from fastload.engines.shm_cache import (ENTRY_LOCKS, CacheKeep, decoded_set_bytes, planned_cache_bytes,
+                                       planned_turnover_slots)
 from fastload.store.base import Shards, Store
 from fastload.store.factory import open_store
 from fastload.store.kinds import store_kind
@@ -76,6 +78,55 @@ class PartnerPlan(NamedTuple):
         return f"partners={self.partners} ({self.why})"
 
 
+class CachePlan(NamedTuple):
+    """What a loader's decoded-image cache keeps of a dataset larger than it (``keep``,
+    :data:`~fastload.engines.shm_cache.CacheKeep`; None: the loader has no decoded cache), who chose it (``by``:
+    ``"caller"``, ``engine_options={"decode_cache_keep": ...}``; ``"planned"``: :func:`loader`) and why, in words.
+    It changes which reads decode, never the batches."""
+
+    keep: CacheKeep | None
+    by: Literal["caller", "planned"]
+    why: str
+
+    def __str__(self) -> str:
+        return f"decode cache keeps the {self.keep} images ({self.why})"
+
+
+def _cache_budget(options: Any, view: StoreView) -> int:
+    """The decoded cache bound a loader plans by: 0 without a decoded cache (a decoded store, an engine or platform
+    without one, ``decode_cache_mb=0``)."""
+    cached = isinstance(options, HostRenderOptions) and not view.decoded and ENTRY_LOCKS
+    return planned_cache_bytes(options.decode_cache_mb) if cached else 0
+
+
+def _cache_plan(options: Any, view: StoreView, imgsz: int, recipe: Recipe, partners: PartnerPlan,
+                settings: EngineSettings, window: int | None, *, training: bool) -> CachePlan:
+    """What the decoded cache keeps: ``"latest"`` (it turns over in epoch order) where partners are the epoch
+    order's recent images (``partners="recent"``), the decoded set exceeds the cache and the cache's ring holds
+    every image a partner can be (the window and the batches rendered at once); else ``"first"`` (a uniform
+    draw, a batch's own images or one read per epoch gain nothing from a turnover, which costs a lock per hit)."""
+    asked = getattr(options, "decode_cache_keep", None)
+    if asked is not None:
+        return CachePlan(asked, "caller", "asked for")
+    budget = _cache_budget(options, view)
+    if budget <= 0:
+        return CachePlan(None, "planned", "no decoded-image cache")
+    need = decoded_set_bytes(view, imgsz, recipe)
+    if need <= budget:
+        return CachePlan("first", "planned", f"the decoded set, {fmt_bytes(need)}, fits the decode cache")
+    if not training or partners.partners != "recent" or window is None:
+        return CachePlan("first", "planned", f"partners={partners.partners} do not draw from the recent images")
+    slots = planned_turnover_slots(view, imgsz, recipe, budget)
+    # a partner is one of the last `window` images of the order; the batches rendered at once are decoded meanwhile
+    reach = window + (max(settings.workers, 1) * settings.prefetch + 1) * settings.batch_size
+    if slots < reach:
+        return CachePlan("first", "planned", f"its {slots} slots would not hold the {reach} recent images partners "
+                                             f"come from")
+    return CachePlan("latest", "planned", f"partners=recent, the decoded set, {fmt_bytes(need)}, exceeds the decode "
+                                          f"cache, {fmt_bytes(budget)}, whose {slots} slots hold the {reach} recent "
+                                          f"images partners come from")
+
+
 def _partner_plan(asked: Partners | None, cls: type[Engine], options: Any, view: StoreView, imgsz: int,
                   recipe: Recipe, shards: Shards | None, *, training: bool) -> PartnerPlan:
     """The plan of ``loader(partners=asked)``: a function of the arguments, the store and this machine's decoded
@@ -86,8 +137,7 @@ def _partner_plan(asked: Partners | None, cls: type[Engine], options: Any, view:
         return PartnerPlan(cls.default_partners, "engine", "no partners drawn")
     if shards is not None:
         return PartnerPlan("batch", "shards", "a store read in shards")
-    cached = isinstance(options, HostRenderOptions) and not view.decoded and ENTRY_LOCKS
-    budget = planned_cache_bytes(options.decode_cache_mb) if cached else 0
+    budget = _cache_budget(options, view)
     if budget <= 0:
         what = "a decoded store" if view.decoded else "no decoded-image cache"
         return PartnerPlan(cls.default_partners, "engine", f"the {cls.name} engine's default, {what}")
@@ -234,15 +284,19 @@ class FastLoader:
     (as the YOLOv9 trainer does under DDP). Use as a context manager or call :meth:`close` to stop
     the workers (they also stop with the process). :meth:`state_dict` / :meth:`load_state_dict` resume a run
     in the middle of an epoch (docs/loader.md, "Resuming mid-epoch"). :attr:`plan` (a :class:`PartnerPlan`) says
-    where mosaic partners come from and why; ``repr(loader)`` is the loader's one-line summary, the plan included.
+    where mosaic partners come from and why, :attr:`cache_plan` (a :class:`CachePlan`) what the decoded cache keeps;
+    ``repr(loader)`` is the loader's one-line summary, the plans included (the cache's when it turns over).
     """
 
     def __init__(self, *, engine: Engine, dataset: Callable[[FastLoader], LoaderDataset], store: Store, n: int,
                  batch_size: int, seed: int, shuffle: bool, rank: int, world_size: int, drop_last: bool,
                  rect_batches: list[np.ndarray] | None, close_mosaic_epochs: int, epochs: int | None,
-                 plan: PartnerPlan, owns_store: bool = True, shards: Shards | None = None) -> None:
+                 plan: PartnerPlan, cache_plan: CachePlan, owns_store: bool = True,
+                 shards: Shards | None = None) -> None:
         self.engine = engine
         self.plan = plan  # where mosaic partners come from (the sampler's), who chose it and why
+        # what the decoded cache keeps of a dataset larger than it (the engine's), who chose it and why
+        self.cache_plan = cache_plan
         self.store = store
         # a store the caller passed in stays open (a ram store's shared-memory hold is theirs)
         self._owns_store = bool(owns_store)
@@ -477,11 +531,13 @@ class FastLoader:
     def stats(self) -> dict[str, Any]:
         """Counters for benchmarks: ``store`` (its kind) plus the engine's :meth:`~fastload.engines.base.Engine.stats`
         (every engine: ``engine``, ``batches``, ``images``, ``worker_pids``, ``partners`` (who chose them:
-        ``partners_by``, :data:`PartnersBy`), ``decodes``,
+        ``partners_by``, :data:`PartnersBy`), ``decode_cache_keep`` (what the decoded cache keeps, who chose it:
+        ``decode_cache_keep_by``, :class:`CachePlan`), ``decodes``,
         ``decodes_per_image``, ``batches_copied``, the damaged records skipped: ``damaged_records``, ``damaged_record_ids``,
         ``damaged_by_kind``, ``replaced_samples``; the CPU engine adds its decoded cache's hits/misses and
         machine-wide state and the next epoch's batches rendered early, used / dropped)."""
-        return {"store": self.store.kind, **self.engine.stats(), "partners_by": self.plan.by}
+        return {"store": self.store.kind, **self.engine.stats(), "partners_by": self.plan.by,
+                "decode_cache_keep": self.cache_plan.keep, "decode_cache_keep_by": self.cache_plan.by}
 
     def close(self) -> None:
         """Stop workers and release buffers, and the store if :func:`loader` opened it. Idempotent."""
@@ -501,8 +557,10 @@ class FastLoader:
     def __repr__(self) -> str:
         task = self.engine.settings.task
         return (f"FastLoader(engine={self.engine.name}, store={self.store.kind}, "
-                + ("" if task == "detect" else f"task={task}, ") + f"n={self.n}, batch_size={self.batch_size}, batches={len(self)}, rank={self.rank}/{self.world_size}"
-                + (f", {self.plan})" if self.engine.sampler.draws_mosaics else ")"))
+                + ("" if task == "detect" else f"task={task}, ")
+                + f"n={self.n}, batch_size={self.batch_size}, batches={len(self)}, rank={self.rank}/{self.world_size}"
+                + (f", {self.plan}" if self.engine.sampler.draws_mosaics else "")
+                + (f", {self.cache_plan})" if self.cache_plan.keep == "latest" else ")"))
 
 
 def _epoch_order(n: int, batch_size: int, shards: Shards | None, **settings) -> _order.EpochOrder:
@@ -817,6 +875,10 @@ def loader(
         if partners in ("batch", "recent") and not sampler.draws_mosaics:
             raise ValueError(f"partners={partners!r} applies to mosaic training batches only, and this loader draws no "
                              f"mosaic (augment={augment}, rect={rect}, hyp mosaic={hyp_d['mosaic']}); leave partners unset")
+        cache_plan = _cache_plan(options, view, imgsz, recipe, plan, settings, recent.get("window"),
+                                 training=sampler.draws_mosaics)
+        if cache_plan.by == "planned" and cache_plan.keep is not None:
+            options = dataclasses.replace(options, decode_cache_keep=cache_plan.keep)
         eng = cls(view, sampler, settings, options)
     except BaseException:
         if owns_store:
@@ -827,8 +889,8 @@ def loader(
     fl = FastLoader(engine=eng, dataset=dataset, store=base, n=len(view), batch_size=batch_size, seed=seed,
                     shuffle=shuffle and not rect, rank=rank, world_size=world_size, drop_last=drop_last,
                     rect_batches=rect_batches, close_mosaic_epochs=int(close_mosaic), epochs=epochs,
-                    owns_store=owns_store, shards=shards, plan=plan)
-    if plan.by == "cache-too-small":
+                    owns_store=owns_store, shards=shards, plan=plan, cache_plan=cache_plan)
+    if plan.by == "cache-too-small" or cache_plan.keep == "latest":
         LOG.info("fastload: %r", fl)
     if close_mosaic and epochs is None:
         warnings.warn("fastload.loader: close_mosaic needs epochs=...; call loader.close_mosaic() yourself")

@@ -406,3 +406,33 @@ def test_real_trainer_two_epochs(coco16, tmp_path, preloaded_python):
     assert ours["nt"] == theirs["nt"] and sum(ours["nt"]) > 0  # the same labels counted
     # the same validation batches, pixel for pixel (the ultralytics recipe's loaded image): the same metrics
     assert ours["results"] == pytest.approx(theirs["results"], abs=1e-9)
+
+
+def test_dataset_labels_and_sizes_are_made_when_read_from_the_packed_labels(coco16, ultra):
+    """dataset.labels (one dict per image), the classes/single_cls filter and the ori_shape lookup come from the
+    packed labels and size arrays: the same values as one array per image, without an object per image up front."""
+    from fastload.compat.ultralytics.loader import ImageSizes, UltralyticsLabels
+    from fastload.store.factory import open_store
+
+    args, data = ultra(coco16, classes=[0, 2], single_cls=True)
+    ld = build_loader(args, data, LoaderRequest(data["train"], 4, "train", False, 32), UltralyticsOptions())
+    store = open_store(coco16, split="train", kind="files")
+    try:
+        labels = ld.dataset.labels
+        assert isinstance(labels, UltralyticsLabels) and len(labels) == len(store) == N_IMAGES
+        for i, lb in enumerate(labels):
+            own = np.asarray(store.labels[i], np.float32).reshape(-1, 5)
+            own = own[np.isin(own[:, 0], [0, 2])]
+            assert lb["im_file"] == store.im_files[i] and lb["shape"] == tuple(int(v) for v in store.shapes[i])
+            assert np.array_equal(lb["bboxes"], own[:, 1:5]) and lb["cls"].shape == (len(own), 1)
+            assert not lb["cls"].any()  # single_cls
+        assert labels[-1]["im_file"] == labels[N_IMAGES - 1]["im_file"] and len(labels[2:5]) == 3
+        with pytest.raises(IndexError):
+            labels[N_IMAGES]
+        sizes = ImageSizes(store.im_files, np.asarray(store.shapes))
+        assert [sizes[f] for f in store.im_files] == [lb["shape"] for lb in labels]
+        with pytest.raises(KeyError):
+            sizes["not-an-image.jpg"]
+    finally:
+        store.close()
+        ld.close()

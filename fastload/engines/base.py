@@ -40,6 +40,7 @@ from fastload.augment.functional.torch_ops import apply_hsv_batch
 from fastload.augment.params import ParamSampler, Partners
 from fastload.augment.task_labels import TaskLabels
 from fastload.data.images import JPEG_DECODERS, ShrinkFilter, shrink_filter
+from fastload.engines.shm_cache import CACHE_KEEPS, CacheKeep
 from fastload.store.base import DAMAGE_KINDS, DamagedRecordError, ReadAhead, Store
 from fastload.store.kinds import STORE_KINDS
 
@@ -164,6 +165,7 @@ class HostRenderOptions:
     engine: ClassVar[str] = ""
     timeout: float = 0.0
     decode_cache_mb: int | None = None
+    decode_cache_keep: CacheKeep | None = None
     decode_scale: Literal["full", "reduced"] = "full"
     axis_kernel: AxisKernel | None = None
     jpeg_decoder: str | None = None
@@ -173,6 +175,8 @@ class HostRenderOptions:
             raise self.bad(f"timeout must be >= 0, got {self.timeout}")
         if self.decode_cache_mb is not None and self.decode_cache_mb < 0:
             raise self.bad(f"decode_cache_mb must be None or >= 0, got {self.decode_cache_mb}")
+        if self.decode_cache_keep is not None and self.decode_cache_keep not in CACHE_KEEPS:
+            raise self.bad(f"decode_cache_keep must be None or one of {', '.join(CACHE_KEEPS)}, got {self.decode_cache_keep!r}")
         if self.decode_scale not in ("full", "reduced"):
             raise self.bad(f"decode_scale must be 'full' or 'reduced', got {self.decode_scale!r}")
         if self.jpeg_decoder is not None and self.jpeg_decoder not in JPEG_DECODERS:

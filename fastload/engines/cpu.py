@@ -53,7 +53,13 @@ class CPUOptions(HostRenderOptions):
             (:mod:`~fastload.engines.shm_cache`), so mosaic partners and later epochs skip decoding.
             ``None``: 1/8 of physical memory; ``0``: off. Set by the process that creates the segment;
             later processes join it as it is. When the dataset does not fit, the first images of the
-            store that fit are cached and the others decoded on every read (``stats()`` says how many).
+            store that fit are cached and the others decoded on every read (``stats()`` says how many), unless
+            the cache turns over (``decode_cache_keep``).
+        decode_cache_keep: what the decoded cache keeps of a dataset larger than it, when this loader creates it:
+            ``"first"``: the first images of the store that fit; ``"latest"``: the latest decoded, the cache
+            turning over in epoch order (a hit holds its slot, an OFD lock, until the sample is drawn), for
+            ``partners="recent"``, whose partners are the epoch order's recent images. ``None``: planned by
+            :func:`fastload.loader` (:class:`fastload.fastloader.CachePlan`, in ``repr(loader)``).
         decode_scale: encoded stores: ``"full"`` (every JPEG decoded at its stored size, as YOLOv9
             does) or ``"reduced"`` (a JPEG whose long side is at least twice ``imgsz`` is decoded at
             1/2, 1/4 or 1/8 scale by the DCT, then resized as usual: cheaper; loaded pixels differ
@@ -169,7 +175,8 @@ class CPUEngine(Engine):
         self.prefetch = int(settings.prefetch)
         self.cache = cache = open_decode_cache(store, sampler.imgsz, sampler.load_rule, decode_scale=opts.decode_scale,
                                                shrink=self.shrink,
-                                               budget_mb=opts.decode_cache_mb, jpeg_decoder=opts.jpeg_decoder)
+                                               budget_mb=opts.decode_cache_mb, jpeg_decoder=opts.jpeg_decoder,
+                                               keep=opts.decode_cache_keep)
         self.renderer = BatchRenderer(
             store, sampler, cache=cache, hsv_in_worker=(settings.hsv_on == "worker"), layout=self.layout,
             reduced_decode=opts.decode_scale == "reduced", axis_kernel=opts.axis_kernel, shrink=self.shrink,

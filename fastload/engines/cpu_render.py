@@ -28,7 +28,7 @@ from fastload.augment.pipeline import render_sample
 from fastload.augment.task_labels import TaskLabels
 from fastload.data.images import ShrinkFilter
 from fastload.data.labels import FlatLabels
-from fastload.engines.shm_cache import SharedDecodeCache
+from fastload.engines.shm_cache import DecodeCache
 from fastload.store.base import DamagedRecords, Store
 
 if TYPE_CHECKING:  # a name for annotations only: importing engines.base would load torch into Ray actors
@@ -83,7 +83,7 @@ class BatchRenderer:
         store: Store,
         sampler: ParamSampler,
         *,
-        cache: SharedDecodeCache | None = None,
+        cache: DecodeCache | None = None,
         hsv_in_worker: bool = True,
         layout: Layout = "nhwc",
         reduced_decode: bool = False,
@@ -131,24 +131,14 @@ class BatchRenderer:
             self.sampler.close_mosaic()
 
     # -- the work ------------------------------------------------------------------------------------------
-    def render(self, epoch: int, indices: np.ndarray, slot_array: Callable[[int, int, int], np.ndarray]) -> SlotResult:
-        """Render ``indices`` into the batch buffer given by ``slot_array(b, h, w)`` (a numpy view).
-
-        All samples of a batch must share one output size (square ``imgsz`` in training, the rect
-        batch shape in validation).
-        """
-        params = self.sampler.sample_batch(epoch, indices)
-        hws = {tuple(int(v) for v in p.image.out_hw) for p in params}
-        if len(hws) != 1:
-            raise ValueError(f"samples of one batch have different output sizes {sorted(hws)} (indices {list(indices)})")
-        h, w = hws.pop()
-        ids = np.asarray(indices, np.int64)
+    def _draw(self, epoch: int, ids: np.ndarray, params: list, out: np.ndarray, h: int, w: int) -> None:
+        """Draw the samples ``ids`` (their records ``params``, replaced in place when one reads a damaged image)
+        into ``out``."""
         by_batch = self.sampler.partners == "batch"
         loaded: dict[int, np.ndarray] = {}
         if by_batch:  # every source is one of the batch's own images: load each once
             for i in dict.fromkeys(image_of(ids, len(self.sampler.loaded_shapes)).tolist()):  # ids may be sample ids
                 self.damaged.load_into(i, loaded, self.get_image)
-        out = slot_array(len(params), h, w)
         for k, sample_id in enumerate(ids.tolist()):
             images = loaded if by_batch else {}  # a sample's own images, dropped once it is drawn
             p = params[k] = self.sampler.first_usable(epoch, sample_id, lambda r: self.damaged.load_all(r.sources, images, self.get_image),
@@ -162,6 +152,25 @@ class BatchRenderer:
                 img = render_sample(p, images.__getitem__, out=self._scratch, hsv=self.hsv_in_worker,
                                     axis_kernel=self.axis_kernel, labels=self.labels.image)
                 np.copyto(out[k], img.transpose(2, 0, 1))
+            if not by_batch and self.cache is not None:  # the sample is drawn: its images are not read again
+                self.cache.release()
+
+    def render(self, epoch: int, indices: np.ndarray, slot_array: Callable[[int, int, int], np.ndarray]) -> SlotResult:
+        """Render ``indices`` into the batch buffer given by ``slot_array(b, h, w)`` (a numpy view).
+
+        All samples of a batch must share one output size (square ``imgsz`` in training, the rect
+        batch shape in validation).
+        """
+        params = self.sampler.sample_batch(epoch, indices)
+        hws = {tuple(int(v) for v in p.image.out_hw) for p in params}
+        if len(hws) != 1:
+            raise ValueError(f"samples of one batch have different output sizes {sorted(hws)} (indices {list(indices)})")
+        h, w = hws.pop()
+        try:
+            self._draw(epoch, np.asarray(indices, np.int64), params, slot_array(len(params), h, w), h, w)
+        finally:
+            if self.cache is not None:  # the batch is drawn: none of its images is read again
+                self.cache.release()
         gains = None
         if not self.hsv_in_worker:
             gains = np.array([p.hsv_gain for p in params], np.float32).reshape(-1, 3)

@@ -91,6 +91,7 @@ class RenderSpec:
     threads: int
     strict: bool
     jpeg_decoder: str | None = None
+    decode_cache_keep: str | None = None
 
 
 def node_name() -> str:
@@ -195,7 +196,8 @@ class RenderActor:
         try:
             cache = open_decode_cache(store, sampler.imgsz, sampler.load_rule, decode_scale=render.decode_scale,
                                       shrink=render.shrink,
-                                      budget_mb=render.decode_cache_mb, jpeg_decoder=render.jpeg_decoder)
+                                      budget_mb=render.decode_cache_mb, jpeg_decoder=render.jpeg_decoder,
+                                      keep=render.decode_cache_keep)  # type: ignore[arg-type]  # checked by RayOptions
         except Exception as e:  # e.g. a segment of another layout left at its name: reported like a store error
             store.close()
             self.error = (f"engine 'ray': the render actor on node {self.where} cannot open the decoded-image cache of "

@@ -99,6 +99,7 @@ class RayOptions(HostRenderOptions):
             shared-memory segment per node that every actor there (of every loader and rank) fills and
             reads, as :class:`~fastload.engines.cpu.CPUOptions` ``decode_cache_mb`` is for one machine's
             workers. ``None``: 1/8 of that node's physical memory; ``0``: off (every read decodes).
+        decode_cache_keep: as in :class:`~fastload.engines.cpu.CPUOptions`, for every node's cache.
         decode_scale, axis_kernel, jpeg_decoder: as in :class:`~fastload.engines.cpu.CPUOptions` (``axis_kernel=None``
             is resolved in this process, so every node draws with the same kernel; ``jpeg_decoder=None`` is each
             actor's process choice, ``$FASTLOAD_JPEG_DECODER`` in its ``runtime_env``).
@@ -327,7 +328,7 @@ class RayEngine(Engine):
         spec = store_spec(store, opts.store_path)
         render = RenderSpec(
             hsv_in_worker=settings.hsv_on == "worker", layout=settings.layout, decode_scale=opts.decode_scale,
-            decode_cache_mb=opts.decode_cache_mb,
+            decode_cache_mb=opts.decode_cache_mb, decode_cache_keep=opts.decode_cache_keep,
             axis_kernel=check_axis_kernel(opts.axis_kernel), shrink=self.shrink,
             max_batch_bytes=self.batch_size * int(np.prod(sampler.max_out_hw)) * 3, threads=max(1, int(opts.cpus_per_actor)),
             strict=settings.strict, jpeg_decoder=opts.jpeg_decoder,

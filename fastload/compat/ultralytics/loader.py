@@ -10,7 +10,7 @@ import logging
 import math
 import os
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator, Mapping, Sequence, overload
 
 import numpy as np
 import torch
@@ -21,6 +21,7 @@ from fastload.compat.ranks import shard_of
 from fastload.compat.stores import open_split_store, split_config
 from fastload.compat.ultralytics.options import OWNER, UltralyticsOptions
 from fastload.data.device import resolve_device
+from fastload.data.labels import FlatLabels
 from fastload.engines.base import Batch, Layout
 from fastload.engines.factory import engine_class
 from fastload.fastloader import FastLoader
@@ -91,23 +92,24 @@ def check_arguments(args: Any, data: Mapping[str, Any], mode: str, opts: Ultraly
 
 def _labels_view(base: Store, args: Any, mode: str) -> StoreView:
     """The images and labels Ultralytics' dataset would hold: the first ``fraction`` of the sorted images,
-    labels of ``classes`` only, every class 0 with ``single_cls``."""
+    labels of ``classes`` only, every class 0 with ``single_cls`` (array operations on the packed labels: no
+    object per image)."""
     fraction = _fraction(args, mode)
     n = len(base)
     count = fraction if isinstance(fraction, int) else max(1, round(n * fraction))
     keep = np.arange(min(count, n), dtype=np.int64)
+    flat = FlatLabels.from_arrays(base.labels)
+    flat = flat if len(keep) == len(flat) else flat.subset(keep)
     classes = _arg(args, "classes")
-    single = bool(_arg(args, "single_cls", False))
-    labels = []
-    for i in keep.tolist():
-        lb = np.asarray(base.labels[i], np.float32).reshape(-1, 5)
-        if classes is not None:
-            lb = lb[np.isin(lb[:, 0], np.asarray(classes, np.float32).reshape(-1))]
-        if single:
-            lb = lb.copy()
-            lb[:, 0] = 0
-        labels.append(lb)
-    return StoreView(base, keep, labels)
+    rows, offsets = flat.rows, flat.offsets
+    if classes is not None:
+        wanted = np.isin(rows[:, 0], np.asarray(classes, np.float32).reshape(-1))
+        kept_before = np.concatenate([[0], np.cumsum(wanted)])  # rows kept before each row: the new offsets
+        rows, offsets = rows[wanted], kept_before[offsets]
+    if _arg(args, "single_cls", False):
+        rows = rows.copy()
+        rows[:, 0] = 0
+    return StoreView(base, keep, FlatLabels(rows, offsets))
 
 
 def _workers(args: Any, opts: UltralyticsOptions, req: LoaderRequest, n: int, batch_size: int) -> int:
@@ -198,7 +200,8 @@ def build_loader(args: Any, data: Mapping[str, Any], req: LoaderRequest, opts: U
     summary = (f"fastload: {fl.n} images, {len(fl)} batches of {batch_size}, {fl.num_workers} workers, {base.kind} "
                f"store, {opts.engine} engine, HSV {_hsv_place(fl, augment)}, batches on "
                f"{device if device is not None else 'cpu'}, {recipe} recipe"
-               + (f" (mosaic partners: {fl.engine.sampler.partners})" if fl.engine.sampler.draws_mosaics else ""))
+               + (f" (mosaic partners: {fl.engine.sampler.partners})" if fl.engine.sampler.draws_mosaics else "")
+               + (f", {fl.cache_plan}" if fl.cache_plan.keep == "latest" else ""))
     LOG.info("%s %s loader: %s", OWNER, req.mode, summary)
     source: Any = BatchLog(fl, opts.batch_log, prefix=req.mode) if opts.batch_log else fl
     return UltralyticsLoader(fl, source, view, summary=summary)
@@ -211,11 +214,53 @@ def _hsv_place(fl: FastLoader, augment: bool) -> str:
     return {"worker": "in the workers", "consumer": "on the consumer", "defer": "deferred"}[fl.engine.settings.hsv_on]
 
 
+class UltralyticsLabels(Sequence[dict]):
+    """``dataset.labels`` as Ultralytics reads it, one dict per image, made when read from the packed labels
+    (``flat``, :class:`~fastload.data.labels.FlatLabels`) and the images' sizes: a million images cost no million
+    dicts up front. ``labels[i]``: ``im_file``, ``shape`` (h, w), ``cls`` float32 [n, 1], ``bboxes`` float32
+    [n, 4] normalised xywh (read-only views), ``segments``, ``keypoints``, ``normalized``, ``bbox_format``.
+    """
+
+    def __init__(self, flat: FlatLabels, hw: np.ndarray, im_files: Sequence[str]) -> None:
+        self.flat = flat
+        self.hw = hw
+        self.im_files = im_files
+
+    def __len__(self) -> int:
+        return len(self.flat)
+
+    @overload
+    def __getitem__(self, i: int) -> dict[str, Any]: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[dict[str, Any]]: ...
+
+    def __getitem__(self, i: int | slice) -> dict[str, Any] | list[dict[str, Any]]:
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(len(self)))]
+        lb = self.flat[i]  # checks the index
+        h, w = (int(v) for v in self.hw[i])
+        return _label_dict(self.im_files[i], (h, w), lb[:, 0:1], lb[:, 1:5])
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        # Ultralytics' trainer walks every image's dict (its max_det check): one pass over plain lists and the
+        # packed columns, the dicts made one at a time
+        rows, bounds = self.flat.rows, self.flat.offsets.tolist()
+        cls, boxes = rows[:, 0:1], rows[:, 1:5]
+        for f, a, b, hw in zip(self.im_files, bounds[:-1], bounds[1:], self.hw.tolist()):
+            yield _label_dict(f, tuple(hw), cls[a:b], boxes[a:b])
+
+
+def _label_dict(im_file: str, shape: tuple[int, int], cls: np.ndarray, boxes: np.ndarray) -> dict[str, Any]:
+    """One image's label dict as Ultralytics' dataset holds it (``cls`` [n, 1], ``boxes`` [n, 4] xywh)."""
+    return {"im_file": im_file, "shape": shape, "cls": cls, "bboxes": boxes, "segments": [], "keypoints": None,
+            "normalized": True, "bbox_format": "xywh"}
+
+
 class UltralyticsDataset:
     """``loader.dataset`` as Ultralytics' trainer and validator read it.
 
-    ``labels``: one dict per image (``im_file``, ``shape`` (h, w), ``cls`` float32 [n, 1], ``bboxes`` float32
-    [n, 4] normalised xywh, ``segments``, ``normalized``, ``bbox_format``): its label plots, class counts
+    ``labels``: one dict per image (:class:`UltralyticsLabels`, made when read): its label plots, class counts
     and ``max_det`` check. ``im_files``, ``len()``, ``mosaic`` and ``close_mosaic(hyp)`` (what its
     ``close_mosaic`` epochs call) switch fastload's mosaic and mixup off. No ``__getitem__``: fastload
     renders whole batches.
@@ -224,12 +269,8 @@ class UltralyticsDataset:
     def __init__(self, fl: FastLoader, view: StoreView) -> None:
         self._fl = fl
         ds = fl.dataset
-        self.im_files = list(ds.im_files)
-        self.labels = [
-            {"im_file": f, "shape": (int(h), int(w)), "cls": lb[:, 0:1].copy(), "bboxes": lb[:, 1:5].copy(),
-             "segments": [], "keypoints": None, "normalized": True, "bbox_format": "xywh"}
-            for f, (h, w), lb in zip(ds.im_files, ds.hw.tolist(), ds.labels)
-        ]
+        self.im_files = ds.im_files
+        self.labels = UltralyticsLabels(FlatLabels.from_arrays(ds.labels), ds.hw, ds.im_files)
         self.ni = len(self.im_files)
         self.imgsz = ds.img_size
         self.augment = ds.augment
@@ -254,6 +295,34 @@ class UltralyticsDataset:
         self._fl.close_mosaic()
 
 
+class ImageSizes(Mapping[str, tuple[int, int]]):
+    """The original (h, w) of an image by its path, for the batch dict's ``ori_shape``, without a dict of every
+    path: a sorted array of the paths' hashes, each checked against the path it names."""
+
+    def __init__(self, im_files: Sequence[str], hw: np.ndarray) -> None:
+        self._im_files = im_files
+        self._hw = hw
+        hashes = np.fromiter((hash(f) for f in im_files), np.int64, len(im_files))
+        self._order = np.argsort(hashes, kind="stable")
+        self._hashes = hashes[self._order]
+
+    def __getitem__(self, path: str) -> tuple[int, int]:
+        h = hash(path)
+        k = int(np.searchsorted(self._hashes, h))
+        while k < len(self._hashes) and self._hashes[k] == h:  # equal hashes: the path that matches
+            i = int(self._order[k])
+            if self._im_files[i] == path:
+                return int(self._hw[i, 0]), int(self._hw[i, 1])
+            k += 1
+        raise KeyError(path)
+
+    def __len__(self) -> int:
+        return len(self._im_files)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._im_files)
+
+
 class UltralyticsLoader:
     """What Ultralytics' trainer and validator use of a loader, fed by a :class:`~fastload.fastloader.FastLoader`.
 
@@ -272,7 +341,7 @@ class UltralyticsLoader:
         self.sampler = fl.sampler
         self.batch_size = fl.batch_size
         self.drop_last = fl.drop_last
-        self._hw0 = {f: (int(h), int(w)) for f, (h, w) in zip(fl.dataset.im_files, fl.dataset.hw.tolist())}
+        self._hw0 = ImageSizes(fl.dataset.im_files, fl.dataset.hw)
 
     @property
     def num_workers(self) -> int:

@@ -5,8 +5,10 @@ from __future__ import annotations
 import os
 from typing import Any, Mapping
 
+import numpy as np
 from ultralytics.models.yolo.detect import DetectionTrainer, DetectionValidator
 from ultralytics.utils import DEFAULT_CFG, LOGGER, colorstr
+from ultralytics.utils.plotting import plot_labels
 from ultralytics.utils.torch_utils import unwrap_model
 
 from fastload.compat.ultralytics.loader import LoaderRequest, UltralyticsLoader, build_loader, check_arguments
@@ -54,6 +56,17 @@ class FastloadTrainer(DetectionTrainer):
         req = LoaderRequest(dataset_path, batch_size, mode, rect=mode == "val" or bool(self.args.rect), stride=stride,
                             rank=rank, device=self.device)
         return _logged(mode, build_loader(self.args, self.data, req, self.fastload))
+
+    def get_class_counts(self) -> np.ndarray:
+        """Instances per class of the training labels, counted on fastload's packed labels (Ultralytics' own
+        method builds an array per image)."""
+        rows = self.train_loader.dataset.labels.flat.rows
+        return np.bincount(rows[:, 0].astype(int), minlength=self.data["nc"]).astype(np.float32)
+
+    def plot_training_labels(self) -> None:
+        """Ultralytics' label plot, fed from fastload's packed labels rather than one array per image."""
+        rows = self.train_loader.dataset.labels.flat.rows
+        plot_labels(rows[:, 1:5], rows[:, 0], names=self.data["names"], save_dir=self.save_dir, on_plot=self.on_plot)
 
 
 class FastloadValidator(DetectionValidator):

@@ -133,7 +133,8 @@ def build(path: Any, imgsz: int, batch_size: int, stride: int, *, single_cls: bo
         raise
     ds = fl.dataset
     if not ds.names or single_cls:
-        top = max((int(lb[:, 0].max()) for lb in ds.labels if len(lb)), default=0)
+        classes = ds.labels.rows[:, 0]  # the packed labels (FlatLabels): no array per image
+        top = int(classes.max()) if len(classes) else 0
         ds.names = ["item"] if single_cls else [str(i) for i in range(top + 1)]
     task = task_keywords.get("task", "detect")
     LOG.info("%sfastload: %s%d images, %d batches of %d, %d workers, %s store, %s engine, HSV %s, batches on %s",
