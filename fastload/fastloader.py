@@ -148,7 +148,7 @@ class LoaderDataset:
         self.labels = view.labels
         self.hw = np.asarray(view.shapes, np.int64)
         self.shapes = self.hw[:, ::-1].copy()
-        self.im_files = list(view.im_files)
+        self.im_files = view.im_files  # the store's sequence (a PathList: one blob), not a string per image
         self.n = len(self.im_files)
         self.names = list(view.names)
         self.img_size = img_size
