@@ -404,11 +404,11 @@ def _still_listed(cached: dict[str, np.ndarray]) -> bool:
     return all(_digest_now(folder) == digest for folder, digest in listings.items())
 
 
-def _still_stated(cached: dict[str, np.ndarray], workers: int) -> bool:
-    """True when every cached image and label file has its cached size and mtime now (the folders are listed as
-    they were: :func:`_still_listed`, so a label file the cache says is missing still is)."""
+def _still_stated(cached: dict[str, np.ndarray], files: PathList, workers: int) -> bool:
+    """True when every cached image (``files``) and label file has its cached size and mtime now (the folders are
+    listed as they were: :func:`_still_listed`, so a label file the cache says is missing still is)."""
     stats = cached["stats"]
-    files, label_files = PathList(cached["files"].tobytes()), PathList(cached["label_files"].tobytes())
+    label_files = PathList(cached["label_files"].tobytes())
     has_label = stats[:, 2] >= 0
     im_now, label_now = _stat_paths([(files, None), (label_files, has_label)], workers)
     return np.array_equal(im_now, stats[:, :2]) and np.array_equal(label_now, stats[:, 2:])
@@ -611,9 +611,12 @@ def build_index(
     candidates = _cache_candidates(Path(_label_root(sources[0])), tag) if all(s.is_dir() for s in sources) else None
     for path in candidates if cache and candidates else ():
         cached = _read_cache(path, meta)
-        if cached is not None and _still_listed(cached) and _still_stated(cached, workers):
+        if cached is None or not _still_listed(cached):
+            continue
+        files = PathList(cached["files"].tobytes())
+        if _still_stated(cached, files, workers):
             report.cache_hit, report.cache_path = True, str(path)
-            return _to_index(cached, PathList(cached["files"].tobytes()), cached["stats"][:, 0], report, cfg)
+            return _to_index(cached, files, cached["stats"][:, 0], report, cfg)
 
     listings: dict[str, str] = {}  # every folder listed: its listing digest, taken before any of its files is stat'ed
     listed = list_images(sources, cfg.origin, split, listings)
