@@ -80,7 +80,8 @@ _HEAD_BYTES = 1 << 16  # enough for the header (and EXIF) of almost every JPEG
 _TAIL_BYTES = 1 << 12
 _SCAN_CHUNK = 512  # images per scan task
 _STAT_CHUNK = 16384  # files per stat task
-# the per-image arrays of a scan (the cache adds version, meta, files and stats)
+# the per-image arrays of a scan (the cache adds version, meta, the listing's -- files, label_files, listings,
+# listed_twice, orphans -- and stats)
 _SCAN_KEYS = ("ok", "state", "shapes", "label_offsets", "labels", "duplicates", "rows_dropped", "problems")
 
 # the format a file suffix promises (a mismatch is noted, the file still used)
