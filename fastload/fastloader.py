@@ -525,7 +525,7 @@ def _filter(labels: Sequence[np.ndarray], min_items: int, single_cls: bool) -> t
     if single_cls:
         rows = out.rows.copy()
         rows[:, 0] = 0
-        out = FlatLabels(rows, out.offsets)
+        out = FlatLabels(rows, out.offsets, out.points, out.point_offsets)
     return keep, out
 
 

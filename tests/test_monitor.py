@@ -28,15 +28,17 @@ def _read_csv(path: Path) -> list[dict[str, str]]:
 
 
 def _child_script(stamp: Path, seconds: float, code: int) -> str:
-    # The child records its own start / end so the test can compare the row count with its real duration.
+    # The child records its own start / end so the test can compare the row count with its real duration, and
+    # the CPU share its busy half got.
     return textwrap.dedent(
         f"""
         import time, sys
         t0 = time.time()
         while time.time() - t0 < {seconds / 2}:
             pass
+        busy_pct = 100 * time.process_time() / (time.time() - t0)  # what a loaded machine let it have
         time.sleep({seconds / 2})
-        open({str(stamp)!r}, "w").write(f"{{t0}} {{time.time()}}")
+        open({str(stamp)!r}, "w").write(f"{{t0}} {{time.time()}} {{busy_pct}}")
         sys.exit({code})
         """
     )
@@ -51,7 +53,7 @@ def test_rows_follow_interval_and_exit_code_is_the_childs(tmp_path, capsys):
     )
     assert code == 3
     rows = _read_csv(out)
-    t0, t1 = (float(v) for v in stamp.read_text().split())
+    t0, t1, busy_pct = (float(v) for v in stamp.read_text().split())
     child_s = t1 - t0
     # Sampling covers at least the child's own run and no more than the monitor's life.
     assert len(rows) >= int(child_s / interval) - 1
@@ -62,8 +64,9 @@ def test_rows_follow_interval_and_exit_code_is_the_childs(tmp_path, capsys):
     assert 0.7 * interval <= np.median(steps) <= 1.5 * interval
     wall = np.array([float(r["time"]) for r in rows])
     assert wall[0] <= t0 + 2 * interval and wall[-1] >= t1 - 2 * interval
-    # The busy half of the child shows up as the watched tree's CPU.
-    assert max(float(r["proc_cpu_pct"]) for r in rows) > 20
+    # The busy half of the child shows up as the watched tree's CPU: at least half the share it measured itself
+    # (a loaded machine gives it less than a core, so no fixed figure)
+    assert busy_pct > 5 and max(float(r["proc_cpu_pct"]) for r in rows) > 0.5 * busy_pct
     assert all(float(r["proc_rss_mib"]) > 0 for r in rows[:2])
     with Image.open(png) as im:
         im.verify()

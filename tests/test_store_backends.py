@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import multiprocessing
+import os
 import subprocess
 import sys
 import zlib
@@ -282,20 +283,24 @@ def test_a_cold_lmdb_record_is_read_ahead_not_page_by_page(stores, tmp_path, mon
 
 
 def _mapped_rss(data_file: Path) -> int:
-    """Bytes of ``data_file`` resident in this process's mappings of it (the ``Rss:`` lines of /proc/self/smaps)."""
+    """Bytes of ``data_file`` resident in this process's mappings of it: the pages of its mappings (from
+    /proc/self/maps) that /proc/self/pagemap says are present, which is what smaps' ``Rss:`` counts."""
+    # Not /proc/self/smaps: the kernel walks every mapping's page tables to write it, 10 ms in a pytest worker
+    # that has imported torch, and this runs after every record read.
     name = str(data_file.resolve())
-    total, in_file = 0, False
-    with open("/proc/self/smaps") as smaps:
-        for line in smaps:
-            first = line.split(maxsplit=1)[0]
-            if "-" in first and not first.endswith(":"):  # a mapping's header line: "start-end perms ... path"
-                in_file = line.rstrip("\n").endswith(name)
-            elif in_file and first == "Rss:":
-                total += int(line.split()[1]) * 1024
-    return total
+    page = os.sysconf("SC_PAGE_SIZE")
+    present = 0
+    with open("/proc/self/maps") as maps, open("/proc/self/pagemap", "rb") as pagemap:
+        for line in maps:
+            if line.rstrip("\n").endswith(name):
+                start, end = (int(v, 16) for v in line.split(maxsplit=1)[0].split("-"))
+                pagemap.seek(start // page * 8)
+                entries = np.frombuffer(pagemap.read((end - start) // page * 8), np.uint64)
+                present += int(np.count_nonzero(entries >> np.uint64(63)))
+    return present * page
 
 
-@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="no /proc/self/smaps to read a mapping's RSS from")
+@pytest.mark.skipif(not Path("/proc/self/pagemap").exists(), reason="no /proc/self/pagemap to read a mapping's RSS from")
 def test_lmdb_readers_release_the_pages_they_read_from_their_rss(tmp_path, monkeypatch):
     """Reading every record of an LMDB store (a worker over epochs, `fastload verify`) keeps the store's pages in
     the reader's RSS to about the release bound, not the whole store; the bytes read after a release are the same."""

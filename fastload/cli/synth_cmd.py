@@ -1,10 +1,14 @@
-"""``fastload synth OUT``: write a synthetic YOLO dataset (shapes with exact boxes) and its data.yaml."""
+"""``fastload synth OUT``: write a synthetic YOLO dataset (shapes with exact boxes, polygons, rotated boxes or
+keypoints: ``--task``) and its data.yaml."""
 from __future__ import annotations
 
 import argparse
 import time
 
 from fastload.cli.errors import UsageError, whole
+
+# fastload.data.synthetic.TASKS (not imported from there: `fastload --help` stays light)
+TASKS = ("detect", "segment", "pose", "obb")
 
 
 def register(sub: "argparse._SubParsersAction", help_text: str) -> argparse.ArgumentParser:
@@ -18,6 +22,10 @@ def register(sub: "argparse._SubParsersAction", help_text: str) -> argparse.Argu
     p.add_argument("--min-size", type=whole(16), default=96, help="smallest random long side in pixels (default 96)")
     p.add_argument("--max-size", type=whole(16), default=640, help="largest random long side in pixels (default 640)")
     p.add_argument("--max-objects", type=whole(0), default=6, help="objects per image at most (default 6)")
+    p.add_argument("--task", choices=TASKS, default="detect",
+                   help="label rows to write: detect (boxes, the default), segment (exact polygons), pose (boxes + "
+                        "5 keypoints with visibility; kpt_shape and flip_idx in the yaml) or obb (rotated boxes' "
+                        "corners)")
     p.add_argument("--plant-faults", action="store_true",
                    help="also add one file of each fault (truncated JPEG, zero-byte file, PNG named .jpg, class 99, "
                         "x=1.7, 4 columns, text) to train, to see what `fastload info`/`convert` report")
@@ -41,6 +49,7 @@ def run(args: argparse.Namespace) -> int:
             min_size=args.min_size,
             max_size=args.max_size,
             max_objects=args.max_objects,
+            task=args.task,
         )
         planted = plant_faults(args.out) if args.plant_faults else {}
     except ValueError as exc:  # the options' ranges

@@ -21,7 +21,7 @@ from fastload.data.images import (
     resize_long_side,
 )
 from fastload.data.index import DatasetIndex, ScanReport, build_index
-from fastload.data.labels import Problem, img2label_path, parse_labels, read_label_file
+from fastload.data.labels import FlatLabels, ImageLabels, Problem, img2label_path, parse_labels, read_label_file
 from fastload.data.synthetic import make_synthetic_dataset
 
 __all__ = [
@@ -39,6 +39,8 @@ __all__ = [
     "DatasetIndex",
     "ScanReport",
     "build_index",
+    "FlatLabels",
+    "ImageLabels",
     "Problem",
     "img2label_path",
     "parse_labels",

@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from fastload.data.labels import ImageLabels
+
 try:
     from isal.isal_zlib import crc32 as _crc32
     CRC32_IMPLEMENTATION = "isal"
@@ -27,12 +29,19 @@ def crc32(data: Any, value: int = 0) -> int:
     return _crc32(data, value)
 
 
-def record_checksum(payload: bytes | memoryview | np.ndarray, labels: np.ndarray) -> int:
+def record_checksum(payload: bytes | memoryview | np.ndarray, labels: np.ndarray | ImageLabels) -> int:
     """A store record's checksum: crc32 of its payload (encoded image bytes, or decoded pixels) followed by
-    its labels as float32 bytes."""
+    its labels as float32 bytes, then, for labels with points (:class:`~fastload.data.labels.ImageLabels`), each
+    row's point count as int32 bytes and the points as float32 bytes (without points: the same value as before
+    label points existed)."""
     if isinstance(payload, np.ndarray):
         payload = memoryview(np.ascontiguousarray(payload)).cast("B")
-    return _crc32(np.ascontiguousarray(labels, np.float32).tobytes(), _crc32(payload))
+    rows, points, point_offsets = labels if isinstance(labels, ImageLabels) else (labels, None, None)
+    value = _crc32(np.ascontiguousarray(rows, np.float32).tobytes(), _crc32(payload))
+    if points is None or point_offsets is None:
+        return value
+    value = _crc32(np.diff(point_offsets).astype(np.int32).tobytes(), value)
+    return _crc32(np.ascontiguousarray(points, np.float32).tobytes(), value)
 
 
 def file_crc32(path: str | os.PathLike, chunk: int = 8 << 20) -> tuple[int, int]:

@@ -8,6 +8,8 @@ Accepted keys::
     test:                       # optional
     nc: 80                      # optional when names is given; must agree with it
     names: [person, ...]        # or {0: person, 1: bicycle}; absent with nc: class0, class1, ...
+    kpt_shape: [17, 3]          # pose datasets: keypoints per row, values per keypoint (2: x y, 3: x y visibility)
+    flip_idx: [0, 2, 1, ...]    # pose: the keypoint each keypoint becomes in a left-right flip (a permutation)
     download: ...               # NEVER executed (a one-line notice says so)
     fastload:                   # written by `fastload convert`: split -> kind -> store path
       train: {lmdb: stores/train.lmdb}
@@ -51,6 +53,8 @@ class DataConfig:
     nc: int
     stores: dict[str, dict[str, Path]] = field(default_factory=dict)
     raw: dict = field(default_factory=dict)
+    kpt_shape: tuple[int, int] | None = None  # (K, D) of pose labels; None: no keypoints
+    flip_idx: list[int] | None = None
 
     @property
     def origin(self) -> str:
@@ -115,6 +119,28 @@ def _parse_names(raw: Mapping[str, Any], origin: str) -> tuple[list[str], int]:
     if nc is not None and nc != len(names_list):
         raise _fail(origin, f"'nc' is {nc} but 'names' lists {len(names_list)} classes; make them agree (or drop 'nc')")
     return names_list, len(names_list)
+
+
+def _parse_keypoints(raw: Mapping[str, Any], origin: str) -> tuple[tuple[int, int] | None, list[int] | None]:
+    """``kpt_shape`` as (K, D) with K >= 1 and D 2 or 3, and ``flip_idx`` as a permutation of 0..K-1 (only with it)."""
+    shape, flip = raw.get("kpt_shape"), raw.get("flip_idx")
+    if shape is None:
+        if flip is not None:
+            raise _fail(origin, "'flip_idx' is given without 'kpt_shape'; add kpt_shape: [K, D] (pose labels) or "
+                                "drop it")
+        return None, None
+    if (not isinstance(shape, (list, tuple)) or len(shape) != 2
+            or not all(isinstance(v, int) and not isinstance(v, bool) for v in shape)
+            or shape[0] < 1 or shape[1] not in (2, 3)):
+        raise _fail(origin, f"'kpt_shape' must be [K, D]: K >= 1 keypoints of D = 2 (x y) or 3 (x y visibility) "
+                            f"values, got {shape!r}")
+    k = int(shape[0])
+    if flip is None:
+        return (k, int(shape[1])), None
+    if (not isinstance(flip, (list, tuple)) or sorted(flip) != list(range(k))
+            or not all(isinstance(v, int) and not isinstance(v, bool) for v in flip)):
+        raise _fail(origin, f"'flip_idx' must list each keypoint 0..{k - 1} once (kpt_shape has {k}), got {flip!r}")
+    return (k, int(shape[1])), [int(v) for v in flip]
 
 
 def _parse_split(value: Any, root: Path, key: str, origin: str) -> list[Path]:
@@ -204,4 +230,6 @@ def load_data_config(data: str | os.PathLike | Mapping[str, Any] | DataConfig) -
     if "train" not in splits and "val" not in splits:
         raise _fail(origin, "no 'train' or 'val' key (each a folder, a .txt list, or a list of those)")
     stores = _parse_stores(raw.get("fastload"), base, origin)
-    return DataConfig(yaml_path=yaml_path, root=root, splits=splits, names=names, nc=nc, stores=stores, raw=raw)
+    kpt_shape, flip_idx = _parse_keypoints(raw, origin)
+    return DataConfig(yaml_path=yaml_path, root=root, splits=splits, names=names, nc=nc, stores=stores, raw=raw,
+                      kpt_shape=kpt_shape, flip_idx=flip_idx)

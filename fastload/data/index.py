@@ -4,7 +4,8 @@ Each image is checked cheaply (header probe for the EXIF-aware shape, plus the J
 marker) or fully decoded with ``verify="full"``; its label file is parsed and validated. Corrupt
 samples are skipped and counted, never fatal. Results are cached in a ``.npz`` of flat arrays (no
 pickle, no per-image object: the image paths as one blob, the labels as one ``float32 [M, 5]`` array
-with offsets) beside the labels folder -- ``labels/train2017.fastload.cache`` -- or in the user cache
+with offsets, the points of segment / pose / OBB rows as one ``float32 [P, D]`` array with per-row
+offsets) beside the labels folder -- ``labels/train2017.fastload.cache`` -- or in the user cache
 directory (``$FASTLOAD_CACHE_DIR``, else ``$XDG_CACHE_HOME/fastload``, else ``~/.cache/fastload``)
 when that folder is read-only.
 
@@ -74,7 +75,7 @@ __all__ = ["DatasetIndex", "ScanReport", "Problem", "build_index", "list_images"
 
 _log = logging.getLogger("fastload.data")
 
-CACHE_VERSION = "fastload-index-3"
+CACHE_VERSION = "fastload-index-4"  # 3: label points (segments, keypoints, OBB corners); 4: folder listings
 CACHE_SUFFIX = ".fastload.cache"
 _HEAD_BYTES = 1 << 16  # enough for the header (and EXIF) of almost every JPEG
 _TAIL_BYTES = 1 << 12
@@ -82,7 +83,9 @@ _SCAN_CHUNK = 512  # images per scan task
 _STAT_CHUNK = 16384  # files per stat task
 # the per-image arrays of a scan (the cache adds version, meta, the listing's -- files, label_files, listings,
 # listed_twice, orphans -- and stats)
-_SCAN_KEYS = ("ok", "state", "shapes", "label_offsets", "labels", "duplicates", "rows_dropped", "problems")
+# (points / point_offsets: [0, 2] / [0] when the labels carry no points)
+_SCAN_KEYS = ("ok", "state", "shapes", "label_offsets", "labels", "points", "point_offsets", "duplicates",
+              "rows_dropped", "problems")
 
 # the format a file suffix promises (a mismatch is noted, the file still used)
 _SUFFIX_FORMAT = {"jpg": "jpeg", "jpeg": "jpeg", "mpo": "jpeg", "png": "png", "bmp": "bmp", "webp": "webp",
@@ -140,8 +143,9 @@ class ScanReport:
 @dataclass
 class DatasetIndex:
     """The usable samples of a split in sorted image order: their paths (:class:`PathList`: one blob for all
-    images), labels (:class:`FlatLabels`: one array for all images), ``int32 [n, 2]`` shapes (h, w) and
-    ``int64 [n]`` file sizes in bytes."""
+    images), labels (:class:`FlatLabels`: one array for all images, with the points of segment / pose / OBB rows),
+    ``int32 [n, 2]`` shapes (h, w) and ``int64 [n]`` file sizes in bytes; ``kpt_shape``: the data yaml's (K, D) of
+    pose labels (their points are always x, y, visibility), else None."""
 
     im_files: PathList
     labels: FlatLabels
@@ -149,6 +153,7 @@ class DatasetIndex:
     names: list[str]
     report: ScanReport
     im_bytes: np.ndarray
+    kpt_shape: tuple[int, int] | None = None
 
     def __len__(self) -> int:
         return len(self.im_files)
@@ -287,6 +292,8 @@ class _Sample:
     ok: bool = True
     shape: tuple[int, int] = (0, 0)
     labels: np.ndarray = field(default_factory=lambda: np.zeros((0, 5), np.float32))
+    points: np.ndarray | None = None  # float32 [p, D] with per-row offsets (LabelResult's), None: no geometry
+    point_offsets: np.ndarray | None = None
     state: int = _MISSING
     duplicates: int = 0
     rows_dropped: int = 0
@@ -342,9 +349,12 @@ def _check_image(path: str, size: int, verify: str) -> tuple[tuple[int, int], li
     return shape, notes
 
 
-def _scan_one(im_file: str, im_size: int, label_file: str, label_exists: bool, nc: int, verify: str) -> _Sample:
-    """Check one image (``im_size`` < 0: it does not exist) and read its label file."""
+def _scan_one(im_file: str, im_size: int, label_file: str, label_exists: bool, nc: int, verify: str,
+              kpt_shape: tuple[int, int] | None = None) -> _Sample:
+    """Check one image (``im_size`` < 0: it does not exist) and read its label file (pose rows with ``kpt_shape``)."""
     s = _Sample(im_file, label_file)
+    if kpt_shape is not None:  # pose labels always carry points, an image without any too
+        s.points, s.point_offsets = np.zeros((0, 3), np.float32), np.zeros(1, np.int64)
     if im_size < 0:
         s.ok = False
         s.problems.append(Problem(im_file, "missing_file", "listed image does not exist"))
@@ -357,12 +367,14 @@ def _scan_one(im_file: str, im_size: int, label_file: str, label_exists: bool, n
         s.problems.append(Problem(im_file, "corrupt_image", exc.reason))
         return s
     if label_exists:
-        res = read_label_file(label_file, nc)
+        res = read_label_file(label_file, nc, kpt_shape)
         s.problems.extend(res.problems)
         if any(p.kind == "label_unreadable" for p in res.problems):
             s.ok = False  # unknown labels: training on it as background would be wrong
             return s
         s.labels, s.duplicates, s.rows_dropped = res.labels, res.duplicates, res.rows_dropped
+        if res.points is not None:
+            s.points, s.point_offsets = res.points, res.point_offsets
         s.state = _FOUND if len(res.labels) else _EMPTY
     return s
 
@@ -554,31 +566,46 @@ def _pool(workers: int, tasks: int) -> Executor:
 
 def _scan_arrays(samples: list[_Sample]) -> dict[str, np.ndarray]:
     """The per-image results of a scan as flat arrays (the cache's and :class:`DatasetIndex`'s layout)."""
-    labels = FlatLabels.from_arrays([s.labels for s in samples])
+    labels = FlatLabels.from_arrays([s.labels for s in samples], [s.points for s in samples],
+                                    [s.point_offsets for s in samples])
     return {
         "ok": np.array([s.ok for s in samples], dtype=bool),
         "state": np.array([s.state for s in samples], dtype=np.int8),
         "shapes": np.array([s.shape for s in samples], dtype=np.int32).reshape(-1, 2),
-        "label_offsets": labels.offsets,
-        "labels": labels.rows,
+        **_label_arrays(labels),
         "duplicates": np.array([s.duplicates for s in samples], dtype=np.int32),
         "rows_dropped": np.array([s.rows_dropped for s in samples], dtype=np.int32),
         "problems": np.array(json.dumps([[p.path, p.kind, p.message] for s in samples for p in s.problems])),
     }
 
 
-def _scan_chunk(items: list[tuple[str, int, str, bool]], nc: int, verify: str) -> dict[str, np.ndarray]:
+def _label_arrays(labels: FlatLabels) -> dict[str, np.ndarray]:
+    """The scan arrays of ``labels`` (no points: empty ``points`` and ``point_offsets``)."""
+    plain = labels.points is None
+    return {"label_offsets": labels.offsets, "labels": labels.rows,
+            "points": np.zeros((0, 2), np.float32) if plain else labels.points,
+            "point_offsets": np.zeros(0, np.int64) if plain else labels.point_offsets}
+
+
+def _arrays_labels(arrays: dict[str, np.ndarray]) -> FlatLabels:
+    """The :class:`FlatLabels` of scan arrays (:func:`_label_arrays`)."""
+    plain = len(arrays["point_offsets"]) == 0
+    return FlatLabels(arrays["labels"], arrays["label_offsets"], None if plain else arrays["points"],
+                      None if plain else arrays["point_offsets"])
+
+
+def _scan_chunk(items: list[tuple[str, int, str, bool]], nc: int, verify: str,
+                kpt_shape: tuple[int, int] | None) -> dict[str, np.ndarray]:
     """Scan a chunk of (image, size, label file, label exists) in this process: its :func:`_scan_arrays`."""
-    return _scan_arrays([_scan_one(im, size, lf, exists, nc, verify) for im, size, lf, exists in items])
+    return _scan_arrays([_scan_one(im, size, lf, exists, nc, verify, kpt_shape) for im, size, lf, exists in items])
 
 
 def _merge(chunks: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     """Concatenate :func:`_scan_arrays` of consecutive chunks."""
     if len(chunks) == 1:
         return chunks[0]
-    out = {k: np.concatenate([c[k] for c in chunks]) for k in ("ok", "state", "shapes", "labels", "duplicates", "rows_dropped")}
-    counts = np.concatenate([np.diff(c["label_offsets"]) for c in chunks])
-    out["label_offsets"] = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    out = {k: np.concatenate([c[k] for c in chunks]) for k in ("ok", "state", "shapes", "duplicates", "rows_dropped")}
+    out.update(_label_arrays(FlatLabels.concatenate([_arrays_labels(c) for c in chunks])))
     out["problems"] = np.array(json.dumps([p for c in chunks for p in json.loads(str(c["problems"]))]))
     return out
 
@@ -604,7 +631,7 @@ def build_index(
     cfg = load_data_config(cfg)
     sources = cfg.sources(split)
     workers = max(1, workers or min(8, os.cpu_count() or 1))
-    meta = json.dumps({"nc": cfg.nc, "verify": verify, "sources": [str(s) for s in sources]})
+    meta = json.dumps({"nc": cfg.nc, "verify": verify, "kpt_shape": cfg.kpt_shape, "sources": [str(s) for s in sources]})
     single_folder = len(sources) == 1 and sources[0].is_dir()
     tag = "" if single_folder else "." + hashlib.sha1("|".join(map(str, sources)).encode()).hexdigest()[:8]
     report = ScanReport(split=split)
@@ -638,7 +665,7 @@ def build_index(
         candidates = _cache_candidates(Path(label_list[0]).parent, tag)
 
     def scan() -> dict[str, np.ndarray]:
-        return _scan(im_files, label_files, stats, cfg.nc, verify, workers, progress, split)
+        return _scan(im_files, label_files, stats, cfg.nc, verify, workers, progress, split, cfg.kpt_shape)
 
     if not cache:
         return _to_index({**scan(), **found}, im_files, stats[:, 0], report, cfg)
@@ -662,7 +689,7 @@ def build_index(
 
 
 def _scan(im_files: list[str], label_files: list[str], stats: np.ndarray, nc: int, verify: str, workers: int,
-          progress: bool, split: str) -> dict[str, np.ndarray]:
+          progress: bool, split: str, kpt_shape: tuple[int, int] | None = None) -> dict[str, np.ndarray]:
     """Scan every image and label file in chunks, by ``workers`` processes when there are many (:func:`_pool`)."""
     items = list(zip(im_files, stats[:, 0].tolist(), label_files, (stats[:, 2] >= 0).tolist()))
     chunks = [items[k : k + _SCAN_CHUNK] for k in range(0, len(items), _SCAN_CHUNK)]
@@ -670,7 +697,8 @@ def _scan(im_files: list[str], label_files: list[str], stats: np.ndarray, nc: in
         if progress and sys.stderr.isatty() else None
     done = []
     with _pool(workers, len(chunks)) as pool:
-        for part in pool.map(_scan_chunk, chunks, itertools.repeat(nc), itertools.repeat(verify)):
+        for part in pool.map(_scan_chunk, chunks, itertools.repeat(nc), itertools.repeat(verify),
+                             itertools.repeat(kpt_shape)):
             done.append(part)
             if bar is not None:
                 bar.update(len(part["ok"]))
@@ -699,7 +727,7 @@ def _to_index(arrays: dict[str, np.ndarray], im_files: PathList, im_bytes: np.nd
     orphans = json.loads(str(arrays["orphans"]))
     report.labels_without_image = len(orphans)
     report.problems.extend(Problem(p, "label_without_image", "label file has no matching image (ignored)") for p in orphans)
-    labels = FlatLabels(arrays["labels"], arrays["label_offsets"])
+    labels = _arrays_labels(arrays)
     everything = len(keep) == len(ok)
     _log.info("%s", report.summary())
     return DatasetIndex(
@@ -709,4 +737,5 @@ def _to_index(arrays: dict[str, np.ndarray], im_files: PathList, im_bytes: np.nd
         names=list(cfg.names),
         report=report,
         im_bytes=np.ascontiguousarray(im_bytes[keep], np.int64),
+        kpt_shape=cfg.kpt_shape,
     )

@@ -1,4 +1,5 @@
-"""A synthetic YOLO dataset: filled shapes with exact boxes on noisy gradient backgrounds.
+"""A synthetic YOLO dataset: filled shapes with exact boxes (or polygons, rotated boxes, keypoints) on noisy
+gradient backgrounds.
 
 Each object is drawn into its own mask and its box is the mask's pixel extent, so a box edge
 always touches the shape and the shape never leaves its box (objects never overlap: each box
@@ -13,12 +14,19 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any, Iterator
 
 import cv2
 import numpy as np
 import yaml
 
-__all__ = ["make_synthetic_dataset", "plant_faults", "SHAPE_NAMES", "FIXED_SIZES", "class_names"]
+__all__ = ["make_synthetic_dataset", "plant_faults", "SHAPE_NAMES", "FIXED_SIZES", "class_names", "TASKS"]
+
+TASKS: tuple[str, ...] = ("detect", "segment", "pose", "obb")
+# The pose keypoints, as fractions of an object's window: top, left and right shoulders, left and right feet.
+POSE_KEYPOINTS: tuple[tuple[float, float], ...] = ((0.5, 0.0), (0.0, 0.4), (1.0, 0.4), (0.2, 1.0), (0.8, 1.0))
+POSE_FLIP_IDX: list[int] = [0, 2, 1, 4, 3]  # a left-right flip swaps left and right
+POSE_OUTLINE: tuple[int, ...] = (0, 2, 4, 3, 1)  # the keypoints in the order the pentagon's outline visits them
 
 SHAPE_NAMES: tuple[str, ...] = ("square", "circle", "triangle")
 # (h, w) of the first train images: narrow, wide, square, tall, large -- the cases loaders get wrong.
@@ -78,13 +86,11 @@ def _shape_mask(rng: np.random.Generator, kind: int, bh: int, bw: int) -> np.nda
     return mask
 
 
-def _draw_objects(rng: np.random.Generator, img: np.ndarray, nc: int, max_objects: int) -> list[tuple[int, float, float, float, float]]:
-    """Draw non-overlapping shapes; return YOLO rows (cls, xc, yc, w, h) of their exact pixel extents."""
-    h, w = img.shape[:2]
+def _windows(rng: np.random.Generator, h: int, w: int, max_objects: int) -> Iterator[tuple[int, int, int, int]]:
+    """Up to ``max_objects`` (x0, y0, bw, bh) windows of an h x w image, each ``_GAP`` pixels from the others."""
     short = min(h, w)
     lo, hi = max(6, int(0.08 * short)), max(8, int(0.45 * short))
     taken: list[tuple[int, int, int, int]] = []
-    rows = []
     for _ in range(int(rng.integers(1, max_objects + 1))):
         for _try in range(30):
             bw, bh = int(rng.integers(lo, hi + 1)), int(rng.integers(lo, hi + 1))
@@ -95,6 +101,15 @@ def _draw_objects(rng: np.random.Generator, img: np.ndarray, nc: int, max_object
                 break
         else:
             continue
+        taken.append((x0, y0, x0 + bw, y0 + bh))
+        yield x0, y0, bw, bh
+
+
+def _draw_objects(rng: np.random.Generator, img: np.ndarray, nc: int, max_objects: int) -> list[tuple[int, float, float, float, float]]:
+    """Draw non-overlapping shapes; return YOLO rows (cls, xc, yc, w, h) of their exact pixel extents."""
+    h, w = img.shape[:2]
+    rows = []
+    for x0, y0, bw, bh in _windows(rng, h, w, max_objects):
         cls = int(rng.integers(0, nc))
         mask = _shape_mask(rng, cls % 3, bh, bw)
         ys, xs = np.nonzero(mask)
@@ -104,9 +119,53 @@ def _draw_objects(rng: np.random.Generator, img: np.ndarray, nc: int, max_object
         window[mask > 0] = _shape_colour(rng, _luma(window.astype(np.float64)))
         # exact extent of the drawn pixels, as pixel-edge coordinates
         ex0, ex1, ey0, ey1 = x0 + xs.min(), x0 + xs.max() + 1, y0 + ys.min(), y0 + ys.max() + 1
-        taken.append((x0, y0, x0 + bw, y0 + bh))
         rows.append((cls, (ex0 + ex1) / 2 / w, (ey0 + ey1) / 2 / h, (ex1 - ex0) / w, (ey1 - ey0) / h))
     return rows
+
+
+def _polygon(rng: np.random.Generator, task: str, kind: int, x0: int, y0: int, bw: int, bh: int) -> np.ndarray:
+    """``int32 [k, 2]`` pixel vertices of one object inside its window: a rectangle / ellipse / triangle
+    (``segment``, by ``kind``), a rotated rectangle (``obb``), or the pentagon through the pose keypoints
+    (:data:`POSE_KEYPOINTS`)."""
+    if task == "obb":
+        side = (min(bw, bh) - 2) / np.sqrt(2)  # any rotation of a rectangle this small stays in the window
+        size = (float(rng.uniform(0.5, 1.0) * side), float(rng.uniform(0.5, 1.0) * side))
+        corners = cv2.boxPoints(((x0 + (bw - 1) / 2, y0 + (bh - 1) / 2), size, float(rng.uniform(0, 180))))
+        return np.round(corners).astype(np.int32)
+    if task == "pose":
+        kpts = [[x0 + fx * (bw - 1), y0 + fy * (bh - 1)] for fx, fy in POSE_KEYPOINTS]
+        return np.array(kpts).round().astype(np.int32)
+    x1, y1 = x0 + bw - 1, y0 + bh - 1
+    if kind == 0:
+        return np.array([[x0, y0], [x1, y0], [x1, y1], [x0, y1]], np.int32)
+    if kind == 1:
+        centre, axes = (x0 + (bw - 1) // 2, y0 + (bh - 1) // 2), (max(1, (bw - 1) // 2), max(1, (bh - 1) // 2))
+        return cv2.ellipse2Poly(centre, axes, 0, 0, 360, 15)[:-1].astype(np.int32)  # the last repeats the first
+    return np.array([[x0, y1], [x1, y1], [x0 + int(rng.integers(0, bw)), y0]], np.int32)
+
+
+def _draw_geometry(rng: np.random.Generator, img: np.ndarray, nc: int, max_objects: int, task: str) -> list[str]:
+    """Draw non-overlapping polygons (``segment``), rotated rectangles (``obb``) or pose pentagons (``pose``); return
+    their label rows: the exact vertices, or the box of the drawn pixels and the keypoints (x y visibility)."""
+    h, w = img.shape[:2]
+    lines = []
+    for x0, y0, bw, bh in _windows(rng, h, w, max_objects):
+        cls = int(rng.integers(0, nc))
+        poly = _polygon(rng, task, cls % 3, x0, y0, bw, bh)
+        colour = _shape_colour(rng, _luma(img[y0 : y0 + bh, x0 : x0 + bw].astype(np.float64)))
+        cv2.fillPoly(img, [poly[list(POSE_OUTLINE)] if task == "pose" else poly], colour, cv2.LINE_8)
+        xy = " ".join(f"{x / w:.6f} {y / h:.6f}" for x, y in poly.tolist())
+        if task != "pose":
+            lines.append(f"{cls} {xy}\n")
+            continue
+        ex0, ey0 = poly.min(0)
+        ex1, ey1 = poly.max(0) + 1
+        # mostly visible (2), some occluded but labelled (1), a few not labelled (0 at 0, 0 as COCO writes them)
+        seen = rng.choice([2, 1, 0], size=len(poly), p=[0.8, 0.15, 0.05])
+        kpts = " ".join(f"{x / w:.6f} {y / h:.6f} {v}" if v else "0 0 0" for (x, y), v in zip(poly.tolist(), seen))
+        lines.append(f"{cls} {(ex0 + ex1) / 2 / w:.6f} {(ey0 + ey1) / 2 / h:.6f} {(ex1 - ex0) / w:.6f} "
+                     f"{(ey1 - ey0) / h:.6f} {kpts}\n")
+    return lines
 
 
 def _image_size(rng: np.random.Generator, k: int, split: str, min_size: int, max_size: int) -> tuple[int, int]:
@@ -148,17 +207,22 @@ def make_synthetic_dataset(
     min_size: int = 96,
     max_size: int = 640,
     max_objects: int = 6,
+    task: str = "detect",
 ) -> Path:
     """Write a synthetic YOLO dataset under ``out_dir`` and return its ``data.yaml``.
 
     ``n_train`` / ``n_val`` images per split, ``nc`` classes (shape = class % 3), random long
     sides in ``[min_size, max_size]`` plus the fixed odd sizes of :data:`FIXED_SIZES` for the
     first train images, up to ``max_objects`` objects per image, every tenth image background
-    with an empty label file.
+    with an empty label file. ``task`` (:data:`TASKS`): ``detect`` writes box rows; ``segment`` the exact polygons
+    of rectangles, ellipses and triangles; ``obb`` the 4 corners of rotated rectangles; ``pose`` the box of a
+    pentagon and its 5 vertices as keypoints with visibility (``kpt_shape`` [5, 3] and ``flip_idx`` in the yaml).
     """
     if nc < 1 or n_train < 0 or n_val < 0 or not (16 <= min_size <= max_size):
         raise ValueError(f"bad synthetic dataset arguments: nc={nc} n_train={n_train} n_val={n_val} sizes={min_size}..{max_size} "
                          f"(need nc >= 1, image counts >= 0, 16 <= min size <= max size)")
+    if task not in TASKS:
+        raise ValueError(f"bad synthetic dataset task {task!r} (want one of {', '.join(TASKS)})")
     out = Path(out_dir)
     for split_id, (split, n) in enumerate((("train", n_train), ("val", n_val))):
         im_dir, lb_dir = out / "images" / split, out / "labels" / split
@@ -168,12 +232,20 @@ def make_synthetic_dataset(
             rng = np.random.default_rng(np.random.SeedSequence([seed, split_id, k]))
             h, w = _image_size(rng, k, split, min_size, max_size)
             img = _background(rng, h, w)
-            rows = [] if k % 10 == 9 else _draw_objects(rng, img, nc, max_objects)
+            if k % 10 == 9:
+                text = ""
+            elif task == "detect":
+                rows = _draw_objects(rng, img, nc, max_objects)
+                text = "".join(f"{c} {xc:.6f} {yc:.6f} {bw:.6f} {bh:.6f}\n" for c, xc, yc, bw, bh in rows)
+            else:
+                text = "".join(_draw_geometry(rng, img, nc, max_objects, task))
             stem = f"{split}_{k:05d}"
             _write_image(im_dir / stem, img, _image_kind(k))
-            text = "".join(f"{c} {xc:.6f} {yc:.6f} {bw:.6f} {bh:.6f}\n" for c, xc, yc, bw, bh in rows)
             (lb_dir / f"{stem}.txt").write_text(text)
-    data = {"path": ".", "train": "images/train", "val": "images/val", "nc": nc, "names": class_names(nc)}
+    data: dict[str, Any] = {"path": ".", "train": "images/train", "val": "images/val", "nc": nc,
+                            "names": class_names(nc)}
+    if task == "pose":
+        data.update(kpt_shape=[len(POSE_KEYPOINTS), 3], flip_idx=POSE_FLIP_IDX)
     yaml_path = out / "data.yaml"
     yaml_path.write_text("# synthetic dataset written by fastload synth\n" + yaml.safe_dump(data, sort_keys=False))
     return yaml_path

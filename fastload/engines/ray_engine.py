@@ -255,12 +255,13 @@ def disconnect() -> None:
 def store_spec(store: Store, store_path: str | None) -> StoreSpec:
     """What an actor needs to open ``store`` (the loader's view) by itself."""
     base, indices = (store.base, store.base_indices) if isinstance(store, StoreView) else (store, np.arange(len(store)))
-    rows, counts = join_labels(list(store.labels))
+    labels = join_labels(list(store.labels))  # the rows: the actors' augmentation reads no points yet
     # a streamed store is opened by each actor from its description, unless store_path names a staged copy
     stream = base.description if store_path is None and base.kind == "stream" else None
     return StoreSpec(kind=store.kind, path=str(store_path) if store_path is not None else store.path, stream=stream,
                      imgsz=store.imgsz if store.decoded else None, n_base=len(base),
-                     base_indices=np.asarray(indices, np.int64), label_rows=rows, label_counts=counts,
+                     base_indices=np.asarray(indices, np.int64), label_rows=labels.rows,
+                     label_counts=labels.counts.astype(np.int32),
                      shapes=np.asarray(store.shapes, np.int32).reshape(-1, 2), im_files=tuple(store.im_files),
                      names=tuple(store.names))
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import abc
 import os
-from typing import TYPE_CHECKING, Any, Callable, Iterable, NamedTuple, Protocol, Union
+from typing import TYPE_CHECKING, Any, Callable, Iterable, NamedTuple, Protocol, Sequence, Union
 
 import numpy as np
 
@@ -28,7 +28,7 @@ from fastload.data.images import (
     resize_to,
     rule_shrink,
 )
-from fastload.data.labels import FlatLabels
+from fastload.data.labels import FlatLabels, ImageLabels
 
 if TYPE_CHECKING:  # torch is needed only by stores whose images live on a device
     import torch
@@ -41,6 +41,11 @@ SCHEMA_VERSION = 1
 # sizes are YOLOv9's truncated ``int(w0 * r)`` (1 rounded them: some images were one pixel larger than
 # the official loader's) and ``meta["shrink"]`` names the filter images were shrunk with.
 PACKED_SCHEMA = 2
+#: What a layout's schema number grows by when its store carries label points (segments, keypoints, OBB corners:
+#: ``meta["geometry"]``, :func:`geometry_meta`). A store without points keeps its layout's schema, byte for byte
+#: what it was, so every fastload reads it; one with points has the next number, which an older fastload refuses
+#: as newer (it would drop the points and fail their checksums) and this one reads.
+GEOMETRY_STEP = 1
 
 
 class StoreError(RuntimeError):
@@ -49,9 +54,12 @@ class StoreError(RuntimeError):
 
 def check_schema(path: object, meta: dict[str, Any], layout: str, version: int = SCHEMA_VERSION, *,
                  older: str | None = None) -> None:
-    """Refuse metadata of another layout or schema ``version``, saying whether fastload or the store is
-    the older; ``older``: why this version cannot read a store of an older schema (said when it is)."""
+    """Refuse metadata of another layout or schema ``version`` (``version + GEOMETRY_STEP`` for a store whose
+    ``meta["geometry"]`` says it carries label points), saying whether fastload or the store is the older;
+    ``older``: why this version cannot read a store of an older schema (said when it is)."""
     schema = meta.get("schema")
+    if meta.get("geometry"):
+        version += GEOMETRY_STEP
     if meta.get("layout") == layout and schema == version:
         return
     if meta.get("layout") == layout and isinstance(schema, int) and schema > version:
@@ -191,7 +199,9 @@ class Store(abc.ABC):
       imgsz: the long side of decoded images, ``None`` for encoded stores.
       load_rule: the loaded-image rule (:data:`fastload.data.images.LoadRule`) a decoded store's images were
         made with, ``None`` for encoded stores (they are resized to whichever rule :meth:`load` is asked for).
-      labels: ``float32 [n, 5]`` (cls, xc, yc, w, h) per sample, normalised to the original image.
+      labels: ``float32 [n, 5]`` (cls, xc, yc, w, h) per sample, normalised to the original image (a
+        :class:`~fastload.data.labels.FlatLabels`, whose ``points`` hold segment / pose / OBB geometry where the
+        store has it).
       shapes: ``int32 [N, 2]`` original ``(h0, w0)`` after EXIF orientation.
       im_files: the source image path per sample (for ``paths`` in batches and error messages).
       names: class names.
@@ -340,22 +350,59 @@ class Store(abc.ABC):
         return f"{type(self).__name__}(kind={self.kind!r}, n={len(self)}{size}, path={self.path!r})"
 
 
-def split_labels(flat: np.ndarray, counts: np.ndarray) -> FlatLabels:
+def split_labels(flat: np.ndarray, counts: np.ndarray, points: np.ndarray | None = None,
+                 point_counts: np.ndarray | None = None) -> FlatLabels:
     """Concatenated ``float32 [M, 5]`` labels with each sample's count as a sequence of per-sample views (no copy,
-    no object per sample)."""
+    no object per sample); with ``float32 [P, D]`` points and each row's ``point_counts`` where the store has them."""
     flat = np.asarray(flat, np.float32).reshape(-1, 5)
     counts = np.asarray(counts, np.int64)
     if int(counts.sum()) != len(flat):
         raise StoreError(f"label counts sum to {int(counts.sum())} but {len(flat)} label rows are stored")
-    return FlatLabels(flat, np.concatenate([[0], np.cumsum(counts)]))
+    if points is None or point_counts is None:
+        return FlatLabels(flat, np.concatenate([[0], np.cumsum(counts)]))
+    point_counts = np.asarray(point_counts, np.int64)
+    if len(point_counts) != len(flat) or int(point_counts.sum()) != len(points):
+        raise StoreError(f"point counts of {len(point_counts)} rows sum to {int(point_counts.sum())}, but {len(flat)} "
+                         f"label rows and {len(points)} points are stored")
+    try:
+        return FlatLabels(flat, np.concatenate([[0], np.cumsum(counts)]), points,
+                          np.concatenate([[0], np.cumsum(point_counts)]))
+    except ValueError as e:  # points of the wrong shape
+        raise StoreError(str(e)) from None
 
 
-def join_labels(labels: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """Concatenate per-sample labels into ``(float32 [M, 5], int32 [N] counts)``."""
-    counts = np.array([len(lb) for lb in labels], np.int32)
-    flat = (
-        np.concatenate([np.asarray(lb, np.float32).reshape(-1, 5) for lb in labels])
-        if labels
-        else np.zeros((0, 5), np.float32)
-    )
-    return np.ascontiguousarray(flat, np.float32), counts
+def join_labels(labels: Sequence[np.ndarray | ImageLabels]) -> FlatLabels:
+    """Concatenate per-sample labels (rows, or rows with points: :meth:`FlatLabels.image`) into one
+    :class:`FlatLabels`."""
+    images = [lb if isinstance(lb, ImageLabels) else ImageLabels(lb, None, None) for lb in labels]
+    if all(im.points is None for im in images):
+        return FlatLabels.from_arrays([im.rows for im in images])
+    return FlatLabels.from_arrays([im.rows for im in images], [im.points for im in images],
+                                  [im.point_offsets for im in images])
+
+
+def label_arrays(labels: FlatLabels) -> dict[str, np.ndarray]:
+    """What a store writes of ``labels``: ``labels`` float32 [M, 5] and ``label_counts`` int32 [N], plus, with
+    points, ``points`` float32 [P, D] and ``point_counts`` int32 [M] (:func:`split_labels` reads them back)."""
+    out = {"labels": labels.rows, "label_counts": labels.counts.astype(np.int32)}
+    if labels.points is not None:
+        out.update(points=labels.points, point_counts=labels.point_counts.astype(np.int32))  # type: ignore[union-attr]
+    return out
+
+
+def geometry_meta(labels: FlatLabels, kpt_shape: Sequence[int] | None,
+                  flip_idx: Sequence[int] | None) -> dict[str, Any]:
+    """``{"geometry": ...}`` for a store's metadata when its labels carry points, else ``{}``: the task the points
+    serve (``pose`` with ``kpt_shape``; ``obb`` when every polygon has 4 corners; else ``segment``), their dimension,
+    and the data yaml's ``kpt_shape`` / ``flip_idx``."""
+    if labels.points is None:
+        return {}
+    counts = labels.point_counts
+    polygons = counts[counts > 0] if counts is not None else counts
+    task = "pose" if kpt_shape is not None else "obb" if len(polygons) and (polygons == 4).all() else "segment"
+    geometry: dict[str, Any] = {"task": task, "point_dim": int(labels.points.shape[1])}
+    if kpt_shape is not None:
+        geometry["kpt_shape"] = [int(v) for v in kpt_shape]
+        if flip_idx is not None:
+            geometry["flip_idx"] = [int(v) for v in flip_idx]
+    return {"geometry": geometry}

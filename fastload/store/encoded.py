@@ -9,8 +9,9 @@ Layout of an encoded store folder (``<split>.encoded``)::
     labels.npy         float32 [M, 5] all labels concatenated
     label_counts.npy   int32 [N]
     checksums.npy      uint32 [N]     crc32 of the image bytes then its label bytes (as an LMDB record's)
+    points.npy, point_counts.npy      label points, where the labels have them (as in a disk store)
     files.json         source image path per record
-    meta.json          schema, kind, names, counts, options (written last: the commit marker)
+    meta.json          schema, kind, names, counts, options (written last: the commit marker), ``geometry``
 
 It holds what an LMDB store holds (decoding still costs CPU) in the layout of a ``disk`` store, so a run of
 consecutive records is one byte range of one file: object storage serves a shard of them in one ranged read
@@ -27,6 +28,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from fastload._version import __version__
+from fastload.data.labels import ImageLabels
 from fastload.store.kinds import WriteJob
 from fastload.store.packed import PackedWriter, RecordFileStore, read_layout_meta, write_records
 from fastload.store.space import check_space
@@ -66,7 +68,8 @@ class EncodedWriter(PackedWriter):
     layout = "encoded"
     schema = ENCODED_SCHEMA
 
-    def add(self, buf: bytes, labels: np.ndarray, shape: Sequence[int], file: str) -> None:  # type: ignore[override]
+    def add(self, buf: bytes, labels: np.ndarray | ImageLabels, shape: Sequence[int],  # type: ignore[override]
+            file: str) -> None:
         """Append one encoded image with its labels, original (h0, w0) and source path."""
         self._append(buf, labels, shape, file)
 
@@ -87,6 +90,7 @@ def write_encoded(job: WriteJob, final: Path) -> tuple[Path, list[tuple[str, str
     meta = {"kind": "encoded", "source_hash": job.source_hash, "source_files": len(files),
             "options": {"max_side": job.max_side, "quality": quality},
             "created": time.strftime("%Y-%m-%dT%H:%M:%S"), "fastload_version": __version__}
-    writer = EncodedWriter(final, imgsz=None, names=job.cfg.names, meta=meta)
+    writer = EncodedWriter(final, imgsz=None, names=job.cfg.names, meta=meta, kpt_shape=job.cfg.kpt_shape,
+                           flip_idx=job.cfg.flip_idx)
     tasks = [(i, f, job.max_side, job.quality) for i, f in enumerate(files)]
     return write_records(writer, job, encoded_task, tasks, f"encoded {final.name}", failed="unreadable")

@@ -20,6 +20,7 @@ import psutil
 import torch
 
 from fastload.data.images import LoadRule, check_load_rule, loaded_shape
+from fastload.data.labels import FlatLabels
 from fastload.data.device import resolve_device
 from fastload.data.torch_images import decode_on_device
 from fastload.store.base import ResidentImages, Store, StoreError
@@ -90,7 +91,7 @@ class GpuStore(Store):
         self.load_rule = check_load_rule(load_rule)
         base.check_load_rule(load_rule)
         self.path = base.path
-        self.labels = list(base.labels)
+        self.labels = FlatLabels.from_arrays(base.labels)  # the base's (with any points), not copied
         self.shapes = np.asarray(base.shapes, np.int32).reshape(-1, 2)
         self.im_files = list(base.im_files)
         self.names = list(base.names)

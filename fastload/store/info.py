@@ -1,4 +1,5 @@
-"""``fastload info``: counts, per-class histogram, image-size distribution and bytes.
+"""``fastload info``: counts (polygons, keypoint instances and OBB-shaped rows too), per-class histogram,
+image-size distribution and bytes.
 
 Works on a ``data.yaml`` (scans each split; label files without images are counted and ignored) or
 on a store directory (reads the store's own index). Everything is returned as a JSON-able dict and
@@ -27,8 +28,25 @@ from fastload.store.space import fmt_bytes, tree_bytes
 SIZE_BUCKETS = (320, 640, 1024, 2048)
 
 
-def _split_stats(labels: Sequence[np.ndarray], shapes: np.ndarray, names: Sequence[str]) -> dict[str, Any]:
-    """Counts, class histogram and size distribution of one split."""
+def _geometry_stats(flat: FlatLabels, kpt_shape: Sequence[int] | None) -> dict[str, Any]:
+    """What a split's label points hold: ``polygons`` (segment rows) and ``obb_shaped`` (those with 4 corners), or
+    ``keypoint_instances`` with ``kpt_shape``; nothing for labels without points."""
+    counts = flat.point_counts
+    if flat.points is None or counts is None:
+        return {}
+    if flat.points.shape[1] == 3:
+        return {"keypoint_instances": int((counts > 0).sum()),
+                "kpt_shape": [int(v) for v in kpt_shape] if kpt_shape is not None else None}
+    return {"polygons": int((counts > 0).sum()), "obb_shaped": int((counts == 4).sum())}
+
+
+def _store_kpt_shape(store: Any) -> list[int] | None:
+    return (store.meta.get("geometry") or {}).get("kpt_shape")
+
+
+def _split_stats(labels: Sequence[np.ndarray], shapes: np.ndarray, names: Sequence[str],
+                 kpt_shape: Sequence[int] | None = None) -> dict[str, Any]:
+    """Counts, class histogram, size distribution and label geometry of one split."""
     shapes = np.asarray(shapes, np.int64).reshape(-1, 2)
     flat = FlatLabels.from_arrays(labels)  # an index's labels already are: no per-image work
     counts = flat.counts
@@ -51,6 +69,7 @@ def _split_stats(labels: Sequence[np.ndarray], shapes: np.ndarray, names: Sequen
         "images": int(len(counts)),
         "backgrounds": int((counts == 0).sum()),
         "instances": int(counts.sum()),
+        **_geometry_stats(flat, kpt_shape),
         "per_class": per_class,
         "height": dist(shapes[:, 0]) if len(shapes) else {},
         "width": dist(shapes[:, 1]) if len(shapes) else {},
@@ -90,7 +109,7 @@ def dataset_info(target: str | Path, splits: Sequence[str] | None = None) -> dic
             continue
         index = build_index(cfg, split, progress=False)
         rep = index.report
-        stats = _split_stats(index.labels, index.shapes, cfg.names)
+        stats = _split_stats(index.labels, index.shapes, cfg.names, cfg.kpt_shape)
         stats.update(
             without_label_file=int(rep.missing),
             empty_label_file=int(rep.empty),
@@ -116,7 +135,7 @@ def _split_from_store(recorded: dict[str, Path], names: Sequence[str]) -> dict[s
         except StoreError:
             continue
         with store:
-            stats = _split_stats(store.labels, store.shapes, names)
+            stats = _split_stats(store.labels, store.shapes, names, _store_kpt_shape(store))
         stats.update(bytes=tree_bytes(path), stores={k: str(p) for k, p in recorded.items()}, described_by=str(path))
         why = mixed_sources(recorded)
         if why:
@@ -144,7 +163,7 @@ def store_info(path: str | Path) -> dict[str, Any]:
     """Info about one store directory, read from the store's index (no source files needed)."""
     path = Path(path)
     with open_path(path) as store:
-        stats = _split_stats(store.labels, store.shapes, store.names)
+        stats = _split_stats(store.labels, store.shapes, store.names, _store_kpt_shape(store))
         stats["bytes"] = tree_bytes(path)
         return {
             "source": str(path),
@@ -190,6 +209,10 @@ def format_info(info: dict[str, Any], top: int = 20) -> str:
         lines.append(f"uploaded {up['created']}: {up['objects']} objects, {fmt_bytes(up['bytes'])}")
     for split, s in info["splits"].items():
         lines.append(f"[{split}] {s['images']} images, {s['backgrounds']} backgrounds, {s['instances']} instances, {fmt_bytes(s['bytes'])}")
+        if "polygons" in s:
+            lines.append(f"  polygons (segments) {s['polygons']}, of them OBB-shaped (4 corners) {s['obb_shaped']}")
+        if "keypoint_instances" in s:
+            lines.append(f"  keypoint instances {s['keypoint_instances']}, kpt_shape {s['kpt_shape']}")
         if s.get("described_by"):
             lines.append(f"  from the index of {s['described_by']} (the source images are not there to scan)")
         extra = [f"{k.replace('_', ' ')} {s[k]}" for k in ("without_label_file", "empty_label_file", "corrupt", "labels_without_image") if k in s]

@@ -4,13 +4,17 @@ Keys (all values are raw bytes, msgpack or JSON; never pickle)::
 
     i:<src>     image bytes (the original file, or a smaller JPEG with --max-side)
     r:<src>     msgpack {"l": float32 label bytes, "s": [h0, w0], "f": source path, "c": crc32}
+                (+ "p": float32 point bytes, "o": int32 points per row, in a store with label points)
     x:<src>     msgpack {"f": path, "e": reason}  a source image that could not be stored
     __job__     JSON fingerprint of the conversion (sources + options), checked by --resume
     __index__   msgpack {"keys", "labels", "counts", "shapes", "checksums": array bytes, "files"}
-    __meta__    JSON metadata: the commit marker, written last with __index__
+                (+ "points" float32 [P, D], "point_counts" int32 [M] bytes with label points)
+    __meta__    JSON metadata: the commit marker, written last with __index__ (``geometry`` with label points:
+                the schema is then SCHEMA_VERSION + GEOMETRY_STEP, see fastload.store.base)
 
 ``<src>`` is the image's position in the source scan (8 digits), so a resumed conversion knows
-which records are done. ``crc32`` covers the image bytes followed by the label bytes.
+which records are done. ``crc32`` covers the image bytes followed by the label bytes (and the points,
+:func:`~fastload.data.checksum.record_checksum`).
 
 Readers open the environment read-only without the lock file (``lock=False``), lazily in each
 process (re-opened after fork), so any number of DataLoader workers and DDP ranks can read at once. Each process
@@ -34,7 +38,18 @@ import numpy as np
 
 from fastload._version import __version__
 from fastload.data.checksum import record_checksum
-from fastload.store.base import SCHEMA_VERSION, IncompleteStoreError, Store, StoreError, check_schema, split_labels
+from fastload.data.labels import ImageLabels
+from fastload.store.base import (
+    GEOMETRY_STEP,
+    SCHEMA_VERSION,
+    IncompleteStoreError,
+    Store,
+    StoreError,
+    check_schema,
+    geometry_meta,
+    join_labels,
+    split_labels,
+)
 from fastload.store.kinds import PARTIAL, WriteJob, finish_hint
 from fastload.store.packed import replace_dir
 from fastload.store.space import check_space
@@ -239,7 +254,12 @@ class LmdbStore(Store):
         self.shapes = np.frombuffer(index["shapes"], np.int32).reshape(-1, 2).copy()
         self.checksums = np.frombuffer(index["checksums"], np.uint32).copy()
         flat = np.frombuffer(index["labels"], np.float32).reshape(-1, 5).copy()
-        self.labels = split_labels(flat, np.frombuffer(index["counts"], np.int32))
+        points = point_counts = None
+        if "points" in index:
+            dim = int(self.meta.get("geometry", {}).get("point_dim", 2))
+            points = np.frombuffer(index["points"], np.float32).reshape(-1, dim).copy()
+            point_counts = np.frombuffer(index["point_counts"], np.int32)
+        self.labels = split_labels(flat, np.frombuffer(index["counts"], np.int32), points, point_counts)
         self.im_files = list(index["files"])
         if not (len(self.keys) == len(self.shapes) == len(self.labels) == len(self.im_files) == len(self.checksums)):
             raise StoreError(f"{path}: index arrays disagree on the number of samples")
@@ -270,7 +290,7 @@ class LmdbStore(Store):
         :class:`~fastload.store.base.DamagedRecordError` when they (or its labels) changed."""
         i = self.check_index(i)
         buf = self._read_bytes(i)
-        if self.check_on_read and record_checksum(buf, self.labels[i]) != int(self.checksums[i]):
+        if self.check_on_read and record_checksum(buf, self.labels.image(i)) != int(self.checksums[i]):
             raise self.damaged(i, "checksum", "crc32 mismatch (image bytes or labels changed since conversion)")
         return buf
 
@@ -280,7 +300,7 @@ class LmdbStore(Store):
             buf = self._read_bytes(i)
         except StoreError:
             return False
-        return record_checksum(buf, self.labels[i]) == int(self.checksums[i])
+        return record_checksum(buf, self.labels.image(i)) == int(self.checksums[i])
 
     def close(self) -> None:
         shared, self._shared = self._shared, None
@@ -348,25 +368,37 @@ class LmdbWriter:
                 _MADVISE(span[0], span[1], mmap.MADV_DONTNEED)
             self._unreleased = 0
 
-    def add_many(self, records: Iterable[tuple[int, bytes | None, np.ndarray, Sequence[int], str, str | None]]) -> None:
-        """Write ``(src, image_bytes or None, labels, (h0, w0), file, error)`` records in one transaction."""
+    def add_many(self, records: Iterable[tuple[int, bytes | None, np.ndarray | ImageLabels, Sequence[int], str,
+                                               str | None]]) -> None:
+        """Write ``(src, image_bytes or None, labels, (h0, w0), file, error)`` records in one transaction (labels:
+        rows, or rows with points, :meth:`~fastload.data.labels.FlatLabels.image`)."""
         items: list[tuple[bytes, bytes]] = []
         for src, buf, labels, shape, file, error in records:
             if buf is None:
                 items.append((_skip_key(src), msgpack.packb({"f": file, "e": error or "unreadable"})))
                 continue
-            lb = np.ascontiguousarray(labels, np.float32).reshape(-1, 5)
-            rec = {"l": lb.tobytes(), "s": [int(shape[0]), int(shape[1])], "f": file, "c": record_checksum(buf, lb)}
+            rows, points, point_offsets = labels if isinstance(labels, ImageLabels) else (labels, None, None)
+            lb = np.ascontiguousarray(rows, np.float32).reshape(-1, 5)
+            image = ImageLabels(lb, points, point_offsets)
+            rec = {"l": lb.tobytes(), "s": [int(shape[0]), int(shape[1])], "f": file, "c": record_checksum(buf, image)}
+            if points is not None and point_offsets is not None:
+                rec["p"] = np.ascontiguousarray(points, np.float32).tobytes()
+                rec["o"] = np.diff(point_offsets).astype(np.int32).tobytes()
             items.append((_image_key(src), bytes(buf)))
             items.append((_record_key(src), msgpack.packb(rec)))
         self._put(items)
 
-    def commit(self, n_sources: int, meta: dict[str, Any]) -> tuple[Path, list[tuple[str, str]]]:
-        """Seal the store: index + metadata in one last transaction, fsync, rename into place.
+    def commit(self, n_sources: int, meta: dict[str, Any], *, point_dim: int | None = None,
+               kpt_shape: Sequence[int] | None = None,
+               flip_idx: Sequence[int] | None = None) -> tuple[Path, list[tuple[str, str]]]:
+        """Seal the store: index + metadata in one last transaction, fsync, rename into place. ``point_dim``: the
+        dimension of the records' label points (None: they have none); ``kpt_shape`` / ``flip_idx``: the data
+        yaml's, for pose labels.
 
         Returns the final path and the ``(file, reason)`` of every source image that was skipped.
         """
-        keys, labels, shapes, files, sums, skipped = [], [], [], [], [], []
+        keys, shapes, files, sums, skipped = [], [], [], [], []
+        labels: list[np.ndarray | ImageLabels] = []
         with self.env.begin() as txn:
             for src in range(n_sources):
                 self._count(_RECORD_READ_COST)
@@ -379,28 +411,37 @@ class LmdbWriter:
                     skipped.append((info["f"], info["e"]))
                     continue
                 rec = msgpack.unpackb(bytes(raw), raw=False)
-                # plain ints and the label bytes as stored: no array object per record (1M records: ~1 GB less)
                 keys.append(src)
-                labels.append(rec["l"])
-                shapes.extend(rec["s"])
+                rows = np.frombuffer(rec["l"], np.float32).reshape(-1, 5)
+                if point_dim is None:
+                    labels.append(rows)
+                else:
+                    per_row = np.frombuffer(rec["o"], np.int32)
+                    labels.append(ImageLabels(rows, np.frombuffer(rec["p"], np.float32).reshape(-1, point_dim),
+                                              np.concatenate([[0], np.cumsum(per_row)]).astype(np.int64)))
+                shapes.append(rec["s"])
                 files.append(rec["f"])
                 sums.append(rec["c"])
-        counts = np.fromiter(map(len, labels), np.int32, len(labels)) // (5 * 4)
+        flat = join_labels(labels)
         index = {
             "keys": np.array(keys, np.int64).tobytes(),
-            "labels": b"".join(labels),
-            "counts": counts.tobytes(),
+            "labels": flat.rows.tobytes(),
+            "counts": flat.counts.astype(np.int32).tobytes(),
             "shapes": np.array(shapes, np.int32).reshape(-1, 2).tobytes(),
             "checksums": np.array(sums, np.uint32).tobytes(),
             "files": files,
         }
+        geometry = geometry_meta(flat, kpt_shape, flip_idx)
+        if flat.points is not None and flat.point_counts is not None:
+            index.update(points=flat.points.tobytes(), point_counts=flat.point_counts.astype(np.int32).tobytes())
         full_meta = {
             **meta,
-            "schema": SCHEMA_VERSION,
+            "schema": SCHEMA_VERSION + (GEOMETRY_STEP if geometry else 0),
             "layout": "lmdb",
             "n": len(keys),
-            "instances": int(counts.sum()),
+            "instances": len(flat.rows),
             "skipped": len(skipped),
+            **geometry,
         }
         self._put([(INDEX_KEY, msgpack.packb(index)), (META_KEY, json.dumps(full_meta).encode())])
         self.env.sync(True)
@@ -432,6 +473,9 @@ def write_lmdb(job: WriteJob, final: Path) -> tuple[Path, list[tuple[str, str]]]
     files = list(index.im_files)
     needed = lmdb_bytes(index.im_bytes)
     spec = {"sources": job.source_hash, "n": len(files), "max_side": max_side, "quality": quality if max_side else None}
+    point_dim = None if index.labels.points is None else int(index.labels.points.shape[1])
+    if point_dim is not None:  # records of another fastload (without points) must not be resumed into this store
+        spec["point_dim"] = point_dim
     if not (job.resume and final.with_name(final.name + PARTIAL).exists()):
         check_space(final.parent, needed + (16 << 20), f"LMDB store {final.name}")
     writer = LmdbWriter(final, job=spec, map_size=int(needed * 1.25) + (64 << 20), resume=job.resume)
@@ -444,7 +488,7 @@ def write_lmdb(job: WriteJob, final: Path) -> tuple[Path, list[tuple[str, str]]]
         batch: list[Any] = []
         try:
             for i, buf, err, nbytes in parallel_map(encoded_task, tasks, job.workers):
-                batch.append((i, buf, index.labels[i], index.shapes[i], files[i], err))
+                batch.append((i, buf, index.labels.image(i), index.shapes[i], files[i], err))
                 if len(batch) >= COMMIT_EVERY:
                     writer.add_many(batch)
                     batch.clear()
@@ -462,7 +506,8 @@ def write_lmdb(job: WriteJob, final: Path) -> tuple[Path, list[tuple[str, str]]]
             "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
             "fastload_version": __version__,
         }
-        return writer.commit(len(files), meta)
+        return writer.commit(len(files), meta, point_dim=point_dim, kpt_shape=job.cfg.kpt_shape,
+                             flip_idx=job.cfg.flip_idx)
     except lmdb.Error as e:  # disk full, map errors: keep what is written and say how to go on
         writer.close()
         raise StoreError(f"writing {final.name} failed ({e}); free space if needed and rerun with --resume") from e

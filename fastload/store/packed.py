@@ -8,10 +8,13 @@ Layout of a packed store directory (used by ``disk`` stores and, under ``/dev/sh
     shapes.npy         int32 [N, 2]   original (h0, w0)
     labels.npy         float32 [M, 5] all labels concatenated
     label_counts.npy   int32 [N]
-    checksums.npy      uint32 [N]     crc32 of the image's pixels then its label bytes
+    checksums.npy      uint32 [N]     crc32 of the image's pixels then its label bytes (and points)
+    points.npy         float32 [P, D] label points (segments, keypoints, OBB corners), in a store that has them
+    point_counts.npy   int32 [M]      points of each label row, beside points.npy
     files.json         source image path per sample
     meta.json          schema, kind, imgsz, names, counts, options, shrink, load_rule (written last: the
-                       commit marker; a store without load_rule holds YOLOv9's loaded images)
+                       commit marker; a store without load_rule holds YOLOv9's loaded images), and ``geometry``
+                       where the labels have points (the schema is then PACKED_SCHEMA + GEOMETRY_STEP)
 
 Reads are zero-copy views into the page cache, shared by every process that maps the file.
 Writers build the directory in a temporary sibling and rename it into place at the end, so an
@@ -31,15 +34,19 @@ import numpy as np
 from fastload._version import __version__
 from fastload.data.checksum import record_checksum
 from fastload.data.images import LoadRule, loaded_shape
+from fastload.data.labels import ImageLabels
 from fastload.store import shm
 from fastload.store.base import (
+    GEOMETRY_STEP,
     PACKED_SCHEMA,
     IncompleteStoreError,
     Shards,
     Store,
     StoreError,
     check_schema,
+    geometry_meta,
     join_labels,
+    label_arrays,
     split_labels,
 )
 from fastload.store.kinds import PARTIAL, WriteJob, in_shm, store_kind
@@ -49,6 +56,7 @@ from fastload.store.writing import Progress, decoded_shrink, decoded_task, paral
 META = "meta.json"
 PIXELS = "pixels.bin"
 ARRAYS = ("offsets", "hw", "shapes", "labels", "label_counts", "checksums")
+POINT_ARRAYS = ("points", "point_counts")  # beside ARRAYS in a store whose labels have points
 SHARD_BYTES = 64 << 20  # about how many bytes of records one shard holds (RecordFileStore.read_in_shards)
 
 
@@ -112,11 +120,14 @@ class RecordFileStore(Store):
         """Set the index (offsets, shapes, checksums, labels, files, names) from the folder ``root`` whose
         metadata is in ``self.meta``, checked to agree on the number of records; returns every array read
         (``arrays``: the layout's ``.npy`` files)."""
-        loaded = {name: np.load(root / f"{name}.npy", allow_pickle=False) for name in arrays}
+        with_points = bool(self.meta.get("geometry"))
+        loaded = {name: np.load(root / f"{name}.npy", allow_pickle=False)
+                  for name in (*arrays, *(POINT_ARRAYS if with_points else ()))}
         self.offsets = loaded["offsets"].astype(np.int64)
         self.shapes = loaded["shapes"].astype(np.int32).reshape(-1, 2)
         self.checksums = loaded["checksums"].astype(np.uint32)
-        self.labels = split_labels(loaded["labels"], loaded["label_counts"])
+        self.labels = split_labels(loaded["labels"], loaded["label_counts"], loaded.get("points"),
+                                   loaded.get("point_counts"))
         self.im_files = list(json.loads((root / "files.json").read_text()))
         self.names = list(self.meta.get("names", []))
         n = len(self.im_files)
@@ -184,7 +195,7 @@ class RecordFileStore(Store):
     def _intact(self, i: int, payload: bytes | np.ndarray) -> bool:
         """True when ``payload``, record ``i``'s bytes from wherever they were read, and its labels match the crc32
         written at conversion."""
-        return record_checksum(payload, self.labels[i]) == int(self.checksums[i])
+        return record_checksum(payload, self.labels.image(i)) == int(self.checksums[i])
 
     def close(self) -> None:
         # Dropping the reference unmaps once no returned view is alive; closing the mmap by force
@@ -251,7 +262,8 @@ class PackedWriter:
     schema = PACKED_SCHEMA
 
     def __init__(self, final: str | Path, *, imgsz: int | None, names: Sequence[str],
-                 meta: dict[str, Any] | None = None) -> None:
+                 meta: dict[str, Any] | None = None, kpt_shape: Sequence[int] | None = None,
+                 flip_idx: Sequence[int] | None = None) -> None:
         self.final = Path(final)
         self.tmp = self.final.with_name(self.final.name + ".partial")
         if self.tmp.exists():
@@ -260,24 +272,30 @@ class PackedWriter:
         self.imgsz = imgsz
         self.names = list(names)
         self.extra = dict(meta or {})
+        self.kpt_shape, self.flip_idx = kpt_shape, flip_idx  # the data yaml's, recorded with pose labels
         self._fh = open(self.tmp / self.records_file, "wb")
         self.offsets = [0]
         self.hw: list[tuple[int, int]] = []
         self.shapes: list[tuple[int, int]] = []
-        self.labels: list[np.ndarray] = []
+        self.labels: list[np.ndarray | ImageLabels] = []
         self.files: list[str] = []
         self.checksums: list[int] = []
 
-    def add(self, img: np.ndarray, labels: np.ndarray, shape: Sequence[int], file: str) -> None:
-        """Append one loaded image (RGB HWC uint8) with its labels, original (h0, w0) and source path."""
+    def add(self, img: np.ndarray, labels: np.ndarray | ImageLabels, shape: Sequence[int], file: str) -> None:
+        """Append one loaded image (RGB HWC uint8) with its labels (rows, or rows with points:
+        :meth:`~fastload.data.labels.FlatLabels.image`), original (h0, w0) and source path."""
         if img.dtype != np.uint8 or img.ndim != 3 or img.shape[2] != 3:
             raise StoreError(f"{file}: expected an RGB HWC uint8 image, got {img.dtype} {img.shape}")
         img = np.ascontiguousarray(img)
         self.hw.append((img.shape[0], img.shape[1]))
         self._append(memoryview(img).cast("B"), labels, shape, file)
 
-    def _append(self, payload: bytes | memoryview, labels: np.ndarray, shape: Sequence[int], file: str) -> None:
-        labels = np.asarray(labels, np.float32).reshape(-1, 5)
+    def _append(self, payload: bytes | memoryview, labels: np.ndarray | ImageLabels, shape: Sequence[int],
+                file: str) -> None:
+        if isinstance(labels, ImageLabels):
+            labels = labels._replace(rows=np.asarray(labels.rows, np.float32).reshape(-1, 5))
+        else:
+            labels = np.asarray(labels, np.float32).reshape(-1, 5)
         self._fh.write(payload)
         self.offsets.append(self.offsets[-1] + len(payload))
         self.shapes.append((int(shape[0]), int(shape[1])))
@@ -298,12 +316,13 @@ class PackedWriter:
         self._fh.flush()
         os.fsync(self._fh.fileno())
         self._fh.close()
-        flat, counts = join_labels(self.labels)
-        for name, arr in {**self._index_arrays(), "labels": flat, "label_counts": counts}.items():
+        flat = join_labels(self.labels)
+        for name, arr in {**self._index_arrays(), **label_arrays(flat)}.items():
             np.save(self.tmp / f"{name}.npy", arr, allow_pickle=False)
         (self.tmp / "files.json").write_text(json.dumps(self.files))
-        meta = {**self.extra, "schema": self.schema, "layout": self.layout, "names": self.names,
-                "n": len(self.files), "instances": int(counts.sum()), **self._size_meta()}
+        geometry = geometry_meta(flat, self.kpt_shape, self.flip_idx)
+        meta = {**self.extra, "schema": self.schema + (GEOMETRY_STEP if geometry else 0), "layout": self.layout,
+                "names": self.names, "n": len(self.files), "instances": len(flat.rows), **self._size_meta(), **geometry}
         # The marker goes last and is itself written atomically.
         tmp_meta = self.tmp / (META + ".tmp")
         tmp_meta.write_text(json.dumps(meta, indent=1))
@@ -396,7 +415,8 @@ def write_packed(job: WriteJob, final: Path, *, kind: str, check: Callable[[int]
         "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "fastload_version": __version__,
     }
-    writer = PackedWriter(final, imgsz=imgsz, names=job.cfg.names, meta=meta)
+    writer = PackedWriter(final, imgsz=imgsz, names=job.cfg.names, meta=meta, kpt_shape=job.cfg.kpt_shape,
+                          flip_idx=job.cfg.flip_idx)
     return write_records(writer, job, decoded_task, [(i, f, imgsz, rule) for i, f in enumerate(files)],
                          f"{kind} {final.name}", failed="undecodable")
 
@@ -415,7 +435,7 @@ def write_records(writer: PackedWriter, job: WriteJob, task: Callable[[Any], tup
             if record is None:
                 skipped.append((files[i], err or failed))
             else:
-                writer.add(record, labels[i], shapes[i], files[i])
+                writer.add(record, labels.image(i), shapes[i], files[i])
             bar.update(1, nbytes)
         return writer.commit(), skipped
     except BaseException:
