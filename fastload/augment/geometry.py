@@ -29,7 +29,9 @@ pixel (a 0.5 px shift of a polygon costs a 40 px-wide instance about 1 % of its 
   matrix, candidate filter with its detection threshold), not as the detection boxes (pixel-exact, up to 0.5 px
   away: enough to move a box across the filter's thresholds).
 
-A row without points in a segment or obb task is taken as its box's four corners.
+A row without points in a segment or obb task is taken as its box's four corners. Copy-paste (segment, both
+recipes: :class:`~fastload.augment.params.CopyPaste`) appends the instances :func:`paste_selection` picks, mirrored
+across the canvas, before the warp; :func:`paste_outlines` gives the pixel path the polygons its mask is filled from.
 """
 from __future__ import annotations
 
@@ -41,7 +43,7 @@ import cv2
 import numpy as np
 
 from fastload.augment.boxes import batch_images, box_candidates, moved_boxes, xyxy_to_xywhn
-from fastload.augment.params import ImageParams, Recipe, SampleParams, TileParams, letterbox_fit, translation
+from fastload.augment.params import CopyPaste, ImageParams, Recipe, SampleParams, TileParams, letterbox_fit, translation
 
 __all__ = [
     "GeometryLabels",
@@ -52,6 +54,8 @@ __all__ = [
     "resample_polygons",
     "resample_polygon",
     "obb_xywhr",
+    "paste_selection",
+    "paste_outlines",
 ]
 
 #: ``index -> (rows float32 [n, 5], points float32 [p, D], point_offsets int64 [n + 1])``, normalised.
@@ -407,23 +411,123 @@ def _point_matrix(tile: TileParams, out_hw: tuple[int, int], letterboxed: bool) 
     return perspective @ np.array([[fit.r, 0.0, fit.pad[0]], [0.0, fit.r, fit.pad[1]], [0.0, 0.0, 1.0]])
 
 
-def _polygon_image(image: ImageParams, get: GeometryLabels, recipe: Recipe, task: Task, letterboxed: bool) -> _Moved:
-    """Segments or oriented boxes of one composed image through its tiles (module docstring); ``letterboxed``:
-    the image is a YOLOv9 letterbox (a training sample without mosaic)."""
-    oh, ow = image.out_hw
-    train = image.candidate_scale is not None
-    ultralytics = recipe == "ultralytics"
+def _image_tiles(image: ImageParams, get: GeometryLabels, recipe: Recipe, task: Task
+                 ) -> list[tuple[TileParams, np.ndarray, np.ndarray, np.ndarray]]:
+    """``(tile, rows, points, offsets)`` of each labelled tile of ``image``, normalised, a row without points taking
+    its box's corners; ``"ultralytics"``: every polygon resampled as its dataset resamples it when loaded."""
+    tiles = [(tile, rows, *_tile_polygons(rows, points, offsets, tile.src))
+             for tile, rows, points, offsets in _labelled_tiles(image, get)]
+    if tiles and recipe == "ultralytics":
+        n = _loaded_points(tiles, task)
+        tiles = [(tile, rows, resample_polygons(pts, off, n, True).reshape(-1, 2), np.arange(len(rows) + 1) * n)
+                 for tile, rows, pts, off in tiles]
+    return tiles
+
+
+def _loaded_points(tiles: Sequence[tuple[TileParams, np.ndarray, np.ndarray, np.ndarray]], task: Task) -> int:
+    """The points per polygon of an ``"ultralytics"`` image, resampled when loaded (its dataset): a longer polygon
+    sets its image's count to its length + 1; a mosaic's images then meet at the longest (Instances.concatenate)."""
+    base = OBB_POINTS if task == "obb" else SEGMENT_POINTS
+    longest = max(int(np.diff(off).max()) for _, _, _, off in tiles)
+    return longest + 1 if task != "obb" and longest > base else base
+
+
+def paste_selection(boxes: np.ndarray, paste: CopyPaste) -> np.ndarray:
+    """The instances copy-paste pastes, in paste order, from their label boxes ``boxes`` [n, 4] (xyxy on the canvas,
+    clipped to their tiles, in tile order): the candidates are those whose box mirrored across the canvas overlaps
+    every box by less than 0.3 of that box's area (both references' ``bbox_ioa < 0.3``, in their float32), of which
+    ``round(fraction * candidates)`` are pasted: ``"yolov9"`` those with the smallest keys (``random.sample``),
+    ``"ultralytics"`` those of least largest overlap (its ``argsort``; boxes without area take no part: its mosaic
+    removed them)."""
+    n = len(boxes)
+    index = np.arange(n)
+    yolov9 = paste.recipe == "yolov9"
+    if yolov9:
+        if paste.keys is None or len(paste.keys) != n:
+            raise ValueError(f"copy-paste keys for {0 if paste.keys is None else len(paste.keys)} instances, the tiles' "
+                             f"labels have {n} rows: build the sampler with the instances of the labels it is applied with")
+    else:
+        index = index[_shown(boxes)]
+    b = np.asarray(boxes, np.float32)[index]
+    w = np.float32(paste.canvas_hw[1])
+    mirrored = np.stack((w - b[:, 2], b[:, 1], w - b[:, 0], b[:, 3]), 1)
+    inter = ((np.minimum(mirrored[:, None, 2], b[:, 2]) - np.maximum(mirrored[:, None, 0], b[:, 0])).clip(0)
+             * (np.minimum(mirrored[:, None, 3], b[:, 3]) - np.maximum(mirrored[:, None, 1], b[:, 1])).clip(0))
+    ioa = inter / ((b[:, 2] - b[:, 0]) * (b[:, 3] - b[:, 1]) + np.float32(1e-7))
+    candidates = np.flatnonzero((ioa < 0.3).all(1))
+    k = round(paste.fraction * len(candidates))
+    if yolov9:
+        order = np.argsort(np.asarray(paste.keys)[candidates], kind="stable")
+    else:  # Ultralytics' own sort, ties (no overlap at all is common) broken as numpy breaks them there
+        order = np.argsort(ioa.max(1)[candidates]) if len(candidates) else candidates
+    return index[candidates[order[:k]]]
+
+
+def _owners(counts: Sequence[int], chosen: np.ndarray) -> list[tuple[int, int]]:
+    """``(tile, row)`` of each instance ``chosen`` by its position in the image (tiles of ``counts`` rows each)."""
+    owner = np.repeat(np.arange(len(counts)), counts)[chosen]
+    row = chosen - np.concatenate(([0], np.cumsum(counts)))[owner]
+    return list(zip(owner.tolist(), row.tolist()))
+
+
+def _canvas_boxes(tiles: Sequence[tuple[TileParams, np.ndarray]]) -> np.ndarray:
+    """[n, 4] the label boxes ``(tile, loaded-px boxes)`` of a copy-paste image on its canvas."""
+    return np.concatenate([pre + (tile.offset * 2) for tile, pre in tiles], 0)  # type: ignore[operator]
+
+
+def _mirror(tile: TileParams, canvas_w: float) -> np.ndarray:
+    """The matrix a tile's points move with once mirrored across the canvas (``x -> canvas_w - x`` between the
+    tile's canvas offset and the canvas's warp)."""
+    ox, oy = tile.offset  # type: ignore[misc]  # set with copy_paste
+    flip = np.array([[-1.0, 0.0, canvas_w], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]])
+    return tile.matrix @ translation(-ox, -oy) @ flip @ translation(ox, oy)
+
+
+def paste_outlines(image: ImageParams, get: GeometryLabels) -> tuple[list[np.ndarray], bool]:
+    """The polygons, in canvas px, whose fill is the pixel mask of ``image``'s copy-paste (pixels inside it come from
+    the canvas mirrored left-right), and whether that fill is mirrored after: YOLOv9 fills the pasted instances'
+    clipped polygons and flips the fill (True); Ultralytics fills their mirrored resampled polygons (False)."""
+    paste = image.copy_paste
+    if paste is None:
+        return [], False
     tiles = [(tile, rows, *_tile_polygons(rows, points, offsets, tile.src))
              for tile, rows, points, offsets in _labelled_tiles(image, get)]
     if not tiles:
+        return [], False
+    boxes = _canvas_boxes([(tile, _loaded_boxes(rows, tile.src_hw, tile.crop)) for tile, rows, _, _ in tiles])
+    chosen = paste_selection(boxes, paste)
+    yolov9 = paste.recipe == "yolov9"
+    n = 0 if yolov9 else _loaded_points(tiles, "segment")
+    outlines = []
+    for k, r in _owners([len(rows) for _, rows, _, _ in tiles], chosen):  # only the pasted ones resampled, clipped
+        tile, _, pts, off = tiles[k]
+        poly = pts[off[r]:off[r + 1]]
+        if not yolov9:
+            poly = resample_polygon(poly, n, True)
+        h, w = tile.src_hw  # type: ignore[misc]  # checked by _labelled_tiles
+        px = _scaled(poly, w, h)
+        _clip_points(px, tile.crop[:2], tile.crop[2:])
+        px += tile.offset
+        if not yolov9:
+            px[:, 0] = paste.canvas_hw[1] - px[:, 0]
+        outlines.append(px)
+    return outlines, yolov9
+
+
+def _polygon_image(image: ImageParams, get: GeometryLabels, recipe: Recipe, task: Task, letterboxed: bool) -> _Moved:
+    """Segments or oriented boxes of one composed image through its tiles (module docstring); ``letterboxed``:
+    the image is a YOLOv9 letterbox (a training sample without mosaic). Copy-paste: the pasted instances, mirrored
+    across the canvas, follow the image's own (YOLOv9 appends them to its labels before its random perspective,
+    Ultralytics to its instances)."""
+    oh, ow = image.out_hw
+    train = image.candidate_scale is not None
+    ultralytics = recipe == "ultralytics"
+    if image.copy_paste is not None and (task != "segment" or image.copy_paste.recipe != recipe):
+        raise ValueError(f"a record with {image.copy_paste.recipe}'s copy-paste moved as {recipe}'s {task} labels: "
+                         f"copy-paste applies to the segment task of the sampler's own recipe")
+    tiles = _image_tiles(image, get, recipe, task)
+    if not tiles:
         return _Moved(np.zeros((0, 4)), np.zeros(0), np.zeros((0, 2)), np.zeros(0, np.int64))
-    if ultralytics:  # resampled when loaded (Ultralytics' dataset): a longer polygon sets its image's count to
-        # its length + 1; a mosaic's images then meet at the longest (Instances.concatenate)
-        base = OBB_POINTS if task == "obb" else SEGMENT_POINTS
-        longest = max(int(np.diff(off).max()) for _, _, _, off in tiles)
-        n = longest + 1 if task != "obb" and longest > base else base
-        tiles = [(tile, rows, resample_polygons(pts, off, n, True).reshape(-1, 2), np.arange(len(rows) + 1) * n)
-                 for tile, rows, pts, off in tiles]
     cls = np.concatenate([rows[:, 0] for _, rows, _, _ in tiles]).astype(np.float64)
     if not train:  # validation letterbox: the reference's arithmetic, nothing clipped or filtered
         pts = np.concatenate([_letterbox_points(pts, tile.src_hw, _edge_matrix(tile), recipe)
@@ -431,7 +535,7 @@ def _polygon_image(image: ImageParams, get: GeometryLabels, recipe: Recipe, task
         counts = np.concatenate([np.diff(off) for _, _, _, off in tiles])
         boxes = moved_boxes([image], [0], lambda i: get(i)[0])[0][:, 1:5]
         return _Moved(boxes, cls, pts, counts)
-    polys, before = [], []
+    polys, before, sources = [], [], []
     for tile, rows, pts, off in tiles:
         h, w = tile.src_hw
         crop = tile.crop
@@ -448,6 +552,15 @@ def _polygon_image(image: ImageParams, get: GeometryLabels, recipe: Recipe, task
         m = _point_matrix(tile, image.out_hw, letterboxed and not ultralytics)
         polys.append(_apply(m, poly.reshape(-1, 2)).reshape(poly.shape))
         before.append(pre * image.candidate_scale)
+        sources.append((tile, pre, poly))
+    if image.copy_paste is not None:
+        chosen = paste_selection(_canvas_boxes([(tile, pre) for tile, pre, _ in sources]), image.copy_paste)
+        canvas_w = float(image.copy_paste.canvas_hw[1])
+        for k, r in _owners([len(pre) for _, pre, _ in sources], chosen):
+            tile, pre, poly = sources[k]
+            polys.append(_apply(_mirror(tile, canvas_w), poly[r]).reshape(1, -1, 2))
+            before.append(pre[r:r + 1] * image.candidate_scale)
+        cls = np.concatenate((cls, cls[chosen]))
     poly = np.concatenate(polys, 0)
     if not ultralytics:
         boxes = _inside_vertex_boxes(poly, ow, oh)

@@ -35,6 +35,7 @@ __all__ = [
     "RECIPES",
     "Rect",
     "TileParams",
+    "CopyPaste",
     "ImageParams",
     "SampleParams",
     "ParamSampler",
@@ -57,6 +58,8 @@ MAX_REPLACEMENTS = 64
 # A spawn key keeps the replacement draws apart from the sample streams (SeedSequence([seed, epoch,
 # index])) and from the epoch order (fastload.order's own key).
 _REPLACEMENT_STREAM = (0x7265706C61,)  # "repla"
+# Copy-paste selection keys come from a stream of their own too, so switching copy-paste on moves no other draw.
+_PASTE_STREAM = (0x7061737465,)  # "paste"
 
 #: Where a mosaic's partners (and the mixup image with its partners) are drawn from:
 #: ``"dataset"``: uniformly from the whole dataset (YOLOv9's ``random.choices(self.indices, k=3)``);
@@ -125,6 +128,9 @@ class TileParams:
             Validation letterboxes: YOLOv9 moves the pixels by the rounded pad ``round(dw - 0.1)`` but
             the boxes by the float pad ``dw`` (and its ``shapes`` entry, which val.py maps predictions
             back with, holds ``dw``), so validation targets follow the boxes' rule to stay the official ones.
+        offset: ``(ox, oy)``, where the loaded image's pixel ``(0, 0)`` sits on the reference's canvas (the mosaic
+            canvas; ``(0, 0)`` for an image that is its own canvas): ``matrix`` is the canvas's warp times this
+            translation. Set by the sampler only for images with copy-paste (:class:`CopyPaste`), else None.
     """
 
     src: int
@@ -132,6 +138,7 @@ class TileParams:
     matrix: np.ndarray
     src_hw: tuple[int, int] | None = None
     box_matrix: np.ndarray | None = None
+    offset: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         m = np.array(self.matrix, dtype=np.float64).reshape(3, 3)
@@ -145,6 +152,8 @@ class TileParams:
         object.__setattr__(self, "crop", Rect(*(int(v) for v in self.crop)))
         if self.src_hw is not None:
             object.__setattr__(self, "src_hw", (int(self.src_hw[0]), int(self.src_hw[1])))
+        if self.offset is not None:
+            object.__setattr__(self, "offset", (int(self.offset[0]), int(self.offset[1])))
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, TileParams):
@@ -153,13 +162,14 @@ class TileParams:
             self.src == other.src
             and self.crop == other.crop
             and self.src_hw == other.src_hw
+            and self.offset == other.offset
             and np.array_equal(self.matrix, other.matrix)
             and (self.box_matrix is None) == (other.box_matrix is None)
             and (self.box_matrix is None or np.array_equal(self.box_matrix, other.box_matrix))
         )
 
     def __hash__(self) -> int:
-        return hash((self.src, self.crop, self.src_hw, self.matrix.tobytes()))
+        return hash((self.src, self.crop, self.src_hw, self.offset, self.matrix.tobytes()))
 
     @property
     def is_affine(self) -> bool:
@@ -170,6 +180,36 @@ class TileParams:
     def is_axis_aligned(self) -> bool:
         """True for scale + translation only (no rotation, shear or perspective)."""
         return self.is_affine and self.matrix[0, 1] == 0.0 and self.matrix[1, 0] == 0.0
+
+
+@dataclass(frozen=True)
+class CopyPaste:
+    """Copy-paste of one composed image (the segment task; hyp ``copy_paste``), done on the reference's canvas
+    before its random perspective: instances are mirrored left-right across the canvas and pasted, with their
+    pixels, where their mirrored box overlaps every original box by an intersection over that box's area below 0.3
+    (:func:`fastload.augment.geometry.paste_selection`). Its tiles carry their canvas offsets (``TileParams.offset``).
+
+    Attributes:
+        recipe: whose copy-paste (the sampler's recipe: which candidates, and how the pixel mask is filled).
+        fraction: the fraction ``p`` of those candidates pasted: ``round(p * candidates)`` of them.
+        canvas_hw: the canvas ``(h, w)`` (YOLOv9's and Ultralytics' mosaic: ``2 imgsz`` square; Ultralytics' sample
+            without mosaic: its loaded image); instances mirror across ``x -> w - x``, pixels ``x -> w - 1 - x``.
+        keys: ``"yolov9"``: one uniform key per label row of the image's tiles (tile order, then row order); the
+            candidates with the smallest keys are pasted, smallest first (a uniform subset in a uniform order:
+            YOLOv9's ``random.sample``). ``"ultralytics"``: None (it pastes the candidates of least overlap first,
+            no random draw).
+    """
+
+    fraction: float
+    canvas_hw: tuple[int, int]
+    recipe: Recipe
+    keys: tuple[float, ...] | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "fraction", float(self.fraction))
+        object.__setattr__(self, "canvas_hw", (int(self.canvas_hw[0]), int(self.canvas_hw[1])))
+        if self.keys is not None:
+            object.__setattr__(self, "keys", tuple(float(k) for k in self.keys))
 
 
 @dataclass(frozen=True)
@@ -184,12 +224,15 @@ class ImageParams:
             random perspective (its scale draw times the letterbox ratio): a box is kept when its
             transformed area exceeds 10 % of (loaded-pixel area * candidate_scale**2). ``None``:
             no candidate filter (no random perspective ran, i.e. validation).
+        copy_paste: the image's copy-paste (:class:`CopyPaste`), None without (always None unless the sampler
+            was built with ``copy_paste``).
     """
 
     tiles: tuple[TileParams, ...]
     out_hw: tuple[int, int]
     fill: int = 114
     candidate_scale: float | None = None
+    copy_paste: CopyPaste | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tiles", tuple(self.tiles))
@@ -358,6 +401,13 @@ class ParamSampler:
         epoch_order: ``partners="recent"``: the function (picklable, pure) giving the order of image indices
             this rank visits in an epoch, e.g. :class:`fastload.order.EpochOrder`; every image it renders
             must be in it. ``window``: the positions the partners come from.
+        copy_paste: the fraction of candidate instances each copy-paste image pastes (hyp ``copy_paste``; 0: no
+            copy-paste, the records are exactly those of a sampler built without it; 0 without ``augment``). A loader
+            sets it for the segment task only: YOLOv9 pastes on every mosaic (the main one and the mixup partner),
+            Ultralytics on every training image (mosaic or not, its mixup partner too) (:class:`CopyPaste`). Switching
+            it on adds the optional fields (``ImageParams.copy_paste``, ``TileParams.offset``) and moves no other draw.
+        instances: int [N], the label rows of every image (``recipe="yolov9"`` with ``copy_paste``: one selection key
+            is drawn per row of a mosaic's tiles); the labels the records are applied with must have these counts.
     """
 
     def __init__(
@@ -375,6 +425,8 @@ class ParamSampler:
         recipe: Recipe = "yolov9",
         epoch_order: Callable[[int], np.ndarray] | None = None,
         window: int | None = None,
+        copy_paste: float = 0.0,
+        instances: Sequence[int] | np.ndarray | None = None,
     ) -> None:
         if partners not in PARTNERS:
             raise ValueError(f"partners must be one of {', '.join(PARTNERS)}, got {partners!r}")
@@ -412,6 +464,20 @@ class ParamSampler:
         # Ultralytics: mosaic and mixup are both off without augmentation or with rect batches.
         self.mosaic_prob = self.hyp["mosaic"] if (self.augment and self.rect_shapes is None) else 0.0
         self.mixup_prob = self.hyp["mixup"] if (recipe == "yolov9" or (self.augment and self.rect_shapes is None)) else 0.0
+        if not 0.0 <= float(copy_paste) <= 1.0:
+            raise ValueError(f"copy_paste is the fraction of candidate instances pasted, in [0, 1]; got {copy_paste!r}")
+        self.copy_paste = float(copy_paste) if self.augment else 0.0  # (like mosaic: a training augmentation)
+        if self.copy_paste and self.mosaic9:
+            raise ValueError("copy_paste with mosaic9: YOLOv9's segment loader has no 9-tile mosaic; use the 4-tile one")
+        self.instances: np.ndarray | None = None
+        if self.copy_paste and recipe == "yolov9":
+            if instances is None:
+                raise ValueError("copy_paste with recipe='yolov9' draws one selection key per label row: pass instances= "
+                                 "(the label rows of every image)")
+            self.instances = np.asarray(instances, np.int64).reshape(-1)
+            if len(self.instances) != n or (self.instances < 0).any():
+                raise ValueError(f"instances must hold {n} row counts >= 0 (one per image), got {len(self.instances)} "
+                                 f"values, smallest {self.instances.min(initial=0)}")
 
     def __len__(self) -> int:
         return len(self.loaded_shapes)
@@ -423,9 +489,11 @@ class ParamSampler:
         return self.recipe
 
     def close_mosaic(self) -> None:
-        """Turn mosaic (and with it mixup) off for the remaining epochs (YOLOv9 ``--close-mosaic``)."""
+        """Turn mosaic (and with it mixup and copy-paste) off for the remaining epochs (YOLOv9 ``--close-mosaic``;
+        Ultralytics' ``close_mosaic`` sets its ``copy_paste`` to 0 too)."""
         self.mosaic_prob = 0.0
         self.mixup_prob = 0.0
+        self.copy_paste = 0.0
 
     @property
     def max_out_hw(self) -> tuple[int, int]:
@@ -501,7 +569,7 @@ class ParamSampler:
         sample_id = self._sample_id(index)
         n = len(self.loaded_shapes)
         return self._record(make_rng(self.seed, epoch, sample_id), epoch, sample_id % n, sample_id % n,
-                            self._pool(epoch, sample_id, batch))
+                            self._pool(epoch, sample_id, batch), self._paste_rng(epoch, sample_id, 0))
 
     def replacement(self, epoch: int, index: int, attempt: int, batch: Sequence[int] | np.ndarray | None = None) -> SampleParams:
         """The ``attempt``-th (>= 1) replacement record of output sample ``index``: drawn when an image that
@@ -522,7 +590,8 @@ class ParamSampler:
         rng = np.random.Generator(np.random.PCG64(ss))
         pool = self._pool(epoch, sample_id, batch)
         image = self._draw(rng, n, self._image_pool(pool), 1)[0]
-        return dataclasses.replace(self._record(rng, epoch, image, sample_id % n, pool), attempt=int(attempt))
+        record = self._record(rng, epoch, image, sample_id % n, pool, self._paste_rng(epoch, sample_id, attempt))
+        return dataclasses.replace(record, attempt=int(attempt))
 
     def first_usable(self, epoch: int, index: int, usable: Callable[[SampleParams], bool],
                      batch: Sequence[int] | np.ndarray | None = None, *, record: SampleParams | None = None) -> SampleParams:
@@ -541,6 +610,24 @@ class ParamSampler:
                                    f"damaged images; check the store with `fastload verify`")
             record = self.replacement(epoch, index, attempt, batch)
         return record
+
+    def _paste_rng(self, epoch: int, sample_id: int, attempt: int) -> np.random.Generator | None:
+        """The generator of a record's copy-paste keys (``"yolov9"`` with ``copy_paste`` only): ``SeedSequence([seed,
+        epoch, id, attempt])`` under a spawn key of its own, apart from every other draw."""
+        if self.instances is None:
+            return None
+        ss = np.random.SeedSequence([self.seed, int(epoch), int(sample_id), int(attempt)], spawn_key=_PASTE_STREAM)
+        return np.random.Generator(np.random.PCG64(ss))
+
+    def _pasted(self, image: ImageParams, offsets: Sequence[tuple[int, int]], canvas_hw: tuple[int, int],
+                paste_rng: np.random.Generator | None) -> ImageParams:
+        """``image`` with its copy-paste (:class:`CopyPaste`) and its tiles' canvas ``offsets``."""
+        keys = None
+        if self.recipe == "yolov9":
+            rows = int(sum(int(self.instances[t.src]) for t in image.tiles))  # type: ignore[index]  # set with copy_paste
+            keys = paste_rng.random(rows).tolist()  # type: ignore[union-attr]
+        tiles = tuple(dataclasses.replace(t, offset=o) for t, o in zip(image.tiles, offsets))
+        return dataclasses.replace(image, tiles=tiles, copy_paste=CopyPaste(self.copy_paste, canvas_hw, self.recipe, keys))
 
     def _sample_id(self, index: int) -> int:
         sample_id = int(index)
@@ -567,17 +654,19 @@ class ParamSampler:
         (every source a batch's own image), else the dataset (Ultralytics draws its mixup image there)."""
         return pool if self.partners == "batch" else None
 
-    def _record(self, rng: np.random.Generator, epoch: int, index: int, shape_of: int, pool: np.ndarray | None) -> SampleParams:
-        """The record of image ``index`` drawn from ``rng``; ``shape_of``: the index whose rect shape it fills."""
+    def _record(self, rng: np.random.Generator, epoch: int, index: int, shape_of: int, pool: np.ndarray | None,
+                paste_rng: np.random.Generator | None) -> SampleParams:
+        """The record of image ``index`` drawn from ``rng``; ``shape_of``: the index whose rect shape it fills;
+        ``paste_rng``: the copy-paste keys' generator (:meth:`_paste_rng`)."""
         n = len(self.loaded_shapes)
         hyp = self.hyp
         ultralytics = self.recipe == "ultralytics"
         mosaic = self._draws_mosaic(rng)
         mixup, ratio, shapes = None, 1.0, None
         if mosaic:
-            image = self._mosaic(rng, index, pool)
+            image = self._mosaic(rng, index, pool, paste_rng)
             if not ultralytics and self.mixup_prob > 0 and rng.random() < self.mixup_prob:
-                mixup = self._mosaic(rng, self._draw(rng, n, self._image_pool(pool), 1)[0], pool)
+                mixup = self._mosaic(rng, self._draw(rng, n, self._image_pool(pool), 1)[0], pool, paste_rng)
                 ratio = float(rng.beta(32.0, 32.0))
         elif ultralytics and self.augment:
             image, shapes = self._centred(rng, index, shape_of)
@@ -587,7 +676,8 @@ class ParamSampler:
             # Ultralytics' MixUp follows every sample; its partner (uniform over the dataset) goes through
             # the same mosaic-or-not and random perspective as a sample of its own
             partner = self._draw(rng, n, self._image_pool(pool), 1)[0]
-            mixup = self._mosaic(rng, partner, pool) if self._draws_mosaic(rng) else self._centred(rng, partner, partner)[0]
+            mixup = (self._mosaic(rng, partner, pool, paste_rng) if self._draws_mosaic(rng)
+                     else self._centred(rng, partner, partner)[0])
             ratio = float(rng.beta(32.0, 32.0))
         gain = (1.0, 1.0, 1.0)
         flip_ud = flip_lr = False
@@ -647,7 +737,8 @@ class ParamSampler:
             return rng.integers(0, n, k).tolist()
         return pool[rng.integers(0, len(pool), k)].tolist()
 
-    def _mosaic(self, rng: np.random.Generator, index: int, pool: np.ndarray | None) -> ImageParams:
+    def _mosaic(self, rng: np.random.Generator, index: int, pool: np.ndarray | None,
+                paste_rng: np.random.Generator | None) -> ImageParams:
         n = len(self.loaded_shapes)
         s = self.imgsz
         k = 9 if self.mosaic9 else 4
@@ -660,12 +751,12 @@ class ParamSampler:
         # YOLOv9: random_perspective border = -s // 2 on each side; Ultralytics: its output size is imgsz
         out = canvas - 2 * (s // 2) if self.recipe == "yolov9" else s
         m, scale = self._perspective(rng, (canvas, canvas), (out, out))
-        tiles = tuple(
-            TileParams(int(src), crop, m @ translation(ox, oy), shape)
-            for src, shape, (crop, (ox, oy)) in zip(srcs, hw, placements)
-            if crop is not None
-        )
-        return ImageParams(tiles, (out, out), 114, scale)
+        shown = [(int(src), shape, crop, offset) for src, shape, (crop, offset) in zip(srcs, hw, placements) if crop is not None]
+        image = ImageParams(tuple(TileParams(src, crop, m @ translation(*offset), shape) for src, shape, crop, offset in shown),
+                            (out, out), 114, scale)
+        if self.copy_paste:
+            image = self._pasted(image, [offset for *_, offset in shown], (canvas, canvas), paste_rng)
+        return image
 
     def _out_hw(self, shape_of: int) -> tuple[int, int]:
         """A non-mosaic sample's output ``(h, w)``: its rect batch shape, else ``imgsz`` square."""
@@ -682,7 +773,10 @@ class ParamSampler:
         m, scale = self._perspective(rng, hw, out_hw)
         h0, w0 = (int(v) for v in self.orig_shapes[index])
         shapes = ((h0, w0), ((hw[0] / h0, hw[1] / w0), (0.0, 0.0)))
-        return ImageParams((TileParams(index, (0, 0, hw[1], hw[0]), m, hw),), out_hw, 114, scale), shapes
+        image = ImageParams((TileParams(index, (0, 0, hw[1], hw[0]), m, hw),), out_hw, 114, scale)
+        if self.copy_paste:  # Ultralytics' CopyPaste runs on every training image, its loaded image the canvas
+            image = self._pasted(image, [(0, 0)], hw, None)
+        return image, shapes
 
     def _letterbox(self, rng: np.random.Generator, index: int, shape_of: int) -> tuple[ImageParams, Any]:
         h, w = (int(v) for v in self.loaded_shapes[index])

@@ -1,8 +1,8 @@
-"""One output sample from its record: tiles, mixup blend, HSV, flips.
+"""One output sample from its record: tiles, copy-paste, mixup blend, HSV, flips.
 
 :func:`render_sample` is what the CPU engine runs per sample; the GPU engines apply the same
-records with their own kernels.  Order (YOLOv9 ``__getitem__``): mosaic / letterbox (+ random
-perspective, folded into the tile matrices), mixup, HSV, flip up-down, flip left-right.
+records with their own kernels.  Order (YOLOv9 ``__getitem__``): mosaic / letterbox (+ copy-paste on the
+canvas, then the random perspective, folded into the tile matrices), mixup, HSV, flip up-down, flip left-right.
 """
 from __future__ import annotations
 
@@ -13,9 +13,11 @@ import numpy as np
 
 from fastload.augment.functional.color import apply_hsv_in_box
 from fastload.augment.functional.flip import flip_inplace
+from fastload.augment.functional.paste import paste_mirrored
 from fastload.augment.functional.scratch import scratch as scratch_buffer
 from fastload.augment.functional.tiles import render_image_bbox, union_rect
-from fastload.augment.params import SampleParams
+from fastload.augment.geometry import GeometryLabels, paste_outlines
+from fastload.augment.params import ImageParams, Rect, SampleParams
 
 __all__ = ["render_sample", "mixup_blend"]
 
@@ -38,6 +40,7 @@ def render_sample(
     hsv: bool = True,
     scratch: np.ndarray | None = None,
     axis_kernel: str | None = None,
+    labels: GeometryLabels | None = None,
 ) -> np.ndarray:
     """Draw sample ``params`` into ``out`` (HWC uint8, allocated when None) and return it.
 
@@ -49,13 +52,17 @@ def render_sample(
         scratch: optional HWC uint8 buffer of the output size for the mixup partner.
         axis_kernel: how axis-aligned tiles are drawn, ``"warp"`` or ``"resize"`` (None: the faster
             for the installed OpenCV, see :func:`fastload.augment.functional.tiles.default_axis_kernel`).
+        labels: ``index -> (rows, points, point_offsets)`` (:data:`~fastload.augment.geometry.GeometryLabels`): the
+            segment labels, needed by records with copy-paste (the pasted instances' outlines make its pixel mask).
     """
     out, box = render_image_bbox(params.image, get_image, out, axis_kernel=axis_kernel)
+    box = _copy_paste(out, box, params, params.image, get_image, labels, axis_kernel)
     if params.mixup is not None:
         if scratch is None:  # a reused buffer: a fresh 1.2 MB array per mixup sample costs page faults
             oh, ow = params.mixup.out_hw
             scratch = scratch_buffer("mixup", (oh, ow, 3))
         other, box2 = render_image_bbox(params.mixup, get_image, scratch, axis_kernel=axis_kernel)
+        box2 = _copy_paste(other, box2, params, params.mixup, get_image, labels, axis_kernel)
         box = union_rect(box, box2)  # outside both, the blend of two grey fills is one colour again
         mixup_blend(out, other, params.mixup_ratio)
     if hsv:  # only the drawn box is converted: the uniform grey border is mapped once
@@ -63,3 +70,17 @@ def render_sample(
     flip_inplace(out, params.flip_ud, params.flip_lr)
     return out
 
+
+
+def _copy_paste(out: np.ndarray, box: Rect | None, params: SampleParams, image: ImageParams,
+                get_image: Callable[[int], np.ndarray], labels: GeometryLabels | None, axis_kernel: str | None
+                ) -> Rect | None:
+    """``image``'s copy-paste drawn into its rendered pixels ``out``, and the drawn box grown by what it changed (the
+    mirrored canvas can land on the grey fill)."""
+    if image.copy_paste is None:
+        return box
+    if labels is None:
+        raise ValueError(f"sample {params.index} has copy-paste: render_sample needs labels= (the segment labels whose "
+                         f"pasted outlines make its pixel mask)")
+    outlines, flip_fill = paste_outlines(image, labels)
+    return union_rect(box, paste_mirrored(out, image, outlines, flip_fill, get_image, axis_kernel=axis_kernel))

@@ -7,10 +7,13 @@ tests/test_augment_geometry.py and benchmarks/geometry_cost.py.
   ../shared/upstream/yolov9); :func:`official_segment_sample` calls its ``LoadImagesAndLabelsAndMasks.__getitem__``
   on a stand-in dataset (the labels, grey images of the loaded sizes) with the ``random`` of its modules answering
   fastload's draws, so its own load_mosaic, random_perspective, segment2box, box_candidates, polygons2masks(_overlap)
-  and flips build the sample.
+  and flips build the sample; its ``copy_paste`` (``utils/augmentations.py``) picks its ``random.sample`` by fastload's
+  selection keys (the candidates of smallest key, in key order), and :func:`official_segment_pixels` gives its
+  image for real loaded images.
 * Ultralytics 8.4 (installed, AGPL-3.0): :func:`ultralytics_sample` runs its label preparation
   (``YOLODataset.update_labels_info``), ``Mosaic`` label steps, ``RandomPerspective.apply_instances`` with fastload's
-  matrix and scale, ``MixUp``, ``RandomFlip``, ``LetterBox`` and ``Format``.
+  matrix and scale, ``MixUp``, ``RandomFlip``, ``LetterBox`` and ``Format``, and ``CopyPaste`` (flip mode) where the
+  record has copy-paste, on a canvas of real pixels when given (:func:`ultralytics_canvas`).
 
 Nothing here is copied from either: it calls them.
 """
@@ -107,6 +110,10 @@ class _Script:
     def randint(self, a, b):
         return self.q["randint"].pop(0)
 
+    def sample(self, population, k):  # copy_paste's pick: fastload's keys of the next copy-paste image
+        keys = self.q["keys"].pop(0)
+        return sorted(population, key=lambda j: keys[j])[:k]
+
 
 @contextmanager
 def official_segment_modules(upstream: Path, workdir: Path) -> Iterator[SimpleNamespace]:
@@ -119,7 +126,8 @@ def official_segment_modules(upstream: Path, workdir: Path) -> Iterator[SimpleNa
     try:
         import utils.segment.augmentations as seg_aug  # official code: on sys.path above
         import utils.segment.dataloaders as seg_dl  # official code: on sys.path above
-        yield SimpleNamespace(dl=seg_dl, aug=seg_aug, general=sys.modules["utils.general"])
+        yield SimpleNamespace(dl=seg_dl, aug=seg_aug, general=sys.modules["utils.general"],
+                              base_aug=sys.modules["utils.augmentations"])
     finally:
         sys.path.remove(str(root))
         for name in set(sys.modules) - before:
@@ -131,6 +139,26 @@ def official_segment_sample(y9: SimpleNamespace, shapes: np.ndarray, labels: Lab
                             draws: list[dict], *, imgsz: int, mask_ratio: int, overlap: bool, augment: bool
                             ) -> tuple[np.ndarray, np.ndarray]:
     """``(targets [n, 6], masks)`` of ``LoadImagesAndLabelsAndMasks.__getitem__`` for ``rec`` and its ``draws``."""
+    return _official_getitem(y9, shapes, labels, hyp, rec, draws, imgsz=imgsz, mask_ratio=mask_ratio, overlap=overlap,
+                             augment=augment)[1:]
+
+
+def official_segment_pixels(y9: SimpleNamespace, get_image: Callable[[int], np.ndarray], labels: Labels, hyp: dict,
+                            rec: SampleParams, draws: list[dict], *, imgsz: int) -> np.ndarray:
+    """The HWC image of ``LoadImagesAndLabelsAndMasks.__getitem__`` for ``rec`` and its ``draws`` on the loaded images
+    ``get_image(i)`` (channels as given; hyp without HSV and mixup: those draw from numpy's global generator)."""
+    shapes = np.array([get_image(i).shape[:2] for i in range(len(labels))])
+    img = _official_getitem(y9, shapes, labels, hyp, rec, draws, imgsz=imgsz, mask_ratio=4, overlap=False, augment=True,
+                            get_image=get_image)[0]
+    return np.ascontiguousarray(img.transpose(1, 2, 0)[..., ::-1])  # (its CHW conversion reverses the channels)
+
+
+def _official_getitem(y9: SimpleNamespace, shapes: np.ndarray, labels: Labels, hyp: dict, rec: SampleParams,
+                      draws: list[dict], *, imgsz: int, mask_ratio: int, overlap: bool, augment: bool,
+                      get_image: Callable[[int], np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    if get_image is None:
+        def get_image(i: int) -> np.ndarray:
+            return np.full((*shapes[i], 3), 114, np.uint8)
     ds = SimpleNamespace(
         indices=np.arange(len(shapes)), n=len(shapes), img_size=imgsz, mosaic_border=[-imgsz // 2, -imgsz // 2],
         hyp=load_hyp(hyp), mosaic=augment, augment=augment, rect=False,
@@ -138,7 +166,7 @@ def official_segment_sample(y9: SimpleNamespace, shapes: np.ndarray, labels: Lab
         segments=[[pts[a:b].copy() for a, b in zip(off[:-1], off[1:])] for _, pts, off in labels],
         im_files=[f"{i}.jpg" for i in range(len(shapes))], overlap=overlap, downsample_ratio=mask_ratio,
         albumentations=lambda im, lb: (im, lb),
-        load_image=lambda i: (np.full((*shapes[i], 3), 114, np.uint8), tuple(shapes[i]), tuple(shapes[i])),
+        load_image=lambda i: (get_image(i).copy(), tuple(shapes[i]), tuple(shapes[i])),
     )
     ds.load_mosaic = MethodType(y9.dl.LoadImagesAndLabelsAndMasks.load_mosaic, ds)
     images = [rec.image] + ([rec.mixup] if rec.mixup is not None else [])
@@ -151,14 +179,17 @@ def official_segment_sample(y9: SimpleNamespace, shapes: np.ndarray, labels: Lab
             if k:
                 queue["randint"].append(image.tiles[0].src)
     queue["random"] += [0.0 if rec.flip_ud else 0.999, 0.0 if rec.flip_lr else 0.999]
-    stdlib = y9.dl.random, y9.aug.random
+    # copy_paste draws only for an image with instances
+    keys = [image.copy_paste.keys for image in images if image.copy_paste is not None and image.copy_paste.keys]
+    stdlib = y9.dl.random, y9.aug.random, y9.base_aug.random
     y9.dl.random, y9.aug.random = _Script(**queue), _Script(u=[v for entry in draws for v in entry["u"]])
+    y9.base_aug.random = _Script(keys=keys)
     try:
         index = rec.image.tiles[0].src if rec.mosaic else rec.index
-        _, targets, _, _, masks = y9.dl.LoadImagesAndLabelsAndMasks.__getitem__(ds, index)
+        img, targets, _, _, masks = y9.dl.LoadImagesAndLabelsAndMasks.__getitem__(ds, index)
     finally:
-        y9.dl.random, y9.aug.random = stdlib
-    return targets.numpy(), masks.numpy()
+        y9.dl.random, y9.aug.random, y9.base_aug.random = stdlib
+    return img.numpy(), targets.numpy(), masks.numpy()
 
 
 # ----------------------------------------------------------------------------------------- Ultralytics
@@ -182,9 +213,21 @@ def ultralytics_label(u: SimpleNamespace, task: str, lab: tuple[np.ndarray, np.n
     return u.YOLODataset.update_labels_info(fake, label)
 
 
+def ultralytics_canvas(image: ImageParams, get_image: Callable[[int], np.ndarray]) -> np.ndarray:
+    """The canvas Ultralytics warps for ``image``: its mosaic (each tile's crop at its canvas offset on grey) or its
+    loaded image; the record must have copy-paste (its tiles carry their offsets)."""
+    assert image.copy_paste is not None, "the record has no copy-paste (its tiles carry no canvas offset)"
+    canvas = np.full((*image.copy_paste.canvas_hw, 3), image.fill, np.uint8)
+    for tile in image.tiles:
+        (x0, y0, x1, y1), (ox, oy) = tile.crop, tile.offset
+        canvas[y0 + oy:y1 + oy, x0 + ox:x1 + ox] = get_image(tile.src)[y0:y1, x0:x1]
+    return canvas
+
+
 def _ultralytics_image(u: SimpleNamespace, task: str, make_label: Callable[[int, tuple[int, int]], dict],
-                       image: ImageParams, draws: dict, imgsz: int) -> dict:
-    """One composed image through Ultralytics' label steps with fastload's placement and matrix."""
+                       image: ImageParams, draws: dict, imgsz: int, canvas: np.ndarray | None = None) -> dict:
+    """One composed image through Ultralytics' label steps with fastload's placement and matrix (and its CopyPaste
+    where the record has copy-paste, on ``canvas`` when given: the pasted canvas comes back as ``"canvas"``)."""
     s = imgsz
     if "offsets" in draws:  # a mosaic
         ox, oy = draws["offsets"][0]
@@ -196,11 +239,15 @@ def _ultralytics_image(u: SimpleNamespace, task: str, make_label: Callable[[int,
     else:
         tile = image.tiles[0]
         m, out, orig = tile.matrix, make_label(tile.src, tile.src_hw), tile.src_hw  # type: ignore[assignment]
-    out["img"] = np.full((*orig, 3), 114, np.uint8)
+    out["img"] = np.full((*orig, 3), 114, np.uint8) if canvas is None else canvas.copy()
+    if image.copy_paste is not None:
+        out = u.aug.CopyPaste(p=image.copy_paste.fraction, mode="flip")(out)
+    pasted = out["img"]
     rp = u.aug.RandomPerspective(preserve_obb=task == "obb")
     out = rp.apply_instances(out, {"M": m.astype(np.float32), "scale": image.candidate_scale, "orig_shape": orig,
                                    "size": (s, s)})
     out["img"] = np.full((s, s, 3), 114, np.uint8)
+    out["canvas"] = pasted
     return out
 
 
