@@ -38,7 +38,7 @@ import numpy as np
 
 from fastload._version import __version__
 from fastload.data.checksum import record_checksum
-from fastload.data.labels import ImageLabels
+from fastload.data.labels import FlatLabels, ImageLabels
 from fastload.store.base import (
     GEOMETRY_STEP,
     SCHEMA_VERSION,
@@ -398,7 +398,7 @@ class LmdbWriter:
         Returns the final path and the ``(file, reason)`` of every source image that was skipped.
         """
         keys, shapes, files, sums, skipped = [], [], [], [], []
-        labels: list[np.ndarray | ImageLabels] = []
+        labels: list[bytes | ImageLabels] = []
         with self.env.begin() as txn:
             for src in range(n_sources):
                 self._count(_RECORD_READ_COST)
@@ -412,17 +412,22 @@ class LmdbWriter:
                     continue
                 rec = msgpack.unpackb(bytes(raw), raw=False)
                 keys.append(src)
-                rows = np.frombuffer(rec["l"], np.float32).reshape(-1, 5)
                 if point_dim is None:
-                    labels.append(rows)
+                    labels.append(rec["l"])  # the rows' bytes as stored: no array object per record (1M: ~1 GB)
                 else:
+                    rows = np.frombuffer(rec["l"], np.float32).reshape(-1, 5)
                     per_row = np.frombuffer(rec["o"], np.int32)
                     labels.append(ImageLabels(rows, np.frombuffer(rec["p"], np.float32).reshape(-1, point_dim),
                                               np.concatenate([[0], np.cumsum(per_row)]).astype(np.int64)))
                 shapes.append(rec["s"])
                 files.append(rec["f"])
                 sums.append(rec["c"])
-        flat = join_labels(labels)
+        if point_dim is None:
+            counts = np.fromiter(map(len, labels), np.int64, len(labels)) // (5 * 4)
+            flat = FlatLabels(np.frombuffer(b"".join(labels), np.float32).reshape(-1, 5),  # type: ignore[arg-type]
+                              np.concatenate([[0], np.cumsum(counts)]))
+        else:
+            flat = join_labels(labels)
         index = {
             "keys": np.array(keys, np.int64).tobytes(),
             "labels": flat.rows.tobytes(),
