@@ -198,8 +198,8 @@ class LoaderDataset:
         self.labels = view.labels
         self.hw = np.asarray(view.shapes, np.int64)
         self.shapes = self.hw[:, ::-1].copy()
-        self.im_files = list(view.im_files)
-        self.n = len(self.im_files)
+        self._view = view
+        self.n = len(view)
         self.names = list(view.names)
         self.img_size = img_size
         self.augment = augment
@@ -208,6 +208,12 @@ class LoaderDataset:
         self.stride = stride
         self.pad = pad
         self.batch_shapes = batch_shapes
+
+    @functools.cached_property
+    def im_files(self) -> list[str]:
+        """The image file of each image (made when first read: N strings the trainer seldom needs; the store keeps
+        them as one blob)."""
+        return list(self._view.im_files)
 
     @functools.cached_property
     def label_files(self) -> list[str]:
@@ -457,7 +463,7 @@ class FastLoader:
         """What a state must match to resume this loader (``_STATE_IDENTITY``); computed once."""
         ds = self.dataset
         # file names and original sizes, not the folders: a dataset may move (another mount on another node)
-        names = "\0".join(os.path.basename(f) for f in ds.im_files).encode()
+        names = "\0".join(os.path.basename(f) for f in self.engine.store.im_files).encode()  # no list kept
         augmentation = json.dumps({"imgsz": ds.img_size, "augment": ds.augment, "hyp": ds.hyp}, sort_keys=True,
                                   default=str)
         return {"images": self.n, "dataset": _digest(names + np.ascontiguousarray(ds.hw, "<i8").tobytes()), "seed": self.seed,

@@ -217,6 +217,44 @@ def test_cached_index_equals_a_fresh_scan_and_notices_every_change(tmp_path):
     check(True)
 
 
+def test_a_cache_hit_lists_folders_not_paths_and_notices_what_the_listing_shows(tmp_path, monkeypatch):
+    """The cheap check (folder listings + one stat per file) vouches for a hit without a full listing; a file added
+    that is no image refreshes the cache; a new sub-folder, a new label file and a stray label are all seen."""
+    import fastload.data.index as index_mod
+
+    y = make_synthetic_dataset(tmp_path / "ds", n_train=6, n_val=0, seed=8)
+    im, lb = y.parent / "images" / "train", y.parent / "labels" / "train"
+    (lb / "train_00004.txt").unlink()  # a background image
+    build_index(y, "train", progress=False)
+    real_list = index_mod.list_images
+
+    def hit_without_listing() -> object:
+        def refuse(*a, **k):
+            raise AssertionError("a valid cache was listed in full")
+        monkeypatch.setattr(index_mod, "list_images", refuse)
+        idx = build_index(y, "train", progress=False)
+        monkeypatch.setattr(index_mod, "list_images", real_list)
+        assert idx.report.cache_hit
+        return idx
+
+    hit_without_listing()
+    (im / "README.md").write_text("not an image\n")  # the folder's listing changes, its images do not
+    assert build_index(y, "train", progress=False).report.cache_hit
+    hit_without_listing()  # the refreshed cache has the new listing
+    (lb / "stray.txt").write_text("0 0.5 0.5 0.1 0.1\n")  # a label without image: a hit that reports it
+    assert build_index(y, "train", progress=False).report.labels_without_image == 1
+    assert hit_without_listing().report.labels_without_image == 1
+    (lb / "train_00004.txt").write_text("1 0.5 0.5 0.2 0.2\n")  # the background image gets a label file
+    idx = build_index(y, "train", progress=False)
+    assert not idx.report.cache_hit
+    np.testing.assert_allclose(idx.labels[4], [[1, 0.5, 0.5, 0.2, 0.2]])
+    (im / "more").mkdir()
+    os.link(im / "train_00000.jpg", im / "more" / "extra.jpg")  # a new sub-folder with an image
+    idx = build_index(y, "train", progress=False)
+    assert not idx.report.cache_hit and str(im / "more" / "extra.jpg") in list(idx.im_files)
+    _same_index(hit_without_listing(), build_index(y, "train", cache=False, progress=False))
+
+
 def test_scan_in_processes_equals_the_scan_in_threads(tmp_path, monkeypatch):
     import fastload.data.index as index_mod
 

@@ -457,8 +457,6 @@ class ParamSampler:
         self.rect_shapes = None if rect_shapes is None else np.asarray(rect_shapes, np.int64).reshape(-1, 2)
         if self.rect_shapes is not None and len(self.rect_shapes) != n:
             raise ValueError(f"rect_shapes has {len(self.rect_shapes)} rows for {n} images")
-        # the same shapes as Python tuples: sample() reads four of them per mosaic, numpy scalars cost more
-        self._loaded_hw: list[tuple[int, int]] = [(int(h), int(w)) for h, w in self.loaded_shapes.tolist()]
         self.orig_shapes = self.loaded_shapes if orig_shapes is None else np.asarray(orig_shapes, np.int64).reshape(-1, 2)
         if len(self.orig_shapes) != n:
             raise ValueError(f"orig_shapes has {len(self.orig_shapes)} rows for {n} images")
@@ -747,7 +745,7 @@ class ParamSampler:
         srcs = np.array([index] + self._draw(rng, n, pool, k - 1), np.int64)
         if self.recipe == "yolov9":
             rng.shuffle(srcs)  # YOLOv9 shuffles the sample's own image among its partners (Ultralytics: top left)
-        hw = [self._loaded_hw[i] for i in srcs.tolist()]
+        hw = [(h, w) for h, w in self.loaded_shapes[srcs].tolist()]
         placements = _mosaic9_placements(rng, s, hw) if self.mosaic9 else _mosaic4_placements(rng, s, hw)
         canvas = 2 * s
         # YOLOv9: random_perspective border = -s // 2 on each side; Ultralytics: its output size is imgsz
@@ -769,7 +767,8 @@ class ParamSampler:
     def _centred(self, rng: np.random.Generator, index: int, shape_of: int) -> tuple[ImageParams, Any]:
         """Ultralytics' non-mosaic training sample: no letterbox, its random perspective warps the loaded
         image about its centre straight into the output (boxes filtered against the scale draw alone)."""
-        hw = self._loaded_hw[index]
+        h, w = self.loaded_shapes[index].tolist()
+        hw = (h, w)
         out_hw = self._out_hw(shape_of)
         m, scale = self._perspective(rng, hw, out_hw)
         h0, w0 = (int(v) for v in self.orig_shapes[index])

@@ -10,10 +10,22 @@ directory (``$FASTLOAD_CACHE_DIR``, else ``$XDG_CACHE_HOME/fastload``, else ``~/
 when that folder is read-only.
 
 The cache is valid for exactly the image paths it lists with every image and label file's size and
-mtime (ns) as they are now, ``nc`` and the verify mode: each open lists the folders and stats every
-file (one ``stat`` per file, relative to its folder's descriptor, in processes), and any difference --
-a file added, removed, renamed, rewritten or touched -- means a rescan. What it cannot see: a file
-rewritten in place with the same size whose mtime is restored (or a file system without mtimes).
+mtime (ns) as they are now, ``nc``, the verify mode and the sources. An open checks that in two steps:
+
+* **the listings**: every folder the scan listed (each image folder, each labels folder and the folders under
+  them) is listed again, and its names, in the order the file system gives them, must hash to what they did.
+  So a file (image, label, or anything else) added, removed or renamed in any of them, or a new sub-folder, is
+  noticed without a path string per file. (A folder listed in another order than before -- no local or
+  network file system we know does that for an unchanged folder -- costs the full check below, nothing else.)
+* **every file's stat**: each image and each existing label file is stat'ed (in processes, in parts; the
+  paths come from the cache as one blob), and its size and mtime (ns) must be those cached. So a file
+  rewritten in place or touched (its folder's listing does not change) is noticed too.
+
+When a listing differs, the split is listed and stat'ed in full and compared with the cache: a file added that
+is no image (a README beside the images) keeps the cache, refreshed; any difference in the image paths or the
+stats means a rescan. What is not noticed: a file rewritten with the same size and its mtime put back
+(``touch -r``, ``cp -p`` of a same-size file), or any change on a file system without mtimes. ``.txt`` list
+sources and single image files are always listed in full (from the list), then stat'ed as above.
 
 A rescan runs in forked processes (threads for small sets) with a progress bar on a terminal. It
 holds a lock file beside the cache, so concurrent builds of one split -- the ranks of a DDP job on one
@@ -29,6 +41,7 @@ import itertools
 import json
 import logging
 import multiprocessing
+import operator
 import os
 import sys
 import tempfile
@@ -56,18 +69,20 @@ from fastload.data.images import (
     probe_header,
 )
 from fastload.data.labels import FlatLabels, Problem, img2label_path, label_paths, read_label_file
+from fastload.data.paths import PathList
 
 __all__ = ["DatasetIndex", "ScanReport", "Problem", "build_index", "list_images", "user_cache_dir"]
 
 _log = logging.getLogger("fastload.data")
 
-CACHE_VERSION = "fastload-index-3"  # 3: label points (segments, keypoints, OBB corners)
+CACHE_VERSION = "fastload-index-4"  # 3: label points (segments, keypoints, OBB corners); 4: folder listings
 CACHE_SUFFIX = ".fastload.cache"
 _HEAD_BYTES = 1 << 16  # enough for the header (and EXIF) of almost every JPEG
 _TAIL_BYTES = 1 << 12
 _SCAN_CHUNK = 512  # images per scan task
-_STAT_CHUNK = 4096  # files per stat task
-# the per-image arrays of a scan (the cache adds version, meta, files and stats)
+_STAT_CHUNK = 16384  # files per stat task
+# the per-image arrays of a scan (the cache adds version, meta, the listing's -- files, label_files, listings,
+# listed_twice, orphans -- and stats)
 # (points / point_offsets: [0, 2] / [0] when the labels carry no points)
 _SCAN_KEYS = ("ok", "state", "shapes", "label_offsets", "labels", "points", "point_offsets", "duplicates",
               "rows_dropped", "problems")
@@ -127,12 +142,12 @@ class ScanReport:
 
 @dataclass
 class DatasetIndex:
-    """The usable samples of a split in sorted image order: their paths, labels (:class:`FlatLabels`: one array
-    for all images, with the points of segment / pose / OBB rows), ``int32 [n, 2]`` shapes (h, w) and ``int64 [n]``
-    file sizes in bytes; ``kpt_shape``: the data yaml's (K, D) of pose labels (their points are always x, y,
-    visibility), else None."""
+    """The usable samples of a split in sorted image order: their paths (:class:`PathList`: one blob for all
+    images), labels (:class:`FlatLabels`: one array for all images, with the points of segment / pose / OBB rows),
+    ``int32 [n, 2]`` shapes (h, w) and ``int64 [n]`` file sizes in bytes; ``kpt_shape``: the data yaml's (K, D) of
+    pose labels (their points are always x, y, visibility), else None."""
 
-    im_files: list[str]
+    im_files: PathList
     labels: FlatLabels
     shapes: np.ndarray
     names: list[str]
@@ -154,9 +169,46 @@ def _is_image(name: str) -> bool:
     return name.rsplit(".", 1)[-1].lower() in IMG_FORMATS and "." in name
 
 
-def _walk_images(folder: Path) -> Iterable[str]:
-    for dirpath, dirnames, filenames in os.walk(folder, followlinks=True):
-        dirnames.sort()
+def _listing_digest(names: Iterable[bytes]) -> str:
+    """The digest of a folder's entry names, in the order the file system lists them."""
+    return hashlib.sha1(b"\0".join(names)).hexdigest()
+
+
+def _digest_now(folder: str) -> str:
+    """:func:`_listing_digest` of ``folder`` as it is now ("" when it is no readable folder): one listing, no
+    string per name."""
+    try:
+        return _listing_digest(os.listdir(os.fsencode(folder)))
+    except OSError:
+        return ""
+
+
+def _is_dir(entry: os.DirEntry) -> bool:
+    try:
+        return entry.is_dir()  # follows links, as os.walk(followlinks=True) does
+    except OSError:
+        return False
+
+
+def _walk(top: str, listings: dict[str, str]) -> Iterator[tuple[str, list[str]]]:
+    """(folder, names of what is not a folder in it) for ``top`` and every folder under it (links followed,
+    sub-folders in name order); each folder's :func:`_listing_digest` goes into ``listings``, made from the very
+    listing the names come from ("" for ``top`` when it is no readable folder)."""
+    try:
+        with os.scandir(top) as it:
+            entries = list(it)
+    except OSError:
+        listings[top] = ""
+        return
+    listings[top] = _listing_digest(os.fsencode(e.name) for e in entries)
+    is_dir = [_is_dir(e) for e in entries]
+    yield top, [e.name for e, d in zip(entries, is_dir) if not d]
+    for name in sorted(e.name for e, d in zip(entries, is_dir) if d):
+        yield from _walk(os.path.join(top, name), listings)
+
+
+def _walk_images(folder: Path, listings: dict[str, str]) -> Iterable[str]:
+    for dirpath, filenames in _walk(str(folder), listings):
         prefix = os.path.join(dirpath, "")
         yield from (prefix + name for name in filenames if _is_image(name))
 
@@ -181,12 +233,16 @@ def _read_list_file(list_file: Path, origin: str) -> Iterable[str]:
         yield p
 
 
-def list_images(sources: list[Path], origin: str = "<data>", key: str = "split") -> list[str]:
-    """Sorted image paths from folders, .txt lists or single image files; raises when a source is missing."""
+def list_images(sources: list[Path], origin: str = "<data>", key: str = "split",
+                listings: dict[str, str] | None = None) -> list[str]:
+    """Sorted image paths from folders, .txt lists or single image files; raises when a source is missing.
+
+    ``listings``: filled with the listing digest of every folder listed (the cache's first check)."""
     files: list[str] = []
+    listings = {} if listings is None else listings
     for src in sources:
         if src.is_dir():
-            files.extend(_walk_images(src))
+            files.extend(_walk_images(src, listings))
         elif src.is_file() and src.suffix.lower() == ".txt":
             files.extend(p for p in _read_list_file(src, origin) if _is_image(p))
         elif src.is_file() and _is_image(src.name):
@@ -196,20 +252,35 @@ def list_images(sources: list[Path], origin: str = "<data>", key: str = "split")
     return sorted(files)
 
 
-def _orphan_labels(sources: list[Path], label_groups: dict[str, tuple[list[int], list[str]]]) -> list[str]:
-    """Label files under the labels folder of each folder source that match no image (``label_groups``: the
-    images' label files by folder, :func:`_by_folder`)."""
-    orphans: list[str] = []
+def _label_root(src: Path) -> str:
+    """The labels folder of a folder source (the ``/images/`` -> ``/labels/`` rule applied to the folder)."""
+    return os.path.dirname(img2label_path(str(src) + os.sep + "x"))
+
+
+def _list_labels(sources: list[Path], image_folders: Iterable[str], listings: dict[str, str]) -> dict[str, list[str]]:
+    """``{folder: label file names}`` under the labels folder of each folder source, and the listing digest of those
+    folders and of the labels folder of every image folder (whether it exists or not) into ``listings``."""
+    found: dict[str, list[str]] = {}
     for src in sources:
-        if not src.is_dir():
-            continue
-        label_dir = Path(img2label_path(str(src) + os.sep + "x")).parent
-        if label_dir == src or not label_dir.is_dir():
-            continue
-        for dirpath, _, filenames in os.walk(label_dir):
-            group = label_groups.get(dirpath)
-            extra = set(filenames).difference(group[1]) if group else filenames
-            orphans.extend(os.path.join(dirpath, n) for n in extra if n.endswith(".txt"))
+        root = _label_root(src)
+        if src.is_dir() and root != str(src) and root not in listings:
+            for dirpath, filenames in _walk(root, listings):
+                found[dirpath] = [n for n in filenames if n.endswith(".txt")]
+    for folder in list(image_folders):
+        label_folder = _label_root(Path(folder))
+        if label_folder not in listings:
+            listings[label_folder] = _digest_now(label_folder)
+    return found
+
+
+def _orphan_labels(found: dict[str, list[str]], label_groups: dict[str, tuple[list[int], list[str]]]) -> list[str]:
+    """The label files of ``found`` (:func:`_list_labels`) that match no image (``label_groups``: the images' label
+    files by folder, :func:`_by_folder`)."""
+    orphans: list[str] = []
+    for dirpath, names in found.items():
+        group = label_groups.get(dirpath)
+        extra = set(names).difference(group[1]) if group else names
+        orphans.extend(os.path.join(dirpath, n) for n in extra)
     return sorted(orphans)
 
 
@@ -326,27 +397,34 @@ def _cache_candidates(label_dir: Path, tag: str) -> tuple[Path, Path]:
     return beside, user_cache_dir() / f"{digest}-{name}"
 
 
-def _load_cache(path: Path, meta: str, files_blob: bytes, stats: np.ndarray) -> dict[str, np.ndarray] | None:
-    """The scan arrays of a cache file made for exactly these files (names, sizes, mtimes) and settings, else None."""
+def _read_cache(path: Path, meta: str) -> dict[str, np.ndarray] | None:
+    """Every array of the cache file at ``path`` when it was made by this version for these settings and sources
+    (``meta``), else None."""
     try:
+        if not path.is_file():
+            return None
         with np.load(path, allow_pickle=False) as z:
             if str(z["version"]) != CACHE_VERSION or str(z["meta"]) != meta:
                 return None
-            if z["files"].tobytes() != files_blob or not np.array_equal(z["stats"], stats):
-                return None
-            return {k: z[k] for k in _SCAN_KEYS}
+            return {k: z[k] for k in z.files}
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
         return None
 
 
-def _find_cache(paths: tuple[Path, Path], meta: str, files_blob: bytes,
-                stats: np.ndarray) -> tuple[dict[str, np.ndarray] | None, Path | None]:
-    """(scan arrays, the file) of the first valid cache among ``paths``, or (None, None)."""
-    for path in paths:
-        arrays = _load_cache(path, meta, files_blob, stats) if path.is_file() else None
-        if arrays is not None:
-            return arrays, path
-    return None, None
+def _still_listed(cached: dict[str, np.ndarray]) -> bool:
+    """True when every folder the cached scan listed lists the same names now (:func:`_digest_now`)."""
+    listings = json.loads(str(cached["listings"]))
+    return all(_digest_now(folder) == digest for folder, digest in listings.items())
+
+
+def _still_stated(cached: dict[str, np.ndarray], files: PathList, workers: int) -> bool:
+    """True when every cached image (``files``) and label file has its cached size and mtime now (the folders are
+    listed as they were: :func:`_still_listed`, so a label file the cache says is missing still is)."""
+    stats = cached["stats"]
+    label_files = PathList(cached["label_files"].tobytes())
+    has_label = stats[:, 2] >= 0
+    im_now, label_now = _stat_paths([(files, None), (label_files, has_label)], workers)
+    return np.array_equal(im_now, stats[:, :2]) and np.array_equal(label_now, stats[:, 2:])
 
 
 @contextlib.contextmanager
@@ -412,27 +490,55 @@ def _save_cache(paths: tuple[Path, Path], arrays: dict[str, np.ndarray]) -> Path
     return None
 
 
-def _stat_part(folder: str, names: list[str]) -> np.ndarray:
-    """``int64 [n, 2]``: (size, mtime in ns) of each name in ``folder`` (stat'ed relative to one descriptor of
-    it), ``-1`` for a name that does not exist."""
-    out = np.full((len(names), 2), -1, np.int64)
+_SIZE, _MTIME = operator.attrgetter("st_size"), operator.attrgetter("st_mtime_ns")
+# the path lists being stat'ed, by job number: forked stat processes read them from here (nothing is sent)
+_STAT_JOBS: dict[int, list[tuple[PathList, np.ndarray | None]]] = {}
+_stat_job_ids = itertools.count()
+
+
+def _stat_range(job: int, which: int, start: int, stop: int) -> np.ndarray:
+    """``int64 [stop - start, 2]``: (size, mtime in ns) of paths ``start:stop`` of list ``which`` of ``job``; ``-1``
+    for a path that does not exist or that the list's mask leaves out."""
+    paths, only = _STAT_JOBS[job][which]
+    out = np.full((stop - start, 2), -1, np.int64)
+    # one split of the blob, no string per path; a mask keeps what it says exists
+    names = paths.blob[paths.offsets[start] : paths.offsets[stop]].split(b"\0")[:-1]
+    rows = np.arange(stop - start) if only is None else np.flatnonzero(only[start:stop])
+    if only is not None:
+        names = list(itertools.compress(names, only[start:stop].tolist()))
     try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return out
-    found: list[tuple[int, int, int]] = []
-    try:
-        for k, name in enumerate(names):
+        found = list(map(os.stat, names))  # one loop in C when every file is there (the usual case)
+    except OSError:  # a file is missing: one at a time
+        found = []
+        for name in names:
             try:
-                st = os.stat(name, dir_fd=fd)
+                found.append(os.stat(name))
             except OSError:
-                continue
-            found.append((k, st.st_size, st.st_mtime_ns))
+                found.append(None)
+        keep = [k for k, st in enumerate(found) if st is not None]
+        rows, found = rows[keep], [found[k] for k in keep]
+    out[rows, 0] = np.fromiter(map(_SIZE, found), np.int64, len(found))
+    out[rows, 1] = np.fromiter(map(_MTIME, found), np.int64, len(found))
+    return out
+
+
+def _stat_paths(lists: list[tuple[PathList, np.ndarray | None]], workers: int) -> list[np.ndarray]:
+    """``int64 [n, 2]``: (size, mtime in ns) of each path of each (paths, mask) in ``lists``, ``-1`` where there is
+    no file or where the bool mask (None: every path) is False; in parts, by ``workers`` processes when there
+    are many (:func:`_pool`)."""
+    job = next(_stat_job_ids)
+    _STAT_JOBS[job] = lists
+    tasks = [(which, a, min(a + _STAT_CHUNK, len(paths)))
+             for which, (paths, _) in enumerate(lists) for a in range(0, len(paths), _STAT_CHUNK)]
+    try:
+        with _pool(workers, len(tasks)) as pool:  # forked after _STAT_JOBS has the job
+            parts = list(pool.map(_stat_range, itertools.repeat(job), *zip(*tasks))) if tasks else []
     finally:
-        os.close(fd)
-    if found:
-        rows = np.array(found, np.int64)
-        out[rows[:, 0]] = rows[:, 1:]
+        del _STAT_JOBS[job]
+    out = []
+    for which, (paths, _) in enumerate(lists):
+        mine = [part for (w, _, _), part in zip(tasks, parts) if w == which]
+        out.append(np.concatenate(mine) if mine else np.zeros((0, 2), np.int64))
     return out
 
 
@@ -450,29 +556,12 @@ def _by_folder(paths: Sequence[str]) -> dict[str, tuple[list[int], list[str]]]:
     return groups
 
 
-def _stat_many(groups: dict[str, tuple[list[int], list[str]]], n: int, workers: int) -> np.ndarray:
-    """``int64 [n, 2]``: (size, mtime in ns) of each of ``n`` paths (:func:`_by_folder`), ``-1`` for a path that
-    does not exist; in parts stat'ed by ``workers`` processes when there are many (:func:`_pool`)."""
-    parts = [(d, idx[k : k + _STAT_CHUNK], names[k : k + _STAT_CHUNK])
-             for d, (idx, names) in groups.items() for k in range(0, len(idx), _STAT_CHUNK)]
-    out = np.full((n, 2), -1, np.int64)
-    with _pool(workers, len(parts)) as pool:
-        for (_, idx, _), stats in zip(parts, pool.map(_stat_part, [p[0] for p in parts], [p[2] for p in parts])):
-            out[idx] = stats
-    return out
-
-
 def _pool(workers: int, tasks: int) -> Executor:
     """Forked processes for four tasks or more (where the platform forks), else threads."""
     n = max(1, min(workers, tasks))
     if n > 1 and tasks >= 4 and "fork" in multiprocessing.get_all_start_methods():
         return ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("fork"))
     return ThreadPoolExecutor(n)
-
-
-def _join(strings: Sequence[str]) -> bytes:
-    """The strings as one NUL-separated blob (names that are not UTF-8 kept byte for byte)."""
-    return "\0".join(strings).encode("utf-8", "surrogateescape")
 
 
 def _scan_arrays(samples: list[_Sample]) -> dict[str, np.ndarray]:
@@ -541,44 +630,62 @@ def build_index(
         raise ValueError(f"verify must be 'header' or 'full', got {verify!r}")
     cfg = load_data_config(cfg)
     sources = cfg.sources(split)
-    listed = list_images(sources, cfg.origin, split)
+    workers = max(1, workers or min(8, os.cpu_count() or 1))
+    meta = json.dumps({"nc": cfg.nc, "verify": verify, "kpt_shape": cfg.kpt_shape, "sources": [str(s) for s in sources]})
+    single_folder = len(sources) == 1 and sources[0].is_dir()
+    tag = "" if single_folder else "." + hashlib.sha1("|".join(map(str, sources)).encode()).hexdigest()[:8]
+    report = ScanReport(split=split)
+    # folder sources: the cache sits by their labels folder, and is checked before any path is listed
+    candidates = _cache_candidates(Path(_label_root(sources[0])), tag) if all(s.is_dir() for s in sources) else None
+    for path in candidates if cache and candidates else ():
+        cached = _read_cache(path, meta)
+        if cached is None or not _still_listed(cached):
+            continue
+        files = PathList(cached["files"].tobytes())
+        if _still_stated(cached, files, workers):
+            report.cache_hit, report.cache_path = True, str(path)
+            return _to_index(cached, files, cached["stats"][:, 0], report, cfg)
+
+    listings: dict[str, str] = {}  # every folder listed: its listing digest, taken before any of its files is stat'ed
+    listed = list_images(sources, cfg.origin, split, listings)
     if not listed:
         where = ", ".join(map(str, sources))
         raise DataConfigError(f"{cfg.origin}: '{split}' has no images ({where}; suffixes {', '.join(IMG_FORMATS)})")
-    report = ScanReport(split=split)
+    unique = list(dict.fromkeys(listed))  # listed is sorted: duplicates dropped, the order kept
+    label_list = label_paths(unique)
+    found_labels = _list_labels(sources, list(listings), listings)
+    im_files, label_files = PathList.from_paths(unique), PathList.from_paths(label_list)
+    stats = np.concatenate(_stat_paths([(im_files, None), (label_files, None)], workers), 1)
+    found = {
+        "listings": np.array(json.dumps(listings)),
+        "listed_twice": np.array(len(listed) - len(unique)),
+        "orphans": np.array(json.dumps(_orphan_labels(found_labels, _by_folder(label_list)))),
+    }
+    if candidates is None:
+        candidates = _cache_candidates(Path(label_list[0]).parent, tag)
 
-    im_files = list(dict.fromkeys(listed))  # listed is sorted: duplicates dropped, the order kept
-    dup_entries = len(listed) - len(im_files)
-    if dup_entries:
-        report.duplicate += dup_entries
-        report.problems.append(Problem(str(sources[0]), "duplicate_image", f"{dup_entries} image path(s) listed twice"))
-    label_files = label_paths(im_files)
-    workers = max(1, workers or min(8, os.cpu_count() or 1))
-    label_groups = _by_folder(label_files)
-    stats = np.concatenate([_stat_many(_by_folder(im_files), len(im_files), workers),
-                            _stat_many(label_groups, len(label_files), workers)], 1)
-    meta = json.dumps({"nc": cfg.nc, "verify": verify, "kpt_shape": cfg.kpt_shape})
-    files_blob = _join(im_files)
+    def scan() -> dict[str, np.ndarray]:
+        return _scan(im_files, label_files, stats, cfg.nc, verify, workers, progress, split, cfg.kpt_shape)
 
-    label_dir = Path(label_files[0]).parent
-    single_folder = len(sources) == 1 and sources[0].is_dir()
-    tag = "" if single_folder else "." + hashlib.sha1("|".join(map(str, sources)).encode()).hexdigest()[:8]
-    candidates = _cache_candidates(label_dir, tag)
-
-    arrays, hit = _find_cache(candidates, meta, files_blob, stats) if cache else (None, None)
-    if arrays is None and cache:
-        with _scan_lock(candidates):  # one scan per node (or shared file system): the other ranks wait, then read it
-            arrays, hit = _find_cache(candidates, meta, files_blob, stats)
-            if arrays is None:
-                arrays = _scan(im_files, label_files, stats, cfg.nc, verify, workers, progress, split, cfg.kpt_shape)
-                written = _save_cache(candidates, dict(arrays, version=np.array(CACHE_VERSION), meta=np.array(meta),
-                                                       files=np.frombuffer(files_blob, np.uint8), stats=stats))
-                report.cache_path = str(written) if written else None
-    if arrays is None:
-        arrays = _scan(im_files, label_files, stats, cfg.nc, verify, workers, progress, split, cfg.kpt_shape)
+    if not cache:
+        return _to_index({**scan(), **found}, im_files, stats[:, 0], report, cfg)
+    with _scan_lock(candidates):  # one scan per node (or shared file system): the other ranks wait, then read it
+        hit = arrays = None
+        for path in candidates:
+            cached = _read_cache(path, meta)
+            if cached is not None and cached["files"].tobytes() == im_files.blob and np.array_equal(cached["stats"], stats):
+                hit, arrays = path, cached
+                break
+        # written after a scan, and after a hit whose listings changed (a file that is no image added beside them)
+        if hit is None or any(str(arrays[k]) != str(v) for k, v in found.items()):
+            arrays = {**(scan() if arrays is None else {k: arrays[k] for k in _SCAN_KEYS}), **found}
+            written = _save_cache(candidates, {**arrays, "version": np.array(CACHE_VERSION), "meta": np.array(meta),
+                                               "files": np.frombuffer(im_files.blob, np.uint8),
+                                               "label_files": np.frombuffer(label_files.blob, np.uint8), "stats": stats})
+            report.cache_path = str(written) if written else None
     if hit is not None:
         report.cache_hit, report.cache_path = True, str(hit)
-    return _to_index(arrays, im_files, stats[:, 0], sources, label_groups, cfg, report)
+    return _to_index(arrays, im_files, stats[:, 0], report, cfg)
 
 
 def _scan(im_files: list[str], label_files: list[str], stats: np.ndarray, nc: int, verify: str, workers: int,
@@ -600,26 +707,31 @@ def _scan(im_files: list[str], label_files: list[str], stats: np.ndarray, nc: in
     return _merge(done)
 
 
-def _to_index(arrays: dict[str, np.ndarray], im_files: list[str], im_bytes: np.ndarray, sources: list[Path],
-              label_groups: dict[str, tuple[list[int], list[str]]], cfg: DataConfig, report: ScanReport) -> DatasetIndex:
-    """The usable samples of a scan's arrays, with the report's counts and problems."""
+def _to_index(arrays: dict[str, np.ndarray], im_files: PathList, im_bytes: np.ndarray, report: ScanReport,
+              cfg: DataConfig) -> DatasetIndex:
+    """The usable samples of a scan's arrays (:func:`_scan_arrays` and the listing's: ``listed_twice``,
+    ``orphans``), with the report's counts and problems."""
     ok = arrays["ok"]
     keep = np.flatnonzero(ok)
     state = arrays["state"][keep]
     report.images = len(ok)
     report.corrupt = int(len(ok) - len(keep))
     report.found, report.missing, report.empty = (int((state == s).sum()) for s in (_FOUND, _MISSING, _EMPTY))
-    report.duplicate += int(arrays["duplicates"][keep].sum())
+    listed_twice = int(arrays["listed_twice"])
+    if listed_twice:
+        report.problems.append(Problem(str(cfg.sources(report.split)[0]), "duplicate_image",
+                                       f"{listed_twice} image path(s) listed twice"))
+    report.duplicate += listed_twice + int(arrays["duplicates"][keep].sum())
     report.rows_dropped = int(arrays["rows_dropped"][keep].sum())
     report.problems.extend(Problem(*p) for p in json.loads(str(arrays["problems"])))
-    orphans = _orphan_labels(sources, label_groups)
+    orphans = json.loads(str(arrays["orphans"]))
     report.labels_without_image = len(orphans)
     report.problems.extend(Problem(p, "label_without_image", "label file has no matching image (ignored)") for p in orphans)
     labels = _arrays_labels(arrays)
     everything = len(keep) == len(ok)
     _log.info("%s", report.summary())
     return DatasetIndex(
-        im_files=im_files if everything else [im_files[i] for i in keep.tolist()],
+        im_files=im_files if everything else im_files.subset(keep),
         labels=labels if everything else labels.subset(keep),
         shapes=np.ascontiguousarray(arrays["shapes"][keep], np.int32).reshape(-1, 2),
         names=list(cfg.names),

@@ -72,6 +72,7 @@ import numpy as np
 import psutil
 
 from fastload.data.images import LoadRule, ShrinkFilter, loaded_shapes
+from fastload.data.paths import joined
 from fastload.store import shm
 from fastload.store.base import Store
 from fastload.store.kinds import SHM_PREFIX, shm_root
@@ -113,7 +114,7 @@ def segment_path(store: Store, imgsz: int, recipe: str, keep: CacheKeep = "first
     path = os.path.realpath(base.path) if base.path else None
     key = [LAYOUT_VERSION, base.kind, path, len(base), int(imgsz), recipe] + ([] if keep == "first" else [keep])
     h.update(json.dumps(key).encode())
-    h.update("\n".join(base.im_files).encode())
+    h.update(joined(base.im_files, "\n"))
     h.update(np.ascontiguousarray(base.shapes, np.int64).tobytes())
     slug = re.sub(r"[^A-Za-z0-9_.]+", "_", Path(base.path or "data").name)[:32]
     return shm_root() / f"{PREFIX}{slug}-{h.hexdigest()[:12]}-{int(imgsz)}"

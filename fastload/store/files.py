@@ -9,6 +9,7 @@ import numpy as np
 from fastload.data.config import DataConfig
 from fastload.data.index import DatasetIndex, build_index
 from fastload.data.labels import FlatLabels
+from fastload.data.paths import PathList
 from fastload.store.base import Store, StoreError, geometry_meta
 
 
@@ -32,7 +33,7 @@ class FileStore(Store):
             raise StoreError(
                 f"files store: {len(im_files)} files, {len(labels)} label arrays, {len(shapes)} shapes differ"
             )
-        self.im_files = [str(f) for f in im_files]
+        self.im_files = PathList.from_paths(map(str, im_files)) if not isinstance(im_files, PathList) else im_files
         self.labels = FlatLabels.from_arrays(labels)  # an index's labels as they are: no object per image
         self.shapes = np.asarray(shapes, np.int32).reshape(-1, 2)
         self.names = list(names)

@@ -38,7 +38,7 @@ import numpy as np
 
 from fastload._version import __version__
 from fastload.data.checksum import record_checksum
-from fastload.data.labels import ImageLabels
+from fastload.data.labels import FlatLabels, ImageLabels
 from fastload.store.base import (
     GEOMETRY_STEP,
     SCHEMA_VERSION,
@@ -94,19 +94,21 @@ def _open_env(path: Path, *, write: bool = False, map_size: int = 1 << 30) -> lm
 #: Slurm): without this a worker, or ``fastload verify``, ends up with the whole store in its RSS. The pages stay in
 #: the page cache; the next read of one maps it again from there.
 RELEASE_EVERY = 64 << 20
+#: What the writer counts for one record it reads back when it commits (:meth:`LmdbWriter.commit`): a page.
+_RECORD_READ_COST = 4096
 
 
-def _map_span(env: lmdb.Environment, path: Path) -> tuple[int, int] | None:
+def _map_span(env: lmdb.Environment, path: Path, key: bytes = META_KEY) -> tuple[int, int] | None:
     """(address, length) of this process's read-only shared mapping of ``path``/data.mdb, found in
-    /proc/self/maps as the one holding a record's bytes (py-lmdb's ``info()["map_addr"]`` is 0 without
-    MDB_FIXEDMAP); None where that file is absent (not Linux) or the store has no metadata record yet."""
+    /proc/self/maps as the one holding the bytes of record ``key`` (py-lmdb's ``info()["map_addr"]`` is 0 without
+    MDB_FIXEDMAP); None where that file is absent (not Linux) or the store has no such record yet."""
     try:
         with open("/proc/self/maps") as maps_file:
             maps = maps_file.read().splitlines()
     except OSError:
         return None
     with env.begin(buffers=True) as txn:
-        view = txn.get(META_KEY)
+        view = txn.get(key)
         if view is None:
             return None
         address = np.frombuffer(view, np.uint8).ctypes.data
@@ -324,6 +326,7 @@ class LmdbWriter:
         self.tmp.mkdir(parents=True, exist_ok=True)
         self.env = _open_env(self.tmp, write=True, map_size=self.map_size)
         self.done: set[int] = set()
+        self._unreleased = 0  # bytes written or read since the map's pages were last dropped from this process
         if resuming:
             with self.env.begin() as txn:
                 old = txn.get(JOB_KEY)
@@ -346,10 +349,24 @@ class LmdbWriter:
                 with self.env.begin(write=True) as txn:
                     for k, v in items:
                         txn.put(k, v)
+                self._count(sum(len(v) for _, v in items))
                 return
             except lmdb.MapFullError:
                 self.map_size *= 2
                 self.env.set_mapsize(self.map_size)
+
+    def _count(self, nbytes: int) -> None:
+        """Count ``nbytes`` written or read; past :data:`RELEASE_EVERY`, drop the map's pages from this process's
+        RSS, as readers do (:meth:`_SharedEnv.count_read`). The writer's map is read-only (no MDB_WRITEMAP: pages
+        are written with pwrite), yet every B-tree page it looks at maps its neighbours too (the kernel's
+        fault-around), so without this a conversion ends up with the whole store in its RSS. Called between
+        transactions, or within a read one whose values are copies: nothing points into the map."""
+        self._unreleased += nbytes
+        if self._unreleased > RELEASE_EVERY and _MADVISE is not None:
+            span = _map_span(self.env, self.tmp, JOB_KEY)  # looked up each time: a grown map may have moved
+            if span is not None:
+                _MADVISE(span[0], span[1], mmap.MADV_DONTNEED)
+            self._unreleased = 0
 
     def add_many(self, records: Iterable[tuple[int, bytes | None, np.ndarray | ImageLabels, Sequence[int], str,
                                                str | None]]) -> None:
@@ -381,9 +398,10 @@ class LmdbWriter:
         Returns the final path and the ``(file, reason)`` of every source image that was skipped.
         """
         keys, shapes, files, sums, skipped = [], [], [], [], []
-        labels: list[np.ndarray | ImageLabels] = []
+        labels: list[bytes | ImageLabels] = []
         with self.env.begin() as txn:
             for src in range(n_sources):
+                self._count(_RECORD_READ_COST)
                 raw = txn.get(_record_key(src))
                 if raw is None:
                     bad = txn.get(_skip_key(src))
@@ -394,17 +412,22 @@ class LmdbWriter:
                     continue
                 rec = msgpack.unpackb(bytes(raw), raw=False)
                 keys.append(src)
-                rows = np.frombuffer(rec["l"], np.float32).reshape(-1, 5)
                 if point_dim is None:
-                    labels.append(rows)
+                    labels.append(rec["l"])  # the rows' bytes as stored: no array object per record (1M: ~1 GB)
                 else:
+                    rows = np.frombuffer(rec["l"], np.float32).reshape(-1, 5)
                     per_row = np.frombuffer(rec["o"], np.int32)
                     labels.append(ImageLabels(rows, np.frombuffer(rec["p"], np.float32).reshape(-1, point_dim),
                                               np.concatenate([[0], np.cumsum(per_row)]).astype(np.int64)))
                 shapes.append(rec["s"])
                 files.append(rec["f"])
                 sums.append(rec["c"])
-        flat = join_labels(labels)
+        if point_dim is None:
+            counts = np.fromiter(map(len, labels), np.int64, len(labels)) // (5 * 4)
+            flat = FlatLabels(np.frombuffer(b"".join(labels), np.float32).reshape(-1, 5),  # type: ignore[arg-type]
+                              np.concatenate([[0], np.cumsum(counts)]))
+        else:
+            flat = join_labels(labels)
         index = {
             "keys": np.array(keys, np.int64).tobytes(),
             "labels": flat.rows.tobytes(),

@@ -12,6 +12,7 @@ import numpy as np
 
 from fastload.data.images import LoadRule, ShrinkFilter
 from fastload.data.labels import FlatLabels
+from fastload.data.paths import PathList
 from fastload.store.base import ReadAhead, ResidentImages, Sample, Shards, Store
 
 
@@ -41,7 +42,12 @@ class StoreView(Store):
             raise IndexError(f"store view indices out of range for {base!r}")
         every = len(self.base_indices) == n and bool((self.base_indices == np.arange(n)).all())
         # the base's own per-image arrays when the view keeps every sample: nothing per image is copied
-        self.im_files = base.im_files if every else [base.im_files[i] for i in self.base_indices.tolist()]
+        if every:
+            self.im_files = base.im_files
+        elif isinstance(base.im_files, PathList):
+            self.im_files = base.im_files.subset(self.base_indices)
+        else:
+            self.im_files = [base.im_files[i] for i in self.base_indices.tolist()]
         if labels is None:
             base_labels = FlatLabels.from_arrays(base.labels)
             self.labels = base_labels if every else base_labels.subset(self.base_indices)

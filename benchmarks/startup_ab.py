@@ -1,0 +1,71 @@
+"""Start-up of two (or more) trees on one dataset whose index cache is valid: interleaved fresh processes, best of N.
+
+Per tree and round, each in a new process: ``build_index`` (torch imported before the clock), a
+``fastload.loader(..., store="files", imgsz=160, batch_size=32, workers=2)`` open and the main process's RSS after
+it, and the whole ``fastload info DATA --split train`` command (wall from ``wait4``). Every timed step must be a
+cache hit (the trees' caches must not be each other's: give one tree's cache its own place, e.g. build it while the
+labels folder is read-only so it goes to ``$FASTLOAD_CACHE_DIR``).
+
+    python benchmarks/startup_ab.py /tmp/scale/n100000/data.yaml /work/main . --rounds 3
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+CHILD = r"""
+import json, sys, time
+import psutil
+import fastload, fastload.fastloader  # torch imported before the clock starts
+from fastload.data.index import build_index
+t0 = time.perf_counter()
+if sys.argv[2] == "index":
+    hit = build_index(sys.argv[1], "train", progress=False).report.cache_hit
+else:
+    fastload.loader(sys.argv[1], imgsz=160, batch_size=32, workers=2, store="files", seed=0)
+    hit = True
+print(json.dumps({"hit": hit, "s": time.perf_counter() - t0, "rss": psutil.Process().memory_info().rss}))
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("data", help="the data.yaml (its train split is measured)")
+    ap.add_argument("trees", nargs="+", help="fastload checkouts whose code is measured")
+    ap.add_argument("--rounds", type=int, default=3)
+    a = ap.parse_args(argv)
+    rows: dict[str, dict[str, list[float]]] = {t: {"index s": [], "open s": [], "open rss MiB": [], "info s": []}
+                                              for t in a.trees}
+    for r in range(a.rounds):
+        for tree in a.trees:
+            env = dict(os.environ, PYTHONPATH=os.path.abspath(tree))
+            for step in ("index", "open"):
+                out = subprocess.run([sys.executable, "-c", CHILD, a.data, step], cwd="/", env=env,
+                                     capture_output=True, text=True)
+                if out.returncode:
+                    sys.exit(f"{tree} {step} failed:\n{out.stderr[-3000:]}")
+                res = json.loads(out.stdout.strip().splitlines()[-1])
+                if not res["hit"]:
+                    sys.exit(f"{tree}: the index cache was not valid (a scan was timed); see the docstring")
+                rows[tree][f"{step} s"].append(res["s"])
+                if step == "open":
+                    rows[tree]["open rss MiB"].append(res["rss"] / 2**20)
+            t0 = time.perf_counter()
+            proc = subprocess.Popen([sys.executable, "-m", "fastload", "info", a.data, "--split", "train"], cwd="/",
+                                    env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            os.wait4(proc.pid, 0)
+            rows[tree]["info s"].append(time.perf_counter() - t0)
+            print(f"round {r} {tree}: " + ", ".join(f"{k} {v[-1]:.2f}" for k, v in rows[tree].items())
+                  + f"; load {os.getloadavg()[0]:.1f}", flush=True)
+    print(f"best of {a.rounds}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    for tree, values in rows.items():
+        print(tree, {k: round(min(v), 2) for k, v in values.items()})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
