@@ -20,7 +20,7 @@ import numpy as np
 
 from fastload.augment.params import ImageParams, SampleParams, translation
 
-__all__ = ["batch_targets", "transform_labels", "box_candidates", "xyxy_to_xywhn"]
+__all__ = ["batch_targets", "transform_labels", "box_candidates", "xyxy_to_xywhn", "moved_boxes", "batch_images"]
 
 Labels = Union[Sequence[np.ndarray], Callable[[int], np.ndarray]]
 
@@ -39,7 +39,7 @@ def box_candidates(
     return (w2 > wh_thr) & (h2 > wh_thr) & (w2 * h2 / (w1 * h1 + eps) > area_thr) & (ar < ar_thr)
 
 
-def _boxes(
+def moved_boxes(
     images: Sequence[ImageParams], owners: Sequence[int], get_labels: Callable[[int], np.ndarray]
 ) -> tuple[np.ndarray, np.ndarray]:
     """float64 [n, 5] ``(cls, x0, y0, x1, y1)`` boxes in output pixels of every tile of several
@@ -126,6 +126,23 @@ def xyxy_to_xywhn(boxes: np.ndarray, out_hw: tuple[int, int], eps: float = 1e-3)
     return out
 
 
+def batch_images(records: Sequence[SampleParams]) -> tuple[list[ImageParams], list[int]]:
+    """The composed images of a batch in label order (each record's main image, then its mixup
+    partner) and the position of the record each belongs to. Raises ``ValueError`` when the
+    records do not share one output size."""
+    out_hw = records[0].image.out_hw if records else None
+    if any(p.image.out_hw != out_hw for p in records):
+        raise ValueError(f"records of one batch have different output sizes {sorted({p.image.out_hw for p in records})}")
+    images, owners = [], []
+    for k, p in enumerate(records):
+        images.append(p.image)
+        owners.append(k)
+        if p.mixup is not None:
+            images.append(p.mixup)
+            owners.append(k)
+    return images, owners
+
+
 def batch_targets(records: Sequence[SampleParams], labels: Labels) -> np.ndarray:
     """YOLOv9 ``targets`` of a batch: float32 [N, 6] (position in ``records``, cls, xc, yc, w, h)
     normalised to the output, ordered by sample, boxes of one sample in tile order (the main
@@ -139,17 +156,9 @@ def batch_targets(records: Sequence[SampleParams], labels: Labels) -> np.ndarray
     if not records:
         return np.zeros((0, 6), np.float32)
     out_hw = records[0].image.out_hw
-    if any(p.image.out_hw != out_hw for p in records):
-        raise ValueError(f"records of one batch have different output sizes {sorted({p.image.out_hw for p in records})}")
     get = labels if callable(labels) else labels.__getitem__
-    images, owners = [], []
-    for k, p in enumerate(records):
-        images.append(p.image)
-        owners.append(k)
-        if p.mixup is not None:
-            images.append(p.mixup)
-            owners.append(k)
-    boxes, owner = _boxes(images, owners, get)
+    images, owners = batch_images(records)
+    boxes, owner = moved_boxes(images, owners, get)
     out = np.empty((len(boxes), 6), np.float32)
     out[:, 0] = owner
     out[:, 1:] = xyxy_to_xywhn(boxes, out_hw)

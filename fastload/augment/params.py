@@ -47,6 +47,8 @@ __all__ = [
     "visit_ids",
     "image_of",
     "MAX_REPLACEMENTS",
+    "Letterbox",
+    "letterbox_fit",
 ]
 
 #: How many replacement draws :meth:`ParamSampler.first_usable` makes for one sample before giving up
@@ -686,15 +688,7 @@ class ParamSampler:
     def _letterbox(self, rng: np.random.Generator, index: int, shape_of: int) -> tuple[ImageParams, Any]:
         h, w = (int(v) for v in self.loaded_shapes[index])
         oh, ow = self._out_hw(shape_of)
-        r = min(oh / h, ow / w)
-        if not self.augment:  # YOLOv9: letterbox(..., scaleup=self.augment)
-            r = min(r, 1.0)
-        nw, nh = int(round(w * r)), int(round(h * r))
-        dw, dh = (ow - nw) / 2, (oh - nh) / 2
-        top, left = int(round(dh - 0.1)), int(round(dw - 0.1))
-        sx, sy = nw / w, nh / h
-        # cv2.resize maps pixel centres x -> sx * (x + 0.5) - 0.5; then the border offset.
-        lb = np.array([[sx, 0.0, 0.5 * (sx - 1) + left], [0.0, sy, 0.5 * (sy - 1) + top], [0.0, 0.0, 1.0]])
+        lb, r, (dw, dh), (left, top) = letterbox_fit((h, w), (oh, ow), scaleup=self.augment)  # YOLOv9: scaleup=augment
         cand = box = None
         if self.augment:
             m, scale = self._perspective(rng, (oh, ow), (oh, ow))
@@ -707,6 +701,32 @@ class ParamSampler:
         h0, w0 = (int(v) for v in self.orig_shapes[index])
         shapes = ((h0, w0), ((h / h0, w / w0), (dw, dh)))
         return ImageParams((TileParams(index, (0, 0, w, h), lb, (h, w), box),), (oh, ow), 114, cand), shapes
+
+
+class Letterbox(NamedTuple):
+    """YOLOv9's ``letterbox(auto=False)`` of one image (:func:`letterbox_fit`)."""
+
+    matrix: np.ndarray  # the pixels: float64 3x3, centre convention (resize, then the integer border)
+    r: float  # the ratio
+    pad: tuple[float, float]  # (dw, dh): the float pad YOLOv9 moves labels by (x * r + dw)
+    border: tuple[int, int]  # (left, top) = round(pad - 0.1): where the pixels start
+
+
+def letterbox_fit(hw: tuple[int, int], out_hw: tuple[int, int], scaleup: bool) -> Letterbox:
+    """YOLOv9's letterbox of a loaded ``(h, w)`` image into ``out_hw`` (``cv2.resize`` to ``round(w * r) x
+    round(h * r)``, then the border); ``scaleup=False`` keeps ``r <= 1``."""
+    h, w = hw
+    oh, ow = out_hw
+    r = min(oh / h, ow / w)
+    if not scaleup:
+        r = min(r, 1.0)
+    nw, nh = int(round(w * r)), int(round(h * r))
+    dw, dh = (ow - nw) / 2, (oh - nh) / 2
+    top, left = int(round(dh - 0.1)), int(round(dw - 0.1))
+    sx, sy = nw / w, nh / h
+    # cv2.resize maps pixel centres x -> sx * (x + 0.5) - 0.5; then the border offset.
+    lb = np.array([[sx, 0.0, 0.5 * (sx - 1) + left], [0.0, sy, 0.5 * (sy - 1) + top], [0.0, 0.0, 1.0]])
+    return Letterbox(lb, r, (dw, dh), (left, top))
 
 
 Placement = tuple[Rect | None, tuple[int, int]]

@@ -1,0 +1,587 @@
+"""Moving polygons, keypoints and oriented boxes with augmentation records (segment, pose and obb tasks).
+
+:func:`transform_geometry` moves every instance of a batch of :class:`~fastload.augment.params.SampleParams`
+records: its box (the ``targets`` of :func:`~fastload.augment.boxes.batch_targets`, same per-sample order:
+main image tiles, then the mixup partner's) and its points (a segment's polygon, a pose row's keypoints, an
+oriented box's corners). It reads labels through a callable ``index -> (rows, points, point_offsets)``:
+``rows`` float32 [n, 5] ``(cls, xc, yc, w, h)`` normalised, ``points`` float32 [p, D] normalised to the image
+(D = 2: polygon points; D = 3: keypoints ``x, y, visibility``), ``point_offsets`` int64 [n + 1] (row ``r`` owns
+``points[point_offsets[r]:point_offsets[r + 1]]``).
+
+Each task follows its reference's semantics, because masks are compared with the reference's masks pixel by
+pixel (a 0.5 px shift of a polygon costs a 40 px-wide instance about 1 % of its mask IoU at ``mask_ratio=4``):
+
+* points move with the tile's matrix applied to their coordinates as both references apply theirs (pixel
+  coordinate ``u * w`` of the loaded image straight through the matrix; detection boxes instead follow the
+  pixels exactly, :mod:`fastload.augment.boxes`); validation letterboxes move them with the tile's
+  ``box_matrix`` in the reference's own float32 arithmetic, so they are the reference's bit for bit; YOLOv9's
+  training sample without mosaic moves them by its letterbox's float pad, as YOLOv9 does;
+* ``"yolov9"`` (``utils/segment``: segment only): a mosaic tile clips its polygons to what it shows (YOLOv9
+  clips to its canvas: the same region for points inside the image), then each polygon is resampled to
+  1000 points along its closed outline (``resample_segments``), warped, and its box re-derived from the warped
+  points that lie inside the output (``segment2box``); the polygon itself is not clipped. Candidates as
+  YOLOv9's with ``area_thr=0.01``;
+* ``"ultralytics"`` (8.4): polygons are resampled when loaded (1000 points, 100 for oriented boxes, the
+  original vertices kept), clipped to the tile, warped; a segment's box is its polygon's extent inside the
+  output, the polygon is then clipped to that box; oriented boxes keep their direction when cut by an edge
+  (``preserve_obb``: the part inside, as a rectangle in the box's own orientation); keypoints leaving the tile
+  or the output get visibility 0 and are clipped; pose boxes move as Ultralytics moves them (corners through the
+  matrix, candidate filter with its detection threshold), not as the detection boxes (pixel-exact, up to 0.5 px
+  away: enough to move a box across the filter's thresholds).
+
+A row without points in a segment or obb task is taken as its box's four corners.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Callable, Iterator, Literal, Sequence, get_args
+
+import cv2
+import numpy as np
+
+from fastload.augment.boxes import batch_images, box_candidates, moved_boxes, xyxy_to_xywhn
+from fastload.augment.params import ImageParams, Recipe, SampleParams, TileParams, letterbox_fit, translation
+
+__all__ = [
+    "GeometryLabels",
+    "Task",
+    "TASKS",
+    "Geometry",
+    "transform_geometry",
+    "resample_polygons",
+    "resample_polygon",
+    "obb_xywhr",
+]
+
+#: ``index -> (rows float32 [n, 5], points float32 [p, D], point_offsets int64 [n + 1])``, normalised.
+GeometryLabels = Callable[[int], tuple[np.ndarray, np.ndarray, np.ndarray]]
+
+#: The tasks with points: ``"segment"`` (polygons), ``"pose"`` (keypoints), ``"obb"`` (oriented boxes).
+Task = Literal["segment", "pose", "obb"]
+TASKS: tuple[str, ...] = get_args(Task)
+
+#: Points per polygon after resampling (YOLOv9 ``resample_segments``; Ultralytics ``segment_resamples``).
+SEGMENT_POINTS = 1000
+OBB_POINTS = 100
+#: The candidate filter's area threshold when boxes come from polygons (both references).
+SEGMENT_AREA_THR = 0.01
+
+_EDGE_IN = translation(-0.5, -0.5)
+_EDGE_OUT = translation(0.5, 0.5)
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """The moved labels of a batch, one entry per instance, in :func:`batch_targets` order.
+
+    Attributes:
+        targets: float32 [N, 6] ``(position in the batch, cls, xc, yc, w, h)`` normalised to the output, flips
+            applied (YOLOv9 ``targets``).
+        points: float64 [P, D] output pixels *before* the flips (YOLOv9 rasterises its masks unflipped and flips
+            the rasters: :mod:`fastload.augment.masks`); :meth:`flipped_points` gives them after.
+        offsets: int64 [N + 1]: instance ``i`` owns ``points[offsets[i]:offsets[i + 1]]``.
+        flip_ud / flip_lr: bool [N], the flips of each instance's sample.
+        out_hw: the output ``(h, w)``.
+        task / recipe: what moved them.
+    """
+
+    targets: np.ndarray
+    points: np.ndarray
+    offsets: np.ndarray
+    flip_ud: np.ndarray
+    flip_lr: np.ndarray
+    out_hw: tuple[int, int]
+    task: Task
+    recipe: Recipe
+
+    def __len__(self) -> int:
+        return len(self.targets)
+
+    def polygons(self, flipped: bool = False) -> list[np.ndarray]:
+        """Instance ``i``'s points as an array ``[k_i, D]`` (after the flips with ``flipped``)."""
+        pts = self.flipped_points() if flipped else self.points
+        return [pts[a:b] for a, b in zip(self.offsets[:-1].tolist(), self.offsets[1:].tolist())]
+
+    def flipped_points(self, flip_idx: Sequence[int] | None = None) -> np.ndarray:
+        """``points`` after the flips (``x -> w - x``, ``y -> h - y``, Ultralytics' ``Instances.fliplr/flipud``);
+        keypoints of a flipped instance are reordered through ``flip_idx`` for each flip, as Ultralytics'
+        ``RandomFlip`` does (pass it for pose: left and right joints swap)."""
+        out = self.points.copy()
+        h, w = self.out_hw
+        counts = np.diff(self.offsets)
+        for flag, axis, size in ((self.flip_ud, 1, h), (self.flip_lr, 0, w)):
+            per_point = np.repeat(flag, counts)
+            out[per_point, axis] = size - out[per_point, axis]
+        if self.task == "pose" and flip_idx is not None and len(self):
+            k = int(counts[0])
+            if len(flip_idx) != k:
+                raise ValueError(f"flip_idx has {len(flip_idx)} entries for {k} keypoints per instance")
+            kp = out.reshape(len(self), k, -1)
+            perm = np.asarray(flip_idx, np.intp)
+            for flag in (self.flip_ud, self.flip_lr):
+                kp[flag] = kp[flag][:, perm]
+        return out
+
+
+# ----------------------------------------------------------------------------------------- polygons
+@functools.lru_cache(maxsize=4096)
+def _spacing(vertices: int, n: int, keep_vertices: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """How the ``n`` resampled points of a polygon of ``vertices`` vertices are interpolated: for each, the vertex
+    it starts from, the next vertex (the first after the last), the fraction of the way, and how many trailing
+    points sit on the closing point (the first vertex again, as ``np.interp`` returns it there).
+
+    The positions (in vertex index along the closed outline) are ``linspace(0, vertices, n)``, or with
+    ``keep_vertices`` the integers ``0..vertices`` merged into ``linspace(0, vertices, n - vertices - 1)`` while
+    that leaves room."""
+    if keep_vertices and vertices + 1 < n:
+        t = np.linspace(0, vertices, n - vertices - 1)
+        xp = np.arange(vertices + 1)
+        t = np.insert(t, np.searchsorted(t, xp), xp)
+    else:
+        t = np.linspace(0, vertices, n)
+    start = np.minimum(np.floor(t).astype(np.int64), vertices - 1)
+    nxt = np.where(start + 1 < vertices, start + 1, 0)
+    frac = t - start
+    for a in (start, nxt, frac):
+        a.setflags(write=False)
+    return start, nxt, frac, int(np.count_nonzero(t >= vertices))
+
+
+def resample_polygons(points: np.ndarray, offsets: np.ndarray, n: int, keep_vertices: bool) -> np.ndarray:
+    """[k, n, 2]: each polygon ``points[offsets[i]:offsets[i + 1]]`` resampled to ``n`` points along its closed
+    outline, evenly in vertex index, by linear interpolation (``np.interp``'s arithmetic, bit for bit, in one
+    pass for all).
+
+    ``keep_vertices=False``: YOLOv9's ``resample_segments`` (float64; a vertex is kept only where it falls on the
+    spacing). ``True``: Ultralytics' (float32; every vertex kept, the other points spaced between; a polygon of
+    ``n`` points is returned unchanged)."""
+    offsets = np.asarray(offsets, np.int64)
+    counts = np.diff(offsets)
+    if len(counts) and counts.min() < 1:
+        raise ValueError("resample_polygons: every polygon needs at least one point")
+    out = np.empty((len(counts), n, 2))
+    if not len(counts):
+        return out.astype(np.float32) if keep_vertices else out
+    plans = [_spacing(c, n, keep_vertices) for c in counts.tolist()]
+    first = offsets[:-1, None]
+    start = np.stack([p[0] for p in plans]) + first
+    nxt = np.stack([p[1] for p in plans]) + first
+    frac = np.stack([p[2] for p in plans])
+    points = np.asarray(points)
+    for axis in range(2):
+        coord = np.ascontiguousarray(points[:, axis], dtype=np.float64)
+        base = coord.take(start)
+        step = coord.take(nxt) - base
+        step *= frac
+        step += base  # np.interp: slope * (x - xp[j]) + fp[j], the slope over a unit step
+        out[..., axis] = step
+        for i, p in enumerate(plans):
+            if p[3]:
+                out[i, n - p[3]:, axis] = coord[offsets[i]]
+    if not keep_vertices:
+        return out
+    out = out.astype(np.float32)
+    same = np.flatnonzero(counts == n)
+    if len(same):  # left as they are
+        out[same] = np.asarray(points, np.float32)[first[same] + np.arange(n)]
+    return out
+
+
+def resample_polygon(poly: np.ndarray, n: int, keep_vertices: bool) -> np.ndarray:
+    """One polygon ``[k, 2]`` through :func:`resample_polygons`: ``[n, 2]``."""
+    return resample_polygons(poly, np.array([0, len(poly)]), n, keep_vertices)[0]
+
+
+def _extent(poly: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(lo, hi)`` [k, 2]: each polygon's smallest and largest x and y (``poly`` [k, n, 2]; one reduction per
+    coordinate: numpy reduces the middle axis of a [k, n, 2] array some fifty times slower)."""
+    x, y = poly[..., 0], poly[..., 1]
+    return np.stack((x.min(1), y.min(1)), 1), np.stack((x.max(1), y.max(1)), 1)
+
+
+def _masked_extent(x: np.ndarray, y: np.ndarray, valid: np.ndarray) -> np.ndarray:
+    """[k, 4] extent ``(x0, y0, x1, y1)`` of the ``valid`` points of each row of ``x``, ``y`` [k, m]
+    (``(inf, inf, -inf, -inf)`` for a row without one)."""
+    return np.stack([np.where(valid, x, np.inf).min(1), np.where(valid, y, np.inf).min(1),
+                     np.where(valid, x, -np.inf).max(1), np.where(valid, y, -np.inf).max(1)], 1)
+
+
+def _inside_vertex_boxes(poly: np.ndarray, w: float, h: float) -> np.ndarray:
+    """YOLOv9 ``segment2box`` of each polygon of ``poly`` [k, n, 2]: the extent of its points inside
+    ``[0, w] x [0, h]``; zeros when none is, or when every inside x is 0 (its ``any(x)`` test)."""
+    x, y = poly[..., 0], poly[..., 1]
+    inside = (x >= 0) & (y >= 0) & (x <= w) & (y <= h)
+    box = _masked_extent(x, y, inside)
+    box[~(inside & (x != 0)).any(1)] = 0.0  # also every row without an inside point
+    return box
+
+
+def _contains(poly: np.ndarray, px: float, py: float) -> np.ndarray:
+    """bool [k]: whether ``(px, py)`` lies inside each closed polygon of ``poly`` [k, n, 2] (even-odd rule)."""
+    x, y = poly[..., 0], poly[..., 1]
+    xn, yn = np.roll(x, -1, 1), np.roll(y, -1, 1)
+    spans = (y > py) != (yn > py)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        at = (xn - x) * (py - y) / (yn - y) + x
+    return ((spans & (px < at)).sum(1) % 2).astype(bool)
+
+
+def _clipped_extent_boxes(poly: np.ndarray, w: float, h: float) -> np.ndarray:
+    """Ultralytics 8.4 ``segment2box`` of each polygon of ``poly`` [k, n, 2]: the extent of its part inside
+    ``[0, w] x [0, h]`` (inside vertices, crossings of its edges with the border, image corners inside it); zeros
+    when nothing is inside."""
+    lo, hi = _extent(poly)
+    box = np.concatenate((lo, hi), 1)
+    outside = (hi[:, 0] < 0) | (hi[:, 1] < 0) | (lo[:, 0] > w) | (lo[:, 1] > h)
+    box[outside] = 0.0
+    crossing = np.flatnonzero(~outside & ((lo < 0).any(1) | (hi[:, 0] > w) | (hi[:, 1] > h)))
+    if not len(crossing):
+        return box
+    p = poly[crossing]
+    x, y = p[..., 0], p[..., 1]
+    ext = _masked_extent(x, y, (x >= 0) & (y >= 0) & (x <= w) & (y <= h))
+    nxt = np.roll(p, -1, 1)
+    for axis, bound, lim in ((0, 0.0, h), (0, w, h), (1, 0.0, w), (1, h, w)):
+        a, b = p[..., axis], nxt[..., axis]
+        # only the edges with the border line between their ends can cross it (the others fail the t test below)
+        row, k = np.nonzero((np.minimum(a, b) <= bound) & (np.maximum(a, b) >= bound))
+        start, delta = p[row, k], nxt[row, k] - p[row, k]
+        with np.errstate(divide="ignore", invalid="ignore"):  # an edge along the border crosses nowhere
+            t = (bound - start[:, axis]) / delta[:, axis]
+            cross = start + t[:, None] * delta
+        other = cross[:, 1 - axis]
+        ok = (t >= 0) & (t <= 1) & (other >= 0) & (other <= lim)
+        _extend(ext, row[ok], cross[ok])
+    for corner in ((0.0, 0.0), (w, 0.0), (0.0, h), (w, h)):
+        near = np.flatnonzero(((lo[crossing] <= corner) & (hi[crossing] >= corner)).all(1))
+        inside = near[_contains(p[near], *corner)]
+        _extend(ext, inside, np.broadcast_to(np.array(corner), (len(inside), 2)))
+    ext[np.isinf(ext).any(1)] = 0.0
+    box[crossing] = ext
+    return box
+
+
+def _extend(ext: np.ndarray, rows: np.ndarray, pts: np.ndarray) -> None:
+    """Grow the extents ``ext`` [k, 4] of ``rows`` by the points ``pts`` [m, 2] (a row may repeat)."""
+    for axis in range(2):
+        np.minimum.at(ext[:, axis], rows, pts[:, axis])
+        np.maximum.at(ext[:, axis + 2], rows, pts[:, axis])
+
+
+def _aligned_visible(poly: np.ndarray, rect: tuple[float, float, float, float], n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Ultralytics' ``preserve_obb`` clip of one oriented box crossing ``rect`` ``(x0, y0, x1, y1)``: the extent
+    of its visible part, and that part's bounding rectangle in the box's own orientation as ``n`` points (both
+    zero when nothing is visible)."""
+    x0, y0, x1, y1 = rect
+    canvas = np.array(((x0, y0), (x1, y0), (x1, y1), (x0, y1)), np.float32)
+    area, visible = cv2.intersectConvexConvex(cv2.convexHull(poly.astype(np.float32)), canvas)
+    if visible is None or area <= 0:
+        return np.zeros(4), np.zeros((n, 2))
+    visible = visible.reshape(-1, 2)
+    box = np.concatenate((visible.min(0), visible.max(0))).astype(np.float64)
+    (_, _), (bw, bh), angle = cv2.minAreaRect(poly.astype(np.float32))
+    if bw < bh:
+        angle += 90
+    angle = np.deg2rad(angle)
+    cos, sin = np.cos(angle), np.sin(angle)
+    basis = np.array(((cos, -sin), (sin, cos)), np.float32)
+    aligned = visible @ basis
+    (u1, v1), (u2, v2) = aligned.min(0), aligned.max(0)
+    corners = np.array(((u2, v2), (u2, v1), (u1, v1), (u1, v2)), np.float32)
+    return box, resample_polygon(corners @ basis.T, n, True).astype(np.float64)
+
+
+def _scaled(pts: np.ndarray, w: float, h: float) -> np.ndarray:
+    """float64 ``pts * (w, h)`` for points [..., 2], one coordinate at a time (numpy runs element-wise operations
+    against a trailing axis of 2 several times slower)."""
+    out = np.empty(pts.shape)
+    np.multiply(pts[..., 0], w, out=out[..., 0])
+    np.multiply(pts[..., 1], h, out=out[..., 1])
+    return out
+
+
+def _clip_points(pts: np.ndarray, lo: np.ndarray | Sequence[float], hi: np.ndarray | Sequence[float]) -> None:
+    """Clip points [..., 2] in place to ``[lo, hi]`` per coordinate (``lo``, ``hi``: ``(x, y)`` pairs, or arrays
+    [..., 2] broadcasting against the points), one coordinate at a time (:func:`_scaled`)."""
+    lo, hi = np.asarray(lo, np.float64), np.asarray(hi, np.float64)
+    for axis in range(2):
+        np.maximum(pts[..., axis], lo[..., axis], out=pts[..., axis])
+        np.minimum(pts[..., axis], hi[..., axis], out=pts[..., axis])
+
+
+def _apply(m: np.ndarray, pts: np.ndarray) -> np.ndarray:
+    """``pts`` [k, 2] through the 3x3 matrix ``m`` (perspective divide when it has a perspective row); written
+    out per coordinate, several times faster than a matrix product with an inner dimension of 2."""
+    x, y = pts[:, 0], pts[:, 1]
+    out = np.empty(pts.shape)
+    for axis in range(2):
+        out[:, axis] = x * m[axis, 0] + y * m[axis, 1] + m[axis, 2]
+    if m[2, 0] != 0.0 or m[2, 1] != 0.0 or m[2, 2] != 1.0:
+        out /= (x * m[2, 0] + y * m[2, 1] + m[2, 2])[:, None]
+    return out
+
+
+def _letterbox_points(pts32: np.ndarray, hw: tuple[int, int], e: np.ndarray, recipe: Recipe) -> np.ndarray:
+    """Normalised float32 points of a validation letterbox tile in output pixels, in the reference's own float32
+    arithmetic (``e``: the edge-convention letterbox, scale ``r`` and pad): YOLOv9 ``xyn2xy(x, r * w, r * h,
+    padw, padh)``, Ultralytics ``denormalize``, ``scale(r)``, ``add_padding(left, top)``."""
+    h, w = hw
+    out = np.empty(pts32.shape, np.float32)
+    for axis, size in ((0, w), (1, h)):
+        r, pad = e[axis, axis], e[axis, 2]
+        if recipe == "yolov9":
+            out[:, axis] = pts32[:, axis] * np.float32(r * size) + np.float32(pad)
+        else:
+            out[:, axis] = pts32[:, axis] * np.float32(size) * np.float32(r) + np.float32(round(pad))
+    return out.astype(np.float64)
+
+
+def _box_corners(rows: np.ndarray) -> np.ndarray:
+    """[n, 4, 2] normalised corners of ``(cls, xc, yc, w, h)`` rows (the polygon of a row without points)."""
+    xc, yc, bw, bh = (rows[:, k : k + 1] for k in range(1, 5))
+    x0, x1, y0, y1 = xc - bw / 2, xc + bw / 2, yc - bh / 2, yc + bh / 2
+    return np.stack([np.concatenate(v, 1) for v in ((x0, y0), (x1, y0), (x1, y1), (x0, y1))], 1).astype(np.float32)
+
+
+def _tile_polygons(rows: np.ndarray, points: np.ndarray, offsets: np.ndarray, src: int) -> tuple[np.ndarray, np.ndarray]:
+    """The normalised float32 polygons of an image's rows as ``(points [p, 2], offsets [n + 1])``, a row without
+    points taking its box's four corners."""
+    if points.ndim != 2 or points.shape[1] != 2:
+        raise ValueError(f"labels of image {src}: polygon points must be [p, 2], got {points.shape}")
+    offsets = np.asarray(offsets, np.int64)
+    counts = np.diff(offsets)
+    if len(counts) != len(rows) or (len(counts) and offsets[-1] != len(points)):
+        raise ValueError(f"labels of image {src}: {len(rows)} rows but point offsets {offsets.tolist()[:8]} for "
+                         f"{len(points)} points")
+    if (counts > 0).all():
+        return points.astype(np.float32, copy=False), offsets
+    corners = _box_corners(rows)
+    parts = [points[a:b] if b > a else corners[r] for r, (a, b) in enumerate(zip(offsets[:-1].tolist(), offsets[1:].tolist()))]
+    counts = np.where(counts > 0, counts, 4)
+    return np.concatenate(parts).astype(np.float32), np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
+
+
+def _edge_matrix(tile: TileParams) -> np.ndarray:
+    """The matrix boxes move with in edge coordinates (:mod:`fastload.augment.boxes`)."""
+    return _EDGE_OUT @ (tile.matrix if tile.box_matrix is None else tile.box_matrix) @ _EDGE_IN
+
+
+def _loaded_boxes(rows: np.ndarray, hw: tuple[int, int], crop: Sequence[int]) -> np.ndarray:
+    """[n, 4] xyxy label boxes in loaded pixels clipped to the crop (the candidate filter's boxes before)."""
+    h, w = hw
+    xy = np.concatenate((rows[:, 1:3] - rows[:, 3:5] / 2, rows[:, 1:3] + rows[:, 3:5] / 2), 1).astype(np.float64)
+    xy *= (w, h, w, h)
+    return np.clip(xy, crop[:2] * 2, crop[2:] * 2)
+
+
+# ----------------------------------------------------------------------------------------- per image
+def _labelled_tiles(image: ImageParams, get: GeometryLabels) -> Iterator[tuple[TileParams, np.ndarray, np.ndarray, np.ndarray]]:
+    """``(tile, rows, points, offsets)`` of each tile of ``image`` whose image has labels, in tile order."""
+    for tile in image.tiles:
+        rows, points, offsets = get(tile.src)
+        if not len(rows):
+            continue
+        if tile.src_hw is None:
+            raise ValueError(f"TileParams of image {tile.src} has no src_hw (loaded shape); records must come from ParamSampler")
+        yield tile, rows, points, np.asarray(offsets, np.int64)
+
+
+@dataclass
+class _Moved:
+    """One composed image's instances: boxes xyxy output px, classes, points output px [p, 2], points per instance."""
+
+    boxes: np.ndarray
+    cls: np.ndarray
+    points: np.ndarray
+    counts: np.ndarray
+
+
+def _point_matrix(tile: TileParams, out_hw: tuple[int, int], letterboxed: bool) -> np.ndarray:
+    """The matrix a training tile's points move with: the tile's own, except for YOLOv9's letterbox (then its random
+    perspective), which moves labels by the float pad where the pixels move by the integer border."""
+    if not letterboxed:
+        return tile.matrix
+    fit = letterbox_fit(tile.src_hw, out_hw, scaleup=True)  # type: ignore[arg-type]  # checked by the caller
+    perspective = tile.matrix @ np.linalg.inv(fit.matrix)
+    return perspective @ np.array([[fit.r, 0.0, fit.pad[0]], [0.0, fit.r, fit.pad[1]], [0.0, 0.0, 1.0]])
+
+
+def _polygon_image(image: ImageParams, get: GeometryLabels, recipe: Recipe, task: Task, letterboxed: bool) -> _Moved:
+    """Segments or oriented boxes of one composed image through its tiles (module docstring); ``letterboxed``:
+    the image is a YOLOv9 letterbox (a training sample without mosaic)."""
+    oh, ow = image.out_hw
+    train = image.candidate_scale is not None
+    ultralytics = recipe == "ultralytics"
+    tiles = [(tile, rows, *_tile_polygons(rows, points, offsets, tile.src))
+             for tile, rows, points, offsets in _labelled_tiles(image, get)]
+    if not tiles:
+        return _Moved(np.zeros((0, 4)), np.zeros(0), np.zeros((0, 2)), np.zeros(0, np.int64))
+    if ultralytics:  # resampled when loaded (Ultralytics' dataset): a longer polygon sets its image's count to
+        # its length + 1; a mosaic's images then meet at the longest (Instances.concatenate)
+        base = OBB_POINTS if task == "obb" else SEGMENT_POINTS
+        longest = max(int(np.diff(off).max()) for _, _, _, off in tiles)
+        n = longest + 1 if task != "obb" and longest > base else base
+        tiles = [(tile, rows, resample_polygons(pts, off, n, True).reshape(-1, 2), np.arange(len(rows) + 1) * n)
+                 for tile, rows, pts, off in tiles]
+    cls = np.concatenate([rows[:, 0] for _, rows, _, _ in tiles]).astype(np.float64)
+    if not train:  # validation letterbox: the reference's arithmetic, nothing clipped or filtered
+        pts = np.concatenate([_letterbox_points(pts, tile.src_hw, _edge_matrix(tile), recipe)
+                              for tile, _, pts, _ in tiles])
+        counts = np.concatenate([np.diff(off) for _, _, _, off in tiles])
+        boxes = moved_boxes([image], [0], lambda i: get(i)[0])[0][:, 1:5]
+        return _Moved(boxes, cls, pts, counts)
+    polys, before = [], []
+    for tile, rows, pts, off in tiles:
+        h, w = tile.src_hw
+        crop = tile.crop
+        pre = _loaded_boxes(rows, (h, w), crop)
+        px = _scaled(pts, w, h)
+        if task == "obb":  # Ultralytics' preserve_obb clip (its mosaic canvas: the tile's crop for these points)
+            poly = px.reshape(len(rows), -1, 2)
+            lo, hi = _extent(poly)
+            for i in np.flatnonzero((lo < crop[:2]).any(1) | (hi > crop[2:]).any(1)).tolist():
+                pre[i], poly[i] = _aligned_visible(poly[i], crop, poly.shape[1])
+        else:
+            _clip_points(px, crop[:2], crop[2:])
+            poly = px.reshape(len(rows), -1, 2) if ultralytics else resample_polygons(px, off, SEGMENT_POINTS, False)
+        m = _point_matrix(tile, image.out_hw, letterboxed and not ultralytics)
+        polys.append(_apply(m, poly.reshape(-1, 2)).reshape(poly.shape))
+        before.append(pre * image.candidate_scale)
+    poly = np.concatenate(polys, 0)
+    if not ultralytics:
+        boxes = _inside_vertex_boxes(poly, ow, oh)
+    else:
+        boxes = _clipped_extent_boxes(poly, ow, oh)
+        if task == "obb":  # preserve_obb: a box crossing the border becomes its visible part, in its direction
+            lo, hi = _extent(poly)
+            for i in np.flatnonzero((lo < 0).any(1) | (hi[:, 0] > ow) | (hi[:, 1] > oh)).tolist():
+                boxes[i], poly[i] = _aligned_visible(poly[i], (0, 0, ow, oh), poly.shape[1])
+        else:  # the polygon clipped to its box (inside the output: Instances.clip then changes nothing)
+            _clip_points(poly, boxes[:, None, :2], boxes[:, None, 2:])
+    before_all = np.concatenate(before, 0)
+    keep = box_candidates(before_all, boxes, area_thr=SEGMENT_AREA_THR)
+    if ultralytics:
+        keep &= _shown(before_all)
+    kept = poly[keep]
+    return _Moved(boxes[keep], cls[keep], kept.reshape(-1, 2), np.full(len(kept), poly.shape[1], np.int64))
+
+
+def _shown(boxes: np.ndarray) -> np.ndarray:
+    """bool [n]: the label boxes (xyxy, clipped to their tile) that keep an area: Ultralytics' mosaic drops the
+    others before its random perspective (``remove_zero_area_boxes``), where YOLOv9 keeps them (a box squeezed
+    onto a tile's edge can pass the candidate filter once rotated: its area before is 0)."""
+    return (boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])
+
+
+def _one_keypoint_count(counts: set[int]) -> None:
+    if len(counts) > 1:
+        raise ValueError(f"keypoints per instance differ between the images of a batch: {sorted(counts)} (kpt_shape is "
+                         f"one per dataset)")
+
+
+def _keypoint_image(image: ImageParams, get: GeometryLabels) -> _Moved:
+    """Pose instances of one composed image through its tiles: boxes as Ultralytics moves them (corners clipped to
+    the tile, through the matrix, their extent clipped to the output, its candidate filter with ``area_thr=0.1``),
+    keypoints through the same matrix; leaving the tile or the output hides a keypoint (visibility 0), which is
+    then clipped (``Instances.clip``). Validation: the letterbox only, in Ultralytics' float32 arithmetic."""
+    oh, ow = image.out_hw
+    train = image.candidate_scale is not None
+    kps, cls, boxes, before = [], [], [], []
+    for tile, rows, points, offsets in _labelled_tiles(image, get):
+        counts = np.diff(offsets)
+        if points.ndim != 2 or points.shape[1] != 3 or len(set(counts.tolist())) != 1 or counts[0] < 1:
+            raise ValueError(f"labels of image {tile.src}: keypoints must be [n * K, 3] with K per row, got "
+                             f"{points.shape} for rows of {sorted(set(counts.tolist()))} points")
+        h, w = tile.src_hw
+        kp = points.reshape(len(rows), int(counts[0]), 3)
+        vis = kp[..., 2].astype(np.float64)
+        cls.append(rows[:, 0])
+        if not train:
+            xy = _letterbox_points(kp[..., :2].reshape(-1, 2).astype(np.float32), (h, w), _edge_matrix(tile),
+                                   "ultralytics").reshape(kp.shape[:2] + (2,))
+            kps.append(np.concatenate((xy, vis[..., None]), -1))
+            continue
+        x0, y0, x1, y1 = tile.crop
+        xy = _scaled(kp[..., :2], w, h)
+        vis[(xy[..., 0] < x0) | (xy[..., 0] > x1) | (xy[..., 1] < y0) | (xy[..., 1] > y1)] = 0.0
+        _clip_points(xy, (x0, y0), (x1, y1))
+        xy = _apply(tile.matrix, xy.reshape(-1, 2)).reshape(xy.shape)
+        vis[(xy[..., 0] < 0) | (xy[..., 0] > ow) | (xy[..., 1] < 0) | (xy[..., 1] > oh)] = 0.0
+        _clip_points(xy, (0, 0), (ow, oh))
+        kps.append(np.concatenate((xy, vis[..., None]), -1))
+        pre = _loaded_boxes(rows, (h, w), tile.crop)
+        corners = _apply(tile.matrix, pre[:, [0, 1, 2, 1, 2, 3, 0, 3]].reshape(-1, 2)).reshape(-1, 4, 2)
+        moved = np.concatenate(_extent(corners), 1)
+        boxes.append(np.clip(moved, 0, (ow, oh, ow, oh)))
+        before.append(pre)
+    if not kps:
+        return _Moved(np.zeros((0, 4)), np.zeros(0), np.zeros((0, 3)), np.zeros(0, np.int64))
+    _one_keypoint_count({k.shape[1] for k in kps})
+    kp_all, cls_all = np.concatenate(kps, 0), np.concatenate(cls).astype(np.float64)
+    if not train:
+        box_v = moved_boxes([image], [0], lambda i: get(i)[0])[0][:, 1:5]
+        return _Moved(box_v, cls_all, kp_all.reshape(-1, 3), np.full(len(kp_all), kp_all.shape[1], np.int64))
+    pre_all, moved_all = np.concatenate(before, 0), np.concatenate(boxes, 0)
+    keep = box_candidates(pre_all * image.candidate_scale, moved_all) & _shown(pre_all)
+    kept = kp_all[keep]
+    return _Moved(moved_all[keep], cls_all[keep], kept.reshape(-1, 3), np.full(len(kept), kp_all.shape[1], np.int64))
+
+
+# ----------------------------------------------------------------------------------------- the batch
+def transform_geometry(records: Sequence[SampleParams], get_geometry: GeometryLabels, recipe: Recipe,
+                       task: Task) -> Geometry:
+    """The boxes and points of a batch of records (one output size) for ``task`` with ``recipe``'s semantics
+    (module docstring). ``"yolov9"`` has only the segment task (its repository has no pose or obb loader)."""
+    if task not in TASKS:
+        raise ValueError(f"task must be one of {', '.join(TASKS)}, got {task!r}")
+    if recipe == "yolov9" and task != "segment":
+        raise ValueError(f"recipe='yolov9' has no {task} task (the official YOLOv9 repository trains detection and "
+                         f"segmentation only); use recipe='ultralytics'")
+    if not records:
+        return Geometry(np.zeros((0, 6), np.float32), np.zeros((0, 3 if task == "pose" else 2)), np.zeros(1, np.int64),
+                        np.zeros(0, bool), np.zeros(0, bool), (0, 0), task, recipe)
+    images, owners = batch_images(records)
+    out_hw = images[0].out_hw
+    if task == "pose":
+        moved = [_keypoint_image(image, get_geometry) for image in images]
+        _one_keypoint_count({int(m.counts[0]) for m in moved if len(m.counts)})
+    else:
+        # a YOLOv9 record without mosaic is a letterbox (its mixup partner, when it has one, is a mosaic)
+        letterboxed = [not p.mosaic and k == 0 for p in records for k in range(1 if p.mixup is None else 2)]
+        moved = [_polygon_image(image, get_geometry, recipe, task, lb) for image, lb in zip(images, letterboxed)]
+    owner = np.repeat(np.asarray(owners, np.intp), [len(m.cls) for m in moved])
+    xyxy = np.concatenate([m.boxes for m in moved], 0)
+    cls = np.concatenate([m.cls for m in moved])
+    points = np.concatenate([m.points for m in moved], 0)
+    offsets = np.concatenate(([0], np.cumsum(np.concatenate([m.counts for m in moved])))).astype(np.int64)
+    targets = np.empty((len(cls), 6), np.float32)
+    targets[:, 0] = owner
+    targets[:, 1:] = xyxy_to_xywhn(np.concatenate((cls[:, None], xyxy), 1), out_hw)
+    flip_ud = np.array([p.flip_ud for p in records], bool)[owner]
+    flip_lr = np.array([p.flip_lr for p in records], bool)[owner]
+    targets[flip_ud, 3] = 1 - targets[flip_ud, 3]
+    targets[flip_lr, 2] = 1 - targets[flip_lr, 2]
+    return Geometry(targets, points, offsets, flip_ud, flip_lr, out_hw, task, recipe)
+
+
+def obb_xywhr(geometry: Geometry) -> np.ndarray:
+    """float32 [N, 5] ``(xc, yc, w, h, angle)`` of an obb batch after the flips, normalised to the output
+    (Ultralytics ``Format(return_obb=True)``: the minimum-area rectangle of each instance's points, ``w`` the
+    longer side, angle in radians in ``[-pi/4, 3pi/4)``)."""
+    if geometry.task != "obb":
+        raise ValueError(f"obb_xywhr needs an obb Geometry, got task {geometry.task!r}")
+    h, w = geometry.out_hw
+    out = np.zeros((len(geometry), 5), np.float64)
+    for i, poly in enumerate(geometry.polygons(flipped=True)):
+        (cx, cy), (bw, bh), angle = cv2.minAreaRect(poly.astype(np.float32))
+        theta = angle / 180 * np.pi
+        if bw < bh:
+            bw, bh = bh, bw
+            theta += np.pi / 2
+        while theta >= 3 * np.pi / 4:
+            theta -= np.pi
+        while theta < -np.pi / 4:
+            theta += np.pi
+        out[i] = (cx / w, cy / h, bw / w, bh / h, theta)
+    return out.astype(np.float32)

@@ -1,0 +1,112 @@
+"""Instance masks from moved polygons (:class:`~fastload.augment.geometry.Geometry`), as both references build them.
+
+Both YOLOv9 (``utils/segment/dataloaders.py``) and Ultralytics 8.4 (``data/utils.py``) fill each polygon, its
+points truncated to int32, into a zero image of the full output size with ``cv2.fillPoly``, then shrink it with
+``cv2.resize`` (INTER_LINEAR) to ``(h // mask_ratio, w // mask_ratio)``; overlap masks rank the instances by
+their shrunk mask's pixel count, largest first (``np.argsort(-areas)``), and draw them in that order, a later
+(smaller) instance over an earlier one, as its rank + 1. YOLOv9 flips the finished masks with the image;
+Ultralytics flips the polygons before filling them.
+
+Where the output size is a multiple of ``mask_ratio``, the shrink is an exact integer factor and each shrunk pixel
+reads only pixels of its own ``mask_ratio``-square block, so :func:`polygon_mask` fills and shrinks only the
+block-aligned box around the polygon: the same pixels as the full image, bit for bit, at a fraction of the cost
+(``benchmarks/mask_raster.py``). Rasterising straight at the reduced size is cheaper still but not the same
+masks (measured there).
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import cv2
+import numpy as np
+
+from fastload.augment.geometry import Geometry
+
+__all__ = ["polygon_mask", "image_masks", "batch_masks"]
+
+
+def polygon_mask(poly: np.ndarray, out_hw: tuple[int, int], mask_ratio: int) -> np.ndarray:
+    """uint8 [h // mask_ratio, w // mask_ratio] mask of one polygon ``[k, 2]`` in output pixels (1 inside)."""
+    h, w = out_hw
+    r = int(mask_ratio)
+    if r < 1 or r > min(h, w):
+        raise ValueError(f"mask_ratio must be in [1, {min(h, w)}] for output size {out_hw}, got {mask_ratio}")
+    pts = np.asarray(poly).astype(np.int32).reshape(1, -1, 2)
+    nh, nw = h // r, w // r
+    if h % r or w % r or not pts.size:  # not an integer shrink: the full image, as the references
+        full = np.zeros((h, w), np.uint8)
+        cv2.fillPoly(full, pts, 1)
+        return cv2.resize(full, (nw, nh))
+    out = np.zeros((nh, nw), np.uint8)
+    lo = pts[0].min(0)
+    hi = pts[0].max(0)
+    # the blocks the polygon's pixels touch (fillPoly also draws the outline's pixels)
+    bx0, by0 = max(int(lo[0]) // r, 0), max(int(lo[1]) // r, 0)
+    bx1, by1 = min(int(hi[0]) // r + 1, nw), min(int(hi[1]) // r + 1, nh)
+    if bx1 <= bx0 or by1 <= by0:
+        return out
+    roi = np.zeros(((by1 - by0) * r, (bx1 - bx0) * r), np.uint8)
+    cv2.fillPoly(roi, pts, 1, offset=(-bx0 * r, -by0 * r))
+    out[by0:by1, bx0:bx1] = roi if r == 1 else cv2.resize(roi, (bx1 - bx0, by1 - by0))
+    return out
+
+
+def image_masks(polygons: Sequence[np.ndarray], out_hw: tuple[int, int], mask_ratio: int, overlap: bool
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """The masks of one image and the order of its instances.
+
+    Returns:
+        ``overlap=False``: uint8 [n, h', w'] one mask per polygon, and ``arange(n)``.
+        ``overlap=True``: [h', w'] (uint8, int32 beyond 255 instances) holding ``k + 1`` where the ``k``-th largest
+        instance is the smallest one covering the pixel, and that area order (the instances' new order: the
+        references reorder the labels by it).
+    """
+    h, w = out_hw
+    shape = (h // mask_ratio, w // mask_ratio)
+    masks = [polygon_mask(p, out_hw, mask_ratio) for p in polygons]
+    if not overlap:
+        stack = np.stack(masks) if masks else np.zeros((0, *shape), np.uint8)
+        return stack, np.arange(len(masks))
+    order = np.argsort(-np.array([m.sum(dtype=np.int64) for m in masks], np.int64))
+    merged = np.zeros(shape, np.int32 if len(masks) > 255 else np.uint8)
+    for rank, k in enumerate(order.tolist()):
+        # a running maximum: the rank exceeds every earlier value, so it is "drawn over" them
+        np.maximum(merged, masks[k].astype(merged.dtype) * (rank + 1), out=merged)
+    return merged, order
+
+
+def batch_masks(geometry: Geometry, batch_size: int, mask_ratio: int, overlap: bool) -> tuple[np.ndarray, np.ndarray]:
+    """The masks of a segment batch, as its reference's loader collates them, and the instances' order.
+
+    Returns:
+        ``(masks, order)``: ``overlap=True``: [batch_size, h', w'] (uint8; int32 if an image has more than 255
+        instances), one overlap mask per sample; ``overlap=False``: uint8 [N, h', w'], one per instance in ``order``.
+        ``order``: int64 [N], the instances' order in the batch (per sample: by decreasing mask area with
+        ``overlap``, as the references reorder their labels; else unchanged): index ``geometry.targets`` with it.
+        Flips: YOLOv9 flips the masks, Ultralytics fills the flipped polygons (module docstring).
+    """
+    if geometry.task != "segment":
+        raise ValueError(f"masks are built for the segment task, got a {geometry.task!r} Geometry")
+    h, w = geometry.out_hw
+    flip_polygons = geometry.recipe == "ultralytics"
+    polygons = geometry.polygons(flipped=flip_polygons)
+    owner = geometry.targets[:, 0].astype(np.intp)
+    per_sample, orders = [], []
+    for b in range(int(batch_size)):
+        rows = np.flatnonzero(owner == b)
+        masks, order = image_masks([polygons[i] for i in rows.tolist()], (h, w), mask_ratio, overlap)
+        if not flip_polygons and len(rows):
+            flip_ud, flip_lr = bool(geometry.flip_ud[rows[0]]), bool(geometry.flip_lr[rows[0]])
+            if flip_ud:
+                masks = masks[..., ::-1, :]
+            if flip_lr:
+                masks = masks[..., ::-1]
+        per_sample.append(masks)
+        orders.append(rows[order])
+    order = np.concatenate(orders).astype(np.int64) if orders else np.zeros(0, np.int64)
+    if overlap:
+        dtype = np.int32 if any(m.dtype == np.int32 for m in per_sample) else np.uint8
+        return np.stack([m.astype(dtype, copy=False) for m in per_sample]), order
+    if not per_sample or not sum(len(m) for m in per_sample):
+        return np.zeros((0, h // mask_ratio, w // mask_ratio), np.uint8), order
+    return np.ascontiguousarray(np.concatenate(per_sample, 0)), order
