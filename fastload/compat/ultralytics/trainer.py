@@ -5,11 +5,13 @@
 ``FastloadTrainer`` is the one entry point: constructed, it becomes the trainer of the task its arguments name
 (``model.train(trainer=FastloadTrainer)`` passes the model's task), one of :data:`TRAINERS`, each a
 ``FastloadTrainer`` and the task's Ultralytics trainer (``FastloadSegmentationTrainer`` is a
-``SegmentationTrainer``). ``FastloadValidator`` likewise (:data:`VALIDATORS`)."""
+``SegmentationTrainer``); a subclass of it is joined with the task's Ultralytics trainer the same way.
+``FastloadValidator`` likewise (:data:`VALIDATORS`)."""
 from __future__ import annotations
 
+import functools
 import os
-from typing import Any, Mapping
+from typing import Any, Mapping, TypeVar
 
 from ultralytics.cfg import get_cfg
 from ultralytics.models.yolo.detect import DetectionTrainer, DetectionValidator
@@ -28,6 +30,24 @@ def _take_fastload_overrides(overrides: Any) -> tuple[dict[str, Any], dict[str, 
     given = dict(overrides or {})
     mine = {k: given.pop(k) for k in list(given) if k.startswith("fastload_")}
     return given, mine
+
+
+_Class = TypeVar("_Class", bound=type)
+
+
+@functools.lru_cache(maxsize=None)
+def _joined(cls: _Class, base: type) -> _Class:
+    """``cls`` (a subclass of a fastload entry point) joined with the task's Ultralytics ``base``, named as ``cls``."""
+    return type(cls.__name__, (cls, base), {"__module__": cls.__module__, "__qualname__": cls.__qualname__,
+                                            "__doc__": cls.__doc__})
+
+
+def _for_task(cls: _Class, entry: type, served: Mapping[str, type], ultralytics: Mapping[str, type], task: str) -> _Class:
+    """The class an instance of ``cls`` is made of for ``task``: the entry point's class of the task, ``cls`` when it
+    already is one of the task's Ultralytics class, else ``cls`` joined with it."""
+    if cls is entry:
+        return served[task]  # type: ignore[return-value]
+    return cls if issubclass(cls, ultralytics[task]) else _joined(cls, ultralytics[task])
 
 
 def _task(cfg: Any, overrides: Any) -> str:
@@ -53,9 +73,8 @@ class FastloadTrainer(DetectionTrainer):
 
     def __new__(cls, cfg: Any = DEFAULT_CFG, overrides: Mapping[str, Any] | None = None,
                 _callbacks: dict | None = None) -> "FastloadTrainer":
-        if cls is FastloadTrainer:  # the entry point: the trainer of the task asked for
-            cls = TRAINERS[_task(cfg, _take_fastload_overrides(overrides)[0])]
-        return super().__new__(cls)
+        task = _task(cfg, _take_fastload_overrides(overrides)[0])
+        return super().__new__(_for_task(cls, FastloadTrainer, TRAINERS, ULTRALYTICS_TRAINERS, task))
 
     def __init__(self, cfg: Any = DEFAULT_CFG, overrides: Mapping[str, Any] | None = None,
                  _callbacks: dict | None = None) -> None:
@@ -89,9 +108,8 @@ class FastloadValidator(DetectionValidator):
 
     def __new__(cls, dataloader: Any = None, save_dir: Any = None, args: Any = None,
                 _callbacks: dict | None = None) -> "FastloadValidator":
-        if cls is FastloadValidator:
-            cls = VALIDATORS[_task(DEFAULT_CFG, _take_fastload_overrides(args)[0])]
-        return super().__new__(cls)
+        task = _task(DEFAULT_CFG, _take_fastload_overrides(args)[0])
+        return super().__new__(_for_task(cls, FastloadValidator, VALIDATORS, ULTRALYTICS_VALIDATORS, task))
 
     def __init__(self, dataloader: Any = None, save_dir: Any = None, args: Any = None,
                  _callbacks: dict | None = None) -> None:
@@ -136,7 +154,12 @@ class FastloadOBBValidator(FastloadValidator, OBBValidator):
     """:class:`FastloadValidator` of an obb model: Ultralytics' ``OBBValidator``."""
 
 
-#: The trainer and validator of each task fastload serves.
+#: Ultralytics' trainer and validator of each task fastload serves.
+ULTRALYTICS_TRAINERS: dict[str, type] = {"detect": DetectionTrainer, "segment": SegmentationTrainer,
+                                         "pose": PoseTrainer, "obb": OBBTrainer}
+ULTRALYTICS_VALIDATORS: dict[str, type] = {"detect": DetectionValidator, "segment": SegmentationValidator,
+                                           "pose": PoseValidator, "obb": OBBValidator}
+#: fastload's trainer and validator of each task.
 TRAINERS: dict[str, type[FastloadTrainer]] = {"detect": FastloadTrainer, "segment": FastloadSegmentationTrainer,
                                               "pose": FastloadPoseTrainer, "obb": FastloadOBBTrainer}
 VALIDATORS: dict[str, type[FastloadValidator]] = {
