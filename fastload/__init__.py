@@ -5,6 +5,7 @@ The public API, by name (``docs/design.md`` maps the packages behind it):
 * :func:`loader` builds a YOLOv9-compatible loader and returns a :class:`FastLoader`;
 * :class:`CPUOptions`, :class:`TorchGPUOptions`, :class:`DALIOptions`, :class:`RayOptions`: each engine's own options
   (``loader(..., engine_options=...)``);
+* :class:`Batch`, :class:`SegmentBatch`, :class:`PoseBatch`, :class:`OBBBatch`: what a loader yields, by ``task``;
 * :func:`apply_hsv_batch`: the HSV finishing step of ``hsv_on="defer"``;
 * :func:`open_store` opens a store, :func:`convert` builds stores (``fastload convert``);
 * the exceptions: :class:`StoreError`, :class:`IncompleteStoreError`, :class:`CorruptImageError`,
@@ -28,6 +29,10 @@ _EXPORTS = {
     "TorchGPUOptions": "fastload.engines.gpu",
     "DALIOptions": "fastload.engines.dali",
     "RayOptions": "fastload.engines.ray_engine",
+    "Batch": "fastload.engines.base",
+    "SegmentBatch": "fastload.engines.base",
+    "PoseBatch": "fastload.engines.base",
+    "OBBBatch": "fastload.engines.base",
     "apply_hsv_batch": "fastload.augment.functional.torch_ops",
     "open_store": "fastload.store.factory",
     "convert": "fastload.store.convert",
@@ -40,8 +45,8 @@ _EXPORTS = {
     "WorkerError": "fastload.engines.base",
 }
 __all__ = [
-    "__version__", "loader", "FastLoader", "CPUOptions", "TorchGPUOptions", "DALIOptions", "RayOptions", "apply_hsv_batch",
-    "open_store", "convert", "StoreError", "IncompleteStoreError", "DamagedRecordError", "CorruptImageError",
+    "__version__", "loader", "FastLoader", "CPUOptions", "TorchGPUOptions", "DALIOptions", "RayOptions", "Batch",
+    "SegmentBatch", "PoseBatch", "OBBBatch", "apply_hsv_batch", "open_store", "convert", "StoreError", "IncompleteStoreError", "DamagedRecordError", "CorruptImageError",
     "DataConfigError", "EngineOptionError", "WorkerError",
 ]
 
@@ -49,7 +54,7 @@ if TYPE_CHECKING:  # what static tools see; at run time __getattr__ imports each
     from fastload.augment.functional.torch_ops import apply_hsv_batch
     from fastload.data.config import DataConfigError
     from fastload.data.images import CorruptImageError
-    from fastload.engines.base import EngineOptionError, WorkerError
+    from fastload.engines.base import Batch, EngineOptionError, OBBBatch, PoseBatch, SegmentBatch, WorkerError
     from fastload.engines.cpu import CPUOptions
     from fastload.engines.dali import DALIOptions
     from fastload.engines.gpu import TorchGPUOptions

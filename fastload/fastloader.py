@@ -25,7 +25,7 @@ from fastload.augment.params import (
 )
 from fastload.data.images import loaded_shapes
 from fastload.data.labels import FlatLabels, label_paths
-from fastload.engines.base import Batch, Engine, EngineSettings, HostRenderOptions, HSVMode, Layout
+from fastload.engines.base import TASKS, Batch, Engine, EngineSettings, HostRenderOptions, HSVMode, Layout, Task
 from fastload.engines.factory import SAMPLE_ID_ENGINES, engine_class, resolve_options
 from fastload.engines.shm_cache import ENTRY_LOCKS, decoded_set_bytes, planned_cache_bytes
 from fastload.store.base import Shards, Store
@@ -523,6 +523,41 @@ def _filter(labels: Sequence[np.ndarray], min_items: int, single_cls: bool) -> t
     return keep, out
 
 
+def _check_task_options(task: str, recipe: str, mask_ratio: int | None, overlap_mask: bool | None) -> None:
+    """Refuse a task fastload does not know, one its recipe has no reference for, and mask options without masks."""
+    if task not in TASKS:
+        raise ValueError(f"task must be one of {', '.join(TASKS)}, got {task!r}")
+    for name, value in (("mask_ratio", mask_ratio), ("overlap_mask", overlap_mask)):
+        if value is not None and task != "segment":
+            raise ValueError(f"{name}={value!r} applies to task='segment' only (task={task!r}); leave it unset")
+    if task in ("pose", "obb") and recipe == "yolov9":
+        raise ValueError(f"task={task!r} needs recipe='ultralytics' (the official YOLOv9 repository has no {task} "
+                         f"loader to follow)")
+
+
+def _check_task_labels(task: str, store: StoreView) -> None:
+    """Refuse labels without what ``task`` reads: polygons (segment), keypoints (pose), 4-corner polygons (obb)."""
+    if task == "detect":
+        return
+    labels, geometry = store.labels, store.meta.get("geometry") or {}
+    dim = None if labels.points is None else labels.points.shape[1]
+    if task == "pose":
+        if dim != 3 or not geometry.get("kpt_shape"):
+            raise ValueError(f"task='pose' needs keypoint labels (kpt_shape in the data yaml); {store.base!r} has "
+                             f"{'none' if dim is None else 'polygons'}")
+        return
+    if dim != 2:
+        what = "box rows only" if dim is None else "keypoints (task='pose')"
+        raise ValueError(f"task={task!r} needs polygon labels (class x1 y1 x2 y2 ...); {store.base!r} has {what}")
+    counts = labels.point_counts
+    if task == "obb" and counts is not None and ((counts != 0) & (counts != 4)).any():
+        # a box row (no points) is its box's four corners, as the geometry takes it
+        row = int(np.flatnonzero((counts != 0) & (counts != 4))[0])
+        image = int(np.searchsorted(labels.offsets, row, side="right") - 1)
+        raise ValueError(f"task='obb' needs 4-corner polygons (class x1 y1 ... x4 y4); "
+                         f"{label_paths([store.im_files[image]])[0]} has a row of {int(counts[row])} points")
+
+
 def loader(
     data: Any,
     split: str = "train",
@@ -553,6 +588,9 @@ def loader(
     partners: Partners | None = None,
     strict: bool = False,
     recipe: Recipe = "yolov9",
+    task: Task = "detect",
+    mask_ratio: int | None = None,
+    overlap_mask: bool | None = None,
     engine_options: Any = None,
 ) -> FastLoader:
     """Build a YOLOv9-compatible loader.
@@ -560,7 +598,8 @@ def loader(
     Iterating yields YOLOv9 batches ``(imgs, targets, paths, shapes)``: ``imgs`` uint8
     ``[B, 3, H, W]`` RGB, ``targets`` float32 ``[N, 6]`` (index in batch, cls, xc, yc, w, h)
     normalised, ``paths`` tuple of str, ``shapes`` tuple (None for mosaic samples, else
-    ``((h0, w0), ((h / h0, w / w0), (padw, padh)))``). A batch is the caller's while it holds any
+    ``((h0, w0), ((h / h0, w / w0), (padw, padh)))``); with ``task`` other than ``"detect"`` a fifth field,
+    the masks, keypoints or oriented boxes (:data:`~fastload.engines.base.BATCH_TYPES`). A batch is the caller's while it holds any
     tensor of it: it never changes, on every engine (docs/loader.md, "Batches are yours to keep").
 
     The keywords up to ``strict`` mean the same for every engine (an engine that cannot honour
@@ -663,6 +702,18 @@ def loader(
             ``v8_transforms``, with its loaded image; docs/ultralytics.md says what of it is implemented). Its additive-hue HSV has
             numpy and torch kernels: ``engine="dali"`` and ``hsv_on="defer"`` (whose caller applies YOLOv9's
             rule) raise ``ValueError``.
+        task: what the batches carry beside the boxes, read from the labels' points (docs/loader.md, "Tasks"):
+            ``"detect"`` (:class:`~fastload.engines.base.Batch`), ``"segment"`` (polygon labels;
+            :class:`~fastload.engines.base.SegmentBatch`, masks as the official YOLOv9 segment loader collates
+            them), ``"pose"`` (keypoint labels, ``kpt_shape`` in the data yaml; ``recipe="ultralytics"``;
+            :class:`~fastload.engines.base.PoseBatch`) or ``"obb"`` (4-corner polygon labels;
+            ``recipe="ultralytics"``; :class:`~fastload.engines.base.OBBBatch`). Boxes of the other tasks are
+            re-derived from their moved points, as the references do. Engines without the task refuse it
+            (:attr:`~fastload.engines.base.Engine.tasks`: ``cpu`` renders every task).
+        mask_ratio: ``task="segment"`` only: masks are ``1 / mask_ratio`` of the image on each side (``None``: 4, the
+            official ``--mask-ratio``).
+        overlap_mask: ``task="segment"`` only: one overlap mask per image (``None``: True) or one per instance
+            (False: the official ``--no-overlap``).
         engine_options: what only the chosen engine has: a :class:`~fastload.CPUOptions`,
             :class:`~fastload.TorchGPUOptions`, :class:`~fastload.DALIOptions` or
             :class:`~fastload.RayOptions`, or a dict of its
@@ -693,10 +744,12 @@ def loader(
     if augment and recipe == "ultralytics" and hsv_on == "defer":  # apply_hsv_batch's caller would not know the rule
         raise ValueError(f"recipe='ultralytics' (additive-hue HSV) is applied in the workers or on the consumer, "
                          f"not deferred (hsv_on={hsv_on!r})")
+    _check_task_options(task, recipe, mask_ratio, overlap_mask)
     rank, world_size = _resolve_world(rank, world_size)
     settings = EngineSettings(batch_size=batch_size, workers=cls.default_workers if workers is None else int(workers),
                               device=device, hsv_on=hsv_on, layout=layout, prefetch=prefetch, world_size=world_size,
-                              strict=bool(strict))
+                              strict=bool(strict), task=task, mask_ratio=4 if mask_ratio is None else mask_ratio,
+                              overlap_mask=True if overlap_mask is None else bool(overlap_mask))
     if partners is not None and partners not in PARTNERS:
         raise ValueError(f"partners must be None or one of {', '.join(PARTNERS)}, got {partners!r}")
     owns_store = not isinstance(data, Store) and not isinstance(store, Store)
@@ -715,6 +768,7 @@ def loader(
         if len(keep_idx) == 0:
             raise ValueError(f"no images left in {base!r} (min_items={min_items})")
         view = StoreView(base, keep_idx, labels)
+        _check_task_labels(task, view)
         if single_cls:
             view.names = ["item"]
         hyp_d = load_hyp(hyp)

@@ -16,6 +16,7 @@ import psutil
 import pytest
 import torch
 
+from fastload.augment import task_labels
 from fastload.engines import base as engine_base
 from fastload.engines import cpu_render
 from fastload.cli.errors import describe
@@ -132,7 +133,7 @@ def fake_targets(records, labels):
 def stand_in_augmentation(monkeypatch):
     """The renderer draws with fake_render / fake_targets (patched before any worker forks)."""
     monkeypatch.setattr(cpu_render, "render_sample", fake_render)
-    monkeypatch.setattr(cpu_render, "batch_targets", fake_targets)
+    monkeypatch.setattr(task_labels, "batch_targets", fake_targets)
 
 
 def make_engine(n=20, workers=0, encoded=False, sampler=None, hsv_on="worker", layout="nhwc", **options) -> CPUEngine:

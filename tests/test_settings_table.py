@@ -1,6 +1,6 @@
 """docs/design.md's settings table and option signatures against the engine classes: what each engine
 refuses there is what its declarations (Engine.renderers, min_workers, min_prefetch, hsv_modes,
-accepts_gpu_store) make it refuse, and each options class is listed with its fields and their defaults."""
+accepts_gpu_store, tasks) make it refuse, and each options class is listed with its fields and their defaults."""
 from __future__ import annotations
 
 import ast
@@ -8,6 +8,7 @@ import dataclasses
 import re
 from pathlib import Path
 
+from fastload.engines.base import TASKS
 from fastload.engines.factory import ENGINES
 
 DESIGN = Path(__file__).resolve().parents[1] / "docs" / "design.md"
@@ -39,6 +40,9 @@ def test_the_settings_table_says_what_the_declarations_refuse():
         assert hsv.startswith("refused") == ("worker" not in cls.hsv_modes), (name, hsv)
         gpu_store = table['`store="gpu"` (not a setting)'][name]
         assert (gpu_store == "refused") == (not cls.accepts_gpu_store), (name, gpu_store)
+        task = table["`task` (`mask_ratio`, `overlap_mask`)"][name]
+        assert (task == 'refused unless `"detect"`') == (cls.tasks == ("detect",)), (name, task)
+        assert task.startswith("every task") == (set(cls.tasks) == set(TASKS)), (name, task)
 
 
 def test_the_option_signatures_list_every_field_with_its_default():

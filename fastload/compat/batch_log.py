@@ -48,7 +48,7 @@ class BatchLog(LoaderWrapper):
                   "augment": bool(fl.dataset.augment), "epoch": epoch}
         with open(self.path, "a", buffering=1) as f:
             for k, batch in enumerate(fl):
-                imgs, _, paths, shapes = batch
+                imgs, paths, shapes = batch[0], batch[2], batch[3]  # (a segment batch has its masks fifth)
                 f.write(json.dumps(dict(fields, batch=k, hw=[int(imgs.shape[2]), int(imgs.shape[3])], n=len(paths),
                                         mosaic=sum(s is None for s in shapes), images=[Path(p).name for p in paths],
                                         device=str(imgs.device))) + "\n")

@@ -38,6 +38,7 @@ import torch
 from fastload.augment.functional.tiles import AXIS_KERNELS, AxisKernel
 from fastload.augment.functional.torch_ops import apply_hsv_batch
 from fastload.augment.params import ParamSampler, Partners
+from fastload.augment.task_labels import TaskLabels
 from fastload.data.images import JPEG_DECODERS, ShrinkFilter, shrink_filter
 from fastload.store.base import DAMAGE_KINDS, DamagedRecordError, ReadAhead, Store
 from fastload.store.kinds import STORE_KINDS
@@ -46,6 +47,10 @@ HSVMode = Literal["worker", "consumer", "defer"]
 HSV_MODES: tuple[str, ...] = get_args(HSVMode)
 Layout = Literal["nhwc", "nchw"]
 LAYOUTS: tuple[str, ...] = get_args(Layout)
+#: What a loader's batches carry beside the boxes: nothing (``"detect"``), instance masks (``"segment"``),
+#: keypoints (``"pose"``) or oriented boxes (``"obb"``); :data:`BATCH_TYPES` names each task's batch.
+Task = Literal["detect", "segment", "pose", "obb"]
+TASKS: tuple[str, ...] = get_args(Task)
 _MEMORY_FORMAT = {"nhwc": torch.channels_last, "nchw": torch.contiguous_format}
 
 
@@ -208,6 +213,11 @@ class EngineSettings:
             stops the loader with that one-line error; False (the default): it is skipped, warned once and
             counted in :meth:`Engine.stats`, and every sample that reads it is drawn again
             (:meth:`~fastload.augment.params.ParamSampler.first_usable`).
+        task: what the batches carry beside the boxes (:data:`TASKS`; :data:`BATCH_TYPES`); an engine renders the
+            tasks it declares (:attr:`Engine.tasks`) and refuses the others.
+        mask_ratio: ``"segment"``: masks are ``1 / mask_ratio`` of the output size on each side.
+        overlap_mask: ``"segment"``: one overlap mask per image (instance ``k`` of the image, in the targets' order,
+            is the value ``k + 1``), else one mask per instance.
     """
 
     batch_size: int
@@ -218,6 +228,9 @@ class EngineSettings:
     prefetch: int = 2
     world_size: int = 1
     strict: bool = False
+    task: Task = "detect"
+    mask_ratio: int = 4
+    overlap_mask: bool = True
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
@@ -232,6 +245,10 @@ class EngineSettings:
             raise ValueError(f"prefetch must be >= 0, got {self.prefetch}")
         if self.world_size < 1:
             raise ValueError(f"world_size must be >= 1, got {self.world_size}")
+        if self.task not in TASKS:
+            raise ValueError(f"task must be one of {', '.join(TASKS)}, got {self.task!r}")
+        if isinstance(self.mask_ratio, bool) or not isinstance(self.mask_ratio, (int, np.integer)) or self.mask_ratio < 1:
+            raise ValueError(f"mask_ratio must be an integer >= 1, got {self.mask_ratio!r}")
 
 
 class Batch(NamedTuple):
@@ -247,6 +264,78 @@ class Batch(NamedTuple):
     targets: torch.Tensor
     paths: tuple[str, ...]
     shapes: tuple[Any, ...]
+
+
+class SegmentBatch(NamedTuple):
+    """A ``task="segment"`` batch; unpacks as ``imgs, targets, paths, shapes, masks`` (the official YOLOv9
+    ``LoadImagesAndLabelsAndMasks.collate_fn``'s).
+
+    imgs, targets, paths, shapes: as :class:`Batch`; with overlap masks each image's targets are ordered by
+    decreasing mask area, as the official loader reorders them.
+    masks: ``overlap_mask=True``: ``[B, H / r, W / r]``, the value ``k + 1`` where the image's ``k``-th instance (in
+    the targets' order) is the smallest one covering the pixel, 0 elsewhere; ``False``: ``[N, H / r, W / r]`` 0/1,
+    one per target row. ``r`` is ``mask_ratio``. ``uint8`` (``int32`` when an image has more than 255 instances),
+    ``float32`` when an image of the batch has no instance (the official collate's concatenation promotes its
+    empty float masks).
+    """
+
+    imgs: torch.Tensor
+    targets: torch.Tensor
+    paths: tuple[str, ...]
+    shapes: tuple[Any, ...]
+    masks: torch.Tensor
+
+
+class PoseBatch(NamedTuple):
+    """A ``task="pose"`` batch; unpacks as ``imgs, targets, paths, shapes, keypoints``.
+
+    keypoints: ``float32 [N, K, 3]`` ``(x, y, visibility)``, x and y normalised to ``W, H``, one per target row
+    (flipped keypoints reordered through the data yaml's ``flip_idx``).
+    """
+
+    imgs: torch.Tensor
+    targets: torch.Tensor
+    paths: tuple[str, ...]
+    shapes: tuple[Any, ...]
+    keypoints: torch.Tensor
+
+
+class OBBBatch(NamedTuple):
+    """A ``task="obb"`` batch; unpacks as ``imgs, targets, paths, shapes, obb``.
+
+    obb: ``float32 [N, 5]`` ``(xc, yc, w, h, angle)``, one per target row: the minimum-area rectangle of each
+    oriented box, normalised to ``W, H``, ``w`` the longer side, the angle in radians in ``[-pi/4, 3pi/4)``
+    (:func:`fastload.augment.geometry.obb_xywhr`); ``targets`` hold the boxes around them.
+    """
+
+    imgs: torch.Tensor
+    targets: torch.Tensor
+    paths: tuple[str, ...]
+    shapes: tuple[Any, ...]
+    obb: torch.Tensor
+
+
+#: The batch type of each task.
+BATCH_TYPES: dict[str, type] = {"detect": Batch, "segment": SegmentBatch, "pose": PoseBatch, "obb": OBBBatch}
+
+
+def task_batch(task: Task, imgs: torch.Tensor, targets: torch.Tensor, paths: tuple[str, ...], shapes: tuple[Any, ...],
+               extra: torch.Tensor | None) -> Any:
+    """The batch of ``task`` (:data:`BATCH_TYPES`): ``extra`` is its fifth field (None for ``"detect"``)."""
+    if task == "detect":
+        return Batch(imgs, targets, paths, shapes)
+    if extra is None:
+        raise ValueError(f"a {task} batch needs its {BATCH_TYPES[task]._fields[-1]}")
+    return BATCH_TYPES[task](imgs, targets, paths, shapes, extra)
+
+
+def task_labels(store: Store, settings: EngineSettings) -> TaskLabels:
+    """What ``settings.task``'s batches carry, with the store's keypoint shape and flip order (``meta["geometry"]``,
+    the data yaml's ``kpt_shape`` / ``flip_idx``)."""
+    geometry = store.meta.get("geometry") or {}
+    kpt_shape, flip_idx = geometry.get("kpt_shape"), geometry.get("flip_idx")
+    return TaskLabels(settings.task, int(settings.mask_ratio), bool(settings.overlap_mask),
+                      int(kpt_shape[0]) if kpt_shape else 0, tuple(int(v) for v in flip_idx) if flip_idx else None)
 
 
 class Rendered(NamedTuple):
@@ -272,7 +361,7 @@ class Engine(abc.ABC):
     read (none of them compares engine names): :attr:`renderers`, :attr:`min_workers`, :attr:`min_prefetch`,
     :attr:`renders_on`, :attr:`accepts_gpu_store`, :attr:`hsv_modes`, :attr:`takes_sample_ids`,
     :attr:`default_workers`,
-    :attr:`default_partners`, :attr:`requires`.
+    :attr:`default_partners`, :attr:`requires`, :attr:`tasks`.
 
     ``shrink`` is the filter images from encoded stores are shrunk to their loaded size with, as
     YOLOv9's ``load_image`` picks it: ``"linear"`` when the sampler augments (training), ``"area"``
@@ -304,6 +393,8 @@ class Engine(abc.ABC):
     # shows an image more than once, each visit with its own draws (YOLOv9's --image-weights)
     takes_sample_ids: ClassVar[bool] = False
     requires: ClassVar[str | None] = None  # the optional package (a module name) the engine needs, if any
+    # the loader tasks it renders (EngineSettings.task); the others are refused, naming the engines that render them
+    tasks: ClassVar[tuple[str, ...]] = ("detect",)
 
     @classmethod
     def renderer_keywords(cls, n: int) -> dict[str, Any]:
@@ -348,6 +439,11 @@ class Engine(abc.ABC):
             self._refuse("hsv_on", self.settings.hsv_on, f"it applies HSV only as {' or '.join(map(repr, self.hsv_modes))}")
         if self.settings.prefetch < self.min_prefetch:
             self._refuse("prefetch", self.settings.prefetch, f"it keeps at least {self.min_prefetch} batch in flight")
+        if self.settings.task not in self.tasks:
+            able = list(dict.fromkeys(c.name for c in _engine_classes() if c.name and self.settings.task in c.tasks))
+            self._refuse("task", self.settings.task, f"it renders {' and '.join(self.tasks)} batches only; engine"
+                         f"{'s' * (len(able) > 1)} {' or '.join(map(repr, able))} render{'s' * (len(able) == 1)} "
+                         f"{self.settings.task} batches")
         kind = STORE_KINDS.get(store.kind)  # (a store of no registered kind, such as a test's, is on the host)
         if kind is not None and not kind.on_host and not self.accepts_gpu_store:
             raise ValueError(f"engine={self.name!r} cannot use store={store.kind!r} (its images live in device memory, "
@@ -475,6 +571,16 @@ class Engine(abc.ABC):
 
 
 # -- helpers shared by engines ------------------------------------------------------------------
+
+
+def _engine_classes() -> list[type[Engine]]:
+    """Every engine class defined so far (subclasses of subclasses included), in definition order."""
+    found, todo = [], list(Engine.__subclasses__())
+    while todo:
+        cls = todo.pop(0)
+        found.append(cls)
+        todo.extend(cls.__subclasses__())
+    return found
 
 
 def chunks(indices: np.ndarray, batch_size: int) -> list[np.ndarray]:

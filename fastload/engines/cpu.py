@@ -1,7 +1,8 @@
 """The CPU engine: persistent forked workers render whole batches into a shared-memory ring.
 
 Per batch the consumer sends a worker ``(epoch, batch number, slot, indices)``; the worker samples
-each record, draws every sample straight into the slot and answers with the targets only. The
+each record, draws every sample straight into the slot and answers with the targets only (and the task's masks,
+keypoints or oriented boxes beside them: :class:`~fastload.augment.task_labels.TaskLabels`). The
 consumer wraps the slot in a tensor view (no collate copy), optionally moves it to ``device`` and
 hands the HSV gains (``hsv_on="consumer"`` or ``"defer"``) to the shared finishing step. With ``workers=0`` the same renderer runs in the
 calling process. Results are identical for any worker count: records depend only on
@@ -23,9 +24,10 @@ import numpy as np
 import torch
 
 from fastload.augment.params import ParamSampler, shapes_from_array
-from fastload.engines.base import Batch, Engine, EngineSettings, HostRenderOptions, Rendered, chunks
+from fastload.engines.base import (TASKS, Engine, EngineSettings, HostRenderOptions, Rendered, chunks, task_batch,
+                                   task_labels)
 from fastload.engines.cpu_render import BatchRenderer
-from fastload.engines.cpu_workers import WorkerPool, default_start_method_ok
+from fastload.engines.cpu_workers import WorkerPool, array_from_fields, default_start_method_ok
 from fastload.engines.inflight import InFlightWindow
 from fastload.engines.shm_batch import SlotRing
 from fastload.engines.shm_cache import open_decode_cache
@@ -112,7 +114,8 @@ class _WorkerTransport:
         gains = None if msg["g"] is None else np.frombuffer(bytearray(msg["g"]), np.float32).reshape(-1, 3)
         eng._note_damage(msg["d"], msg["rp"])
         images = np.frombuffer(msg["ix"], np.int64)
-        return eng._rendered(slot, images, tuple(msg["hw"]), targets, shapes, gains)
+        extra = None if msg["x"] is None else array_from_fields(msg["x"])
+        return eng._rendered(slot, images, tuple(msg["hw"]), targets, extra, shapes, gains)
 
     def drop(self, tasks: Sequence[tuple[int, int]]) -> None:
         # a worker answers in task order: collect every outstanding result so the next epoch starts clean
@@ -152,6 +155,7 @@ class CPUEngine(Engine):
     default_workers = 8
     default_partners = "dataset"
     takes_sample_ids = True
+    tasks = TASKS
 
     def __init__(self, store: Store, sampler: ParamSampler, settings: EngineSettings, options: CPUOptions | None = None) -> None:
         super().__init__(store, sampler, settings, options)
@@ -169,7 +173,7 @@ class CPUEngine(Engine):
         self.renderer = BatchRenderer(
             store, sampler, cache=cache, hsv_in_worker=(settings.hsv_on == "worker"), layout=self.layout,
             reduced_decode=opts.decode_scale == "reduced", axis_kernel=opts.axis_kernel, shrink=self.shrink,
-            strict=settings.strict, jpeg_decoder=opts.jpeg_decoder,
+            strict=settings.strict, jpeg_decoder=opts.jpeg_decoder, task_labels=task_labels(store, settings),
         )
         # slots being rendered into (in flight to the workers, or the one being drawn in-process) plus `keep`
         # for the caller: one delivered while the caller holds `keep` is copied, so one is always left to render
@@ -223,8 +227,8 @@ class CPUEngine(Engine):
         self._active = gen
         return gen
 
-    def _rendered(self, slot: int, images: np.ndarray, hw: tuple[int, int], targets: np.ndarray, shapes: list[Any],
-                  gains: np.ndarray | None) -> Rendered:
+    def _rendered(self, slot: int, images: np.ndarray, hw: tuple[int, int], targets: np.ndarray,
+                  extra: np.ndarray | None, shapes: list[Any], gains: np.ndarray | None) -> Rendered:
         """The batch in ``slot``; ``images``: the image each sample shows (a replacement's for a damaged one)."""
         h, w = hw
         to_device = self.device is not None and self.device.type != "cpu"
@@ -236,7 +240,8 @@ class CPUEngine(Engine):
         if to_device:
             imgs = imgs.to(self.device, non_blocking=False)
         paths = tuple(self.store.im_files[i] for i in images.tolist())
-        batch = Batch(imgs, torch.from_numpy(targets), paths, tuple(shapes))
+        batch = task_batch(self.settings.task, imgs, torch.from_numpy(targets), paths, tuple(shapes),
+                           None if extra is None else torch.from_numpy(extra))
         return Rendered(batch, None if gains is None else torch.from_numpy(gains))
 
     def _iter_inline(self, epoch: int, indices: np.ndarray) -> Generator[Rendered, None, None]:
@@ -254,7 +259,7 @@ class CPUEngine(Engine):
                                  self.renderer.decodes]
             self.decodes = self.renderer.decodes
             self._note_damage(out.damaged, out.replaced)
-            yield self._rendered(slot, out.images, out.hw, out.targets, out.shapes, out.gains)
+            yield self._rendered(slot, out.images, out.hw, out.targets, out.extra, out.shapes, out.gains)
 
     def _iter_workers(self, epoch: int, indices: np.ndarray) -> Generator[Rendered, None, None]:
         self._start()

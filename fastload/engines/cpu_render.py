@@ -18,15 +18,16 @@ remembered by this process (never read again) and reported once in :attr:`SlotRe
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
-from fastload.augment.boxes import batch_targets
 from fastload.augment.functional.tiles import AxisKernel, check_axis_kernel
 from fastload.augment.params import ParamSampler, image_of
 from fastload.augment.pipeline import render_sample
+from fastload.augment.task_labels import TaskLabels
 from fastload.data.images import ShrinkFilter
+from fastload.data.labels import FlatLabels
 from fastload.engines.shm_cache import SharedDecodeCache
 from fastload.store.base import DamagedRecords, Store
 
@@ -49,6 +50,7 @@ class SlotResult:
 
     hw: tuple[int, int]
     targets: np.ndarray  # float32 [N, 6]
+    extra: np.ndarray | None  # the task's array beside the targets (TaskLabels.batch), None for detection
     shapes: list[Any]
     gains: np.ndarray | None  # float32 [B, 3] HSV gains still to apply (hsv_on consumer/defer), else None
     images: np.ndarray  # int64 [B] the image each sample shows (a replacement's when its own was damaged)
@@ -73,6 +75,7 @@ class BatchRenderer:
             (see :meth:`Store.load`).
         strict: raise :class:`~fastload.store.base.DamagedRecordError` at the first damaged record
             (False: replace the samples that read it, see the module docstring).
+        task_labels: what the batches carry beside the boxes (detection by default).
     """
 
     def __init__(
@@ -88,6 +91,7 @@ class BatchRenderer:
         shrink: ShrinkFilter = "area",
         strict: bool = False,
         jpeg_decoder: str | None = None,
+        task_labels: TaskLabels = TaskLabels(),
     ) -> None:
         self.store = store
         self.sampler = sampler
@@ -101,7 +105,8 @@ class BatchRenderer:
         # only when chosen: a Store subclass whose load() predates the keyword keeps working without it
         self._decoder = {} if jpeg_decoder is None else {"decoder": jpeg_decoder}
         self._rule = {} if sampler.load_rule == "yolov9" else {"rule": sampler.load_rule}  # (the same)
-        self.labels: Sequence[np.ndarray] = store.labels
+        self.labels = FlatLabels.from_arrays(store.labels)  # (a view's already are: no copy)
+        self.task_labels = task_labels
         self._scratch: np.ndarray | None = None
         self.decodes = 0  # encoded images this process decoded (cache misses included, hits not)
         self.damaged = DamagedRecords(strict)
@@ -158,7 +163,8 @@ class BatchRenderer:
         gains = None
         if not self.hsv_in_worker:
             gains = np.array([p.hsv_gain for p in params], np.float32).reshape(-1, 3)
-        return SlotResult((h, w), batch_targets(params, self.labels), [p.shapes for p in params], gains,
+        targets, extra = self.task_labels.batch(params, self.labels, self.sampler.recipe)
+        return SlotResult((h, w), targets, extra, [p.shapes for p in params], gains,
                           np.array([p.index for p in params], np.int64), sum(p.attempt > 0 for p in params),
                           self.damaged.take_found())
 

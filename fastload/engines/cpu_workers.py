@@ -2,7 +2,8 @@
 
 Protocol (msgpack over one pipe pair per worker, no pickle):
   task   ``{"s": seq, "e": epoch, "slot": k, "idx": int64 bytes, "mc": mosaic_closed}``, or ``{"stop": 1}``
-  result ``{"s": seq, "slot": k, "hw": [h, w], "t": float32 [N, 6] bytes, "sh": float64 [B, 6] bytes,
+  result ``{"s": seq, "slot": k, "hw": [h, w], "t": float32 [N, 6] bytes, "x": the task's extra array (masks,
+           keypoints, oriented boxes: ``[dtype name, shape, bytes]``) or None (detection), "sh": float64 [B, 6] bytes,
            "g": float32 [B, 3] bytes | None, "c": [cache hits, cache misses, decodes] (the worker's totals),
            "ix": int64 [B] bytes (the image each sample shows), "rp": samples drawn again,
            "d": [DamagedRecordError fields of the damaged records it met first]}``,
@@ -77,6 +78,7 @@ def _worker_main(
                 "slot": slot,
                 "hw": list(out.hw),
                 "t": np.ascontiguousarray(out.targets, np.float32).tobytes(),
+                "x": None if out.extra is None else array_fields(out.extra),
                 "sh": np.stack([shapes_to_array(s) for s in out.shapes]).tobytes(),
                 "g": None if out.gains is None else out.gains.tobytes(),
                 "c": [hits, misses, renderer.decodes],
@@ -94,6 +96,18 @@ def _worker_main(
             break
     tasks.close()
     results.close()
+
+
+def array_fields(a: np.ndarray) -> list[Any]:
+    """An array as plain values for a message: ``[dtype name, shape, bytes]`` (:func:`array_from_fields`)."""
+    a = np.ascontiguousarray(a)
+    return [a.dtype.str, list(a.shape), a.tobytes()]
+
+
+def array_from_fields(fields: list[Any]) -> np.ndarray:
+    """The array :func:`array_fields` sent (writable: it owns its memory)."""
+    dtype, shape, data = fields
+    return np.frombuffer(bytearray(data), np.dtype(dtype)).reshape(shape)
 
 
 def _describe_exit(code: int | None) -> str:

@@ -9,7 +9,7 @@ import numpy as np
 from fastload.data.config import DataConfig
 from fastload.data.index import DatasetIndex, build_index
 from fastload.data.labels import FlatLabels
-from fastload.store.base import Store, StoreError
+from fastload.store.base import Store, StoreError, geometry_meta
 
 
 class FileStore(Store):
@@ -40,10 +40,14 @@ class FileStore(Store):
         self.path = path
 
     @classmethod
-    def from_index(cls, index: DatasetIndex, path: str | None = None) -> "FileStore":
-        """Wrap a :class:`fastload.data.index.DatasetIndex` (only its valid images)."""
-        meta = {"kind": cls.kind, "n": len(index.im_files), "names": list(index.names)}
-        return cls(index.im_files, index.labels, index.shapes, index.names, meta=meta, path=path)
+    def from_index(cls, index: DatasetIndex, path: str | None = None,
+                   flip_idx: Sequence[int] | None = None) -> "FileStore":
+        """Wrap a :class:`fastload.data.index.DatasetIndex` (only its valid images); ``flip_idx``: the data yaml's,
+        recorded with pose labels (``meta["geometry"]``, as the converted stores record it)."""
+        labels = FlatLabels.from_arrays(index.labels)
+        meta = {"kind": cls.kind, "n": len(index.im_files), "names": list(index.names),
+                **geometry_meta(labels, index.kpt_shape, flip_idx)}
+        return cls(index.im_files, labels, index.shapes, index.names, meta=meta, path=path)
 
     @classmethod
     def from_config(cls, cfg: DataConfig, split: str = "train", **index_kw: Any) -> "FileStore":
@@ -51,7 +55,7 @@ class FileStore(Store):
         index_kw.setdefault("progress", False)
         index = build_index(cfg, split, **index_kw)
         source = cfg.splits.get(split)
-        return cls.from_index(index, path=str(source[0]) if source else None)
+        return cls.from_index(index, path=str(source[0]) if source else None, flip_idx=cfg.flip_idx)
 
     def read_image(self, i: int) -> bytes:
         i = self.check_index(i)

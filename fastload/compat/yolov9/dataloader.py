@@ -74,6 +74,18 @@ def create_dataloader(
     available, batches are delivered on the current CUDA device with HSV applied there (the CPU
     workers do the geometry only): the official trainer never applies HSV itself.
     """
+    return build(path, imgsz, batch_size, stride, single_cls=single_cls, hyp=hyp, augment=augment, cache=cache, pad=pad,
+                 rect=rect, rank=rank, workers=workers, image_weights=image_weights, quad=quad, min_items=min_items,
+                 prefix=prefix, shuffle=shuffle, fastload_options=fastload_options)
+
+
+def build(path: Any, imgsz: int, batch_size: int, stride: int, *, single_cls: bool, hyp: Any, augment: bool, cache: Any,
+          pad: float, rect: bool, rank: int, workers: int, image_weights: bool, quad: bool, min_items: int, prefix: str,
+          shuffle: bool, fastload_options: dict[str, Any], task_keywords: dict[str, Any] | None = None
+          ) -> tuple[Any, Any]:
+    """The ``(loader, dataset)`` of an official ``create_dataloader`` (detection's, or with ``task_keywords``
+    the segment one's: :mod:`fastload.compat.yolov9.segment`)."""
+    task_keywords = task_keywords or {}
     opts = CompatOptions.resolve(fastload_options)
     if quad:
         raise ValueError("fastload.compat.yolov9: --quad (quad=True) is not supported; drop the flag")
@@ -113,6 +125,7 @@ def create_dataloader(
             world_size=world,
             min_items=min_items,
             single_cls=single_cls,
+            **task_keywords,
             **chosen,
         )
     except BaseException:
@@ -122,8 +135,9 @@ def create_dataloader(
     if not ds.names or single_cls:
         top = max((int(lb[:, 0].max()) for lb in ds.labels if len(lb)), default=0)
         ds.names = ["item"] if single_cls else [str(i) for i in range(top + 1)]
-    LOG.info("%sfastload: %d images, %d batches of %d, %d workers, %s store, %s engine, HSV %s, batches on %s",
-             prefix, ds.n, len(fl), batch_size, fl.num_workers, store.kind, opts.engine,
+    task = task_keywords.get("task", "detect")
+    LOG.info("%sfastload: %s%d images, %d batches of %d, %d workers, %s store, %s engine, HSV %s, batches on %s",
+             prefix, "" if task == "detect" else f"{task}, ", ds.n, len(fl), batch_size, fl.num_workers, store.kind, opts.engine,
              (chosen["hsv_on"] or engine.hsv_modes[0]) if augment else "off",
              device if device is not None else "cpu")
     if opts.batch_log:

@@ -2,10 +2,13 @@
 
 ``python -m fastload.compat.yolov9 SCRIPT.py [official flags] [--fastload-* flags]`` (and the same
 after ``torchrun ... -m``): the ``--fastload-*`` flags are taken out, the script's own folder goes
-first on ``sys.path`` (as when Python runs it), the checkout's ``utils.dataloaders`` is imported and
-its ``create_dataloader`` replaced, then the script runs as ``__main__`` with the remaining flags.
-Every ``from utils.dataloaders import create_dataloader`` that follows (the script's, and
-``val_dual.py``'s when the trainer imports it) gets fastload's. Nothing on disk changes.
+first on ``sys.path`` (as when Python runs it; the checkout's root after it, for the scripts in ``segment/``),
+the checkout's ``utils.dataloaders`` is imported and its ``create_dataloader`` replaced, and so is
+``utils.segment.dataloaders``' (by :func:`fastload.compat.yolov9.segment.create_dataloader`) when the script
+imports it (``segment/train.py``, ``segment/train_dual.py``, ``segment/val.py`` ...); then the script runs as
+``__main__`` with the remaining flags. Every ``from utils.dataloaders import create_dataloader`` (or the segment
+one) that follows (the script's, and the validation script's when the trainer imports it) gets fastload's.
+Nothing on disk changes.
 """
 from __future__ import annotations
 
@@ -18,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from fastload.compat.yolov9 import dataloader
+from fastload.compat.yolov9 import dataloader, segment
 from fastload.compat.yolov9.options import OPTIONS
 
 PROG = "python -m fastload.compat.yolov9"
@@ -32,9 +35,10 @@ class LaunchError(Exception):
 
 def usage() -> str:
     lines = [f"usage: {PROG} SCRIPT.py [official flags] [fastload flags]", "",
-             "Runs an official YOLOv9 script (train_dual.py, train.py, val_dual.py, val.py ...) unchanged, with",
-             "fastload's create_dataloader in place of utils.dataloaders.create_dataloader. Every flag that is",
-             "not a fastload flag goes to the script. fastload flags (environment variable in brackets):", ""]
+             "Runs an official YOLOv9 script (train_dual.py, train.py, val_dual.py, val.py, segment/train.py ...)",
+             "unchanged, with fastload's create_dataloader in place of utils.dataloaders.create_dataloader (and of",
+             "utils.segment.dataloaders.create_dataloader). Every flag that is not a fastload flag goes to the",
+             "script. fastload flags (environment variable in brackets):", ""]
     for opt in OPTIONS:
         lines.append(f"  {opt.flag} VALUE   [{opt.env}] {opt.help} (default: {opt.default})")
     return "\n".join(lines)
@@ -78,29 +82,54 @@ def _official_seed(args: Sequence[str]) -> int | None:
     return None
 
 
-def install(script_dir: Path, create: Callable[..., Any]) -> Any:
-    """Import the checkout's ``utils.dataloaders`` and put ``create`` in place of its ``create_dataloader``."""
+#: the official modules whose ``create_dataloader`` the launcher replaces, and the fastload module whose
+#: ``create_dataloader`` replaces it (looked up at each call)
+LOADER_MODULES = {"utils.dataloaders": dataloader, "utils.segment.dataloaders": segment}
+
+
+def checkout_root(script_dir: Path) -> Path:
+    """The official checkout a script belongs to: its folder or the nearest one above that holds
+    ``utils/dataloaders.py`` (the scripts of ``segment/`` live one level down)."""
+    for folder in (script_dir, *script_dir.parents):
+        if (folder / "utils" / "dataloaders.py").is_file():
+            return folder
+    raise LaunchError(f"no utils/dataloaders.py in {script_dir} or above it; run a script of an official YOLOv9 "
+                      f"checkout")
+
+
+def install(script_dir: Path, create: Callable[[str], Callable[..., Any]], modules: Sequence[str]) -> list[Any]:
+    """Import each of ``modules`` (of :data:`LOADER_MODULES`) from the checkout of ``script_dir`` and put
+    ``create(module name)`` in place of its ``create_dataloader``."""
+    root = checkout_root(script_dir.resolve())
     if str(script_dir) not in sys.path:
         sys.path.insert(0, str(script_dir))
-    try:
-        module = importlib.import_module("utils.dataloaders")
-    except ImportError as e:
-        raise LaunchError(f"cannot import utils.dataloaders from {script_dir} ({e}); run a script of an official "
-                          f"YOLOv9 checkout (the folder that holds utils/dataloaders.py)") from None
-    where = Path(module.__file__ or "").resolve()
-    if script_dir.resolve() not in where.parents:
-        raise LaunchError(f"utils.dataloaders was imported from {where}, not from {script_dir}; another 'utils' "
-                          f"package shadows the checkout's")
-    module.create_dataloader = create
-    return module
+    if str(root) not in sys.path:
+        sys.path.append(str(root))  # as the scripts of segment/ append it themselves
+    replaced = []
+    for name in modules:
+        try:
+            module = importlib.import_module(name)
+        except ImportError as e:
+            raise LaunchError(f"cannot import {name} from {root} ({e}); run a script of an official YOLOv9 "
+                              f"checkout") from None
+        where = Path(module.__file__ or "").resolve()
+        if root not in where.parents:
+            raise LaunchError(f"{name} was imported from {where}, not from {root}; another 'utils' package shadows "
+                              f"the checkout's")
+        module.create_dataloader = create(name)
+        replaced.append(module)
+    return replaced
 
 
-def run(script: str, args: Sequence[str], create: Callable[..., Any]) -> None:
-    """Run ``script`` as ``__main__`` with ``args``, its ``utils.dataloaders.create_dataloader`` being ``create``."""
+def run(script: str, args: Sequence[str], create: Callable[[str], Callable[..., Any]]) -> None:
+    """Run ``script`` as ``__main__`` with ``args``, the ``create_dataloader`` of each official loader module it
+    imports (:data:`LOADER_MODULES`; ``utils.dataloaders`` always) being ``create(module name)``."""
     path = Path(script)
     if not path.is_file():
         raise LaunchError(f"no script {script}")
-    install(path.resolve().parent, create)
+    text = path.read_text(errors="replace")
+    modules = [name for name in LOADER_MODULES if name == "utils.dataloaders" or name in text]
+    install(path.resolve().parent, create, modules)
     sys.argv = [str(path), *args]
     runpy.run_path(str(path), run_name="__main__")
 
@@ -124,10 +153,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                 keywords["seed"] = seed
         calls = []
 
-        @functools.wraps(dataloader.create_dataloader)
-        def create(*a: Any, **kw: Any) -> Any:
-            calls.append(1)
-            return dataloader.create_dataloader(*a, **{**keywords, **kw})
+        def create(module: str) -> Callable[..., Any]:
+            ours = LOADER_MODULES[module]
+
+            @functools.wraps(ours.create_dataloader)
+            def create_dataloader(*a: Any, **kw: Any) -> Any:
+                calls.append(module)
+                return ours.create_dataloader(*a, **{**keywords, **kw})
+
+            return create_dataloader
 
         log = logging.getLogger("fastload")
         if not log.handlers:
@@ -142,8 +176,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"fastload.compat.yolov9: {script} with fastload's create_dataloader ({where})", file=sys.stderr, flush=True)
         run(script, args, create)
         if not calls and int(os.environ.get("RANK", "0")) <= 0:
-            print(f"fastload.compat.yolov9: note: {script} never called utils.dataloaders.create_dataloader "
-                  f"(it builds its loader some other way); fastload was not used", file=sys.stderr)
+            print(f"fastload.compat.yolov9: note: {script} never called the create_dataloader of "
+                  f"{' or '.join(LOADER_MODULES)} (it builds its loader some other way); fastload was not used",
+                  file=sys.stderr)
         return 0
     except LaunchError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)

@@ -1,0 +1,116 @@
+"""``fastload.loader(task=...)``: segment, pose and obb batches from the CPU engine (in-process and forked workers
+alike), their types and shapes, the labels a store view keeps, and the one-line refusals."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import fastload
+from fastload.data.synthetic import make_synthetic_dataset
+from fastload.engines.base import OBBBatch, PoseBatch, SegmentBatch
+
+RECIPE = {"segment": "yolov9", "pose": "ultralytics", "obb": "ultralytics"}
+BATCH = {"segment": SegmentBatch, "pose": PoseBatch, "obb": OBBBatch}
+
+
+@pytest.fixture(scope="module")
+def task_data(tmp_path_factory) -> dict[str, Path]:
+    out = tmp_path_factory.mktemp("tasks")
+    return {task: make_synthetic_dataset(out / task, n_train=10, n_val=0, seed=3, min_size=48, max_size=120,
+                                         task=task) for task in RECIPE}
+
+
+def _batches(data: Path, task: str, workers: int, **kw) -> list:
+    with fastload.loader(data, "train", imgsz=64, batch_size=4, workers=workers, store="files", task=task,
+                         recipe=RECIPE[task], **kw) as fl:
+        return list(fl)
+
+
+def _same(a, b) -> None:
+    for x, y in zip(a, b):
+        if isinstance(x, torch.Tensor):
+            assert x.dtype == y.dtype and torch.equal(x, y)
+        else:
+            assert x == y
+
+
+@pytest.mark.parametrize("task", list(RECIPE))
+def test_task_batches_are_the_same_rendered_in_process_and_by_forked_workers(task_data, task):
+    inline = _batches(task_data[task], task, 0)
+    forked = _batches(task_data[task], task, 2)
+    assert len(inline) == len(forked) == 3
+    for a, b in zip(inline, forked):
+        assert type(a) is type(b) is BATCH[task]
+        _same(a, b)
+    rows = sum(len(b.targets) for b in inline)
+    assert rows, "the synthetic set has instances"
+    for b in inline:
+        n = len(b.targets)
+        if task == "segment":  # overlap: one mask per image, values up to the image's instance count
+            assert b.masks.shape == (len(b.paths), 16, 16)
+            for i in range(len(b.paths)):
+                assert int(b.masks[i].max()) <= int((b.targets[:, 0] == i).sum())
+        elif task == "pose":
+            assert b.keypoints.shape == (n, 5, 3) and b.keypoints.dtype == torch.float32
+            visible = b.keypoints[..., 2] > 0
+            assert bool(((b.keypoints[..., :2] >= 0) & (b.keypoints[..., :2] <= 1))[visible].all())
+        else:
+            assert b.obb.shape == (n, 5) and b.obb.dtype == torch.float32
+            assert bool((b.obb[:, 2] >= b.obb[:, 3]).all())  # w is the longer side
+
+
+def test_segment_masks_per_instance_follow_the_targets_and_min_items_keeps_the_points(task_data):
+    data = task_data["segment"]
+    overlap = _batches(data, "segment", 0, augment=False, shuffle=False, min_items=2)
+    single = _batches(data, "segment", 0, augment=False, shuffle=False, min_items=2, overlap_mask=False,
+                      mask_ratio=2)
+    for o, s in zip(overlap, single):
+        assert s.masks.shape == (len(s.targets), 32, 32) and s.masks.dtype == torch.uint8
+        assert int(s.masks.max()) == 1
+        # the same instances: an overlap mask's k-th instance (by decreasing area) is its image's k-th target row
+        assert sorted(map(tuple, o.targets.tolist())) == sorted(map(tuple, s.targets.tolist()))
+        assert all(c >= 2 for c in torch.bincount(o.targets[:, 0].long()).tolist())
+
+
+def test_detection_batches_keep_four_fields(synth_yaml):
+    with fastload.loader(synth_yaml, "train", imgsz=64, batch_size=4, workers=0, store="files") as fl:
+        batch = next(iter(fl))
+    assert type(batch) is fastload.Batch and len(batch) == 4
+
+
+@pytest.mark.parametrize("kw, says", [
+    ({"task": "segment", "engine": "gpu"}, "engine 'gpu' cannot take task='segment': it renders detect batches "
+                                           "only; engine 'cpu' renders segment batches"),
+    ({"task": "detect", "mask_ratio": 2}, "mask_ratio=2 applies to task='segment' only"),
+    ({"task": "pose", "overlap_mask": False}, "overlap_mask=False applies to task='segment' only"),
+    ({"task": "pose"}, "task='pose' needs recipe='ultralytics'"),
+    ({"task": "keypoints"}, "task must be one of detect, segment, pose, obb"),
+])
+def test_task_settings_are_refused_in_one_line(task_data, kw, says):
+    with pytest.raises(ValueError) as err:
+        fastload.loader(task_data["segment"], "train", imgsz=64, batch_size=4, workers=0, store="files", **kw)
+    assert says in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("data, task, says", [
+    ("detect", "segment", "task='segment' needs polygon labels (class x1 y1 x2 y2 ...);"),
+    ("segment", "pose", "task='pose' needs keypoint labels (kpt_shape in the data yaml);"),
+    ("pose", "segment", "has keypoints (task='pose')"),
+    ("segment", "obb", "task='obb' needs 4-corner polygons (class x1 y1 ... x4 y4); "),
+])
+def test_labels_without_what_the_task_reads_are_refused(task_data, synth_yaml, data, task, says):
+    path = synth_yaml if data == "detect" else task_data[data]
+    with pytest.raises(ValueError) as err:
+        fastload.loader(path, "train", imgsz=64, batch_size=4, workers=0, store="files", task=task,
+                        recipe="ultralytics")
+    assert says in str(err.value) and "\n" not in str(err.value)
+    if task == "obb":  # names the label file
+        assert ".txt has a row of" in str(err.value)
+
+
+def test_box_rows_of_an_obb_store_are_their_corners(task_data):
+    batch = _batches(task_data["obb"], "obb", 0, augment=False, shuffle=False)[0]
+    assert np.isfinite(batch.obb.numpy()).all() and len(batch.obb) == len(batch.targets)

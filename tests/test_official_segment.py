@@ -1,0 +1,99 @@
+"""fastload's segment batches against the official YOLOv9 segment loader (``utils/segment/dataloaders.py`` of a
+temporary copy of ../shared/upstream/yolov9, imported into this process), on a small synthetic segment set:
+
+* validation (no augmentation; square and rect batches, overlap masks and one per instance): the batches of
+  ``fastload.compat.yolov9.segment.create_dataloader`` are the official ``create_dataloader``'s, pixels, targets,
+  shapes and masks (dtype included);
+* training: each sample of a fastload training batch against the official ``__getitem__`` replaying the same record
+  and draws (tests/reference/geometry_replay.py): the same instances, boxes within 1 px, each mask IoU >= 0.99.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fastload.compat.yolov9.segment import create_dataloader
+from fastload.data.synthetic import make_synthetic_dataset
+from official_helpers import UPSTREAM
+from tests.reference.geometry_replay import official_segment_modules, official_segment_sample, recording_draws
+
+IMGSZ = 96
+BATCH = 4
+RATIO = 4
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory) -> str:
+    data = make_synthetic_dataset(tmp_path_factory.mktemp("seg"), n_train=8, n_val=0, seed=5, min_size=48,
+                                  max_size=160, task="segment")
+    return str(Path(data).parent / "images" / "train")
+
+
+@pytest.fixture(scope="module")
+def yolov9(tmp_path_factory):
+    if not (UPSTREAM / "utils" / "segment" / "dataloaders.py").is_file():
+        pytest.skip(f"official YOLOv9 checkout not found at {UPSTREAM} (set FASTLOAD_YOLOV9_UPSTREAM)")
+    with official_segment_modules(UPSTREAM, tmp_path_factory.mktemp("yolov9_segment")) as modules:
+        yield modules
+
+
+def _iou(a: np.ndarray, b: np.ndarray) -> float:
+    union = np.logical_or(a, b).sum()
+    return 1.0 if union == 0 else float(np.logical_and(a, b).sum() / union)
+
+
+@pytest.mark.parametrize("rect", [True, False], ids=["rect", "square"])
+@pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "per-instance"])
+def test_validation_batches_identical_to_official(yolov9, images, rect, overlap):
+    # as segment/val.py calls it
+    kw = dict(pad=0.5 if rect else 0.0, rect=rect, workers=0, prefix="", mask_downsample_ratio=RATIO,
+              overlap_mask=overlap)
+    official = list(yolov9.dl.create_dataloader(images, IMGSZ, BATCH, 32, False, **kw)[0])
+    ours, _ = create_dataloader(images, IMGSZ, BATCH, 32, False, **kw, num_workers=0, device=None)
+    try:
+        got = list(ours)
+    finally:
+        ours.close()
+    assert len(got) == len(official) == 2
+    for k, (mine, want) in enumerate(zip(got, official)):
+        imgs, targets, paths, shapes, masks = want
+        assert mine.paths == tuple(paths), k
+        assert np.array_equal(mine.imgs.numpy(), imgs.numpy()), f"batch {k}: pixels differ"
+        assert mine.shapes == tuple(shapes), k
+        assert mine.masks.dtype == masks.dtype and mine.masks.shape == masks.shape, (k, mine.masks.dtype, masks.dtype)
+        assert np.array_equal(mine.masks.numpy(), masks.numpy()), f"batch {k}: masks differ"
+        np.testing.assert_allclose(mine.targets.numpy(), targets.numpy(), atol=1e-6, err_msg=f"batch {k}")
+
+
+def test_training_batch_matches_the_official_sample_of_the_same_draws(yolov9, images):
+    hyp = {"hsv_h": 0.0, "hsv_s": 0.0, "hsv_v": 0.0, "degrees": 10.0, "shear": 2.0, "translate": 0.1, "scale": 0.5,
+           "flipud": 0.3, "fliplr": 0.5, "mosaic": 1.0, "mixup": 0.5, "copy_paste": 0.0}
+    loader, dataset = create_dataloader(images, IMGSZ, BATCH, 32, False, hyp=hyp, augment=True, workers=0,
+                                        mask_downsample_ratio=RATIO, overlap_mask=False, num_workers=0, device=None,
+                                        seed=2)
+    try:
+        sampler, labels = loader.engine.sampler, loader.engine.store.labels
+        batch = next(iter(loader))  # shuffle=False: epoch 0's first batch is images 0..3
+        shapes = np.asarray(sampler.loaded_shapes)
+        per_image = [labels.image(i) for i in range(len(labels))]
+        compared = 0
+        with recording_draws() as draws:
+            for b in range(BATCH):
+                rec, log = draws(sampler, 0, b)
+                want_targets, want_masks = official_segment_sample(yolov9, shapes, per_image, hyp, rec, log,
+                                                                   imgsz=IMGSZ, mask_ratio=RATIO, overlap=False,
+                                                                   augment=True)
+                rows = np.flatnonzero(batch.targets[:, 0].numpy() == b)
+                assert len(rows) == len(want_targets), f"sample {b}: {len(rows)} instances, official {len(want_targets)}"
+                mine = batch.targets.numpy()[rows]
+                np.testing.assert_allclose(mine[:, 1], want_targets[:, 1])
+                np.testing.assert_allclose(mine[:, 2:] * IMGSZ, want_targets[:, 2:] * IMGSZ, atol=1.0)
+                for k, row in enumerate(rows.tolist()):
+                    iou = _iou(batch.masks[row].numpy(), want_masks[k])
+                    assert iou >= 0.99, f"sample {b} instance {k}: mask IoU {iou}"
+                compared += len(rows)
+        assert compared >= 8
+    finally:
+        loader.close()
