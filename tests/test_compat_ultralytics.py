@@ -95,8 +95,8 @@ def test_refusals_are_one_line(coco16, ultra):
         with pytest.raises(UnsupportedArgument, match=match) as e:
             build_loader(args, data, LoaderRequest(data["train"], 8, "train", False, 32), o)
         assert "\n" not in str(e.value)
-    args, data = ultra(coco16, task="segment")
-    with pytest.raises(UnsupportedArgument, match="task='segment'"):
+    args, data = ultra(coco16, task="classify")  # segment, pose, obb: tests/test_compat_ultralytics_tasks.py
+    with pytest.raises(UnsupportedArgument, match="task='classify'"):
         build_loader(args, data, LoaderRequest(data["val"], 8, "val", True, 32), opts)
     # the disk cache needs a converted store: the refusal says how to make one
     args, data = ultra(coco16, cache="disk")
