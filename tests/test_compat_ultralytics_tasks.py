@@ -185,6 +185,36 @@ def test_validation_batches_and_labels_equal_ultralytics(task_args, task, overri
         ours.close()
 
 
+@pytest.mark.parametrize("task", TASKS)
+def test_training_batches_carry_the_task_labels(task_args, task):
+    """Augmented training batches (mosaic, the ultralytics recipe, cache="ram"): the task's fields with Ultralytics'
+    shapes and dtypes, one per instance, consistent with the boxes."""
+    args, data = task_args(task, cache="ram")
+    ld = build_loader(args, data, LoaderRequest(data["train"], 4, "train", False, 32), UltralyticsOptions())
+    try:
+        assert ld.stats()["store"] == "ram" and ld.dataset.use_segments == (task == "segment")
+        assert ld.dataset.use_keypoints == (task == "pose") and ld.dataset.use_obb == (task == "obb")
+        batch = next(iter(ld))
+    finally:
+        ld.close()
+    n = len(batch["cls"])
+    assert n > 0 and batch["batch_idx"].shape == (n,) and batch["img"].shape == (4, 3, 64, 64)
+    if task == "segment":  # overlap masks at mask_ratio 4: image k's instances are 1..n_k
+        assert batch["masks"].shape == (4, 16, 16) and batch["sem_masks"].shape == (4, 16, 16)
+        for k in range(4):
+            assert int(batch["masks"][k].max()) <= int((batch["batch_idx"] == k).sum())
+        assert batch["bboxes"].shape == (n, 4)
+    elif task == "pose":
+        kp = batch["keypoints"]
+        assert kp.dtype == torch.float32 and kp.shape == (n, 5, 3)
+        shown = kp[..., 2] > 0
+        assert bool(((kp[..., :2] >= 0) & (kp[..., :2] <= 1)).all(-1)[shown].all())
+    else:
+        obb = batch["bboxes"]
+        assert obb.dtype == torch.float32 and obb.shape == (n, 5)
+        assert bool((obb[:, 2] >= obb[:, 3]).all()) and bool(((obb[:, 4] >= -np.pi / 4) & (obb[:, 4] < 3 * np.pi / 4)).all())
+
+
 def _task_run(task: str, tmp_path_factory, preloaded_python, task_data) -> tuple[dict, str]:
     tmp = tmp_path_factory.mktemp(f"run_{task}")
     (tmp / "shm").mkdir()
