@@ -212,7 +212,8 @@ def test_training_batches_carry_the_task_labels(task_args, task):
     else:
         obb = batch["bboxes"]
         assert obb.dtype == torch.float32 and obb.shape == (n, 5)
-        assert bool((obb[:, 2] >= obb[:, 3]).all()) and bool(((obb[:, 4] >= -np.pi / 4) & (obb[:, 4] < 3 * np.pi / 4)).all())
+        angle = obb[:, 4]
+        assert bool((obb[:, 2] >= obb[:, 3]).all()) and bool(((angle >= -np.pi / 4) & (angle < 3 * np.pi / 4)).all())
 
 
 def _task_run(task: str, tmp_path_factory, preloaded_python, task_data) -> tuple[dict, str]:
@@ -251,7 +252,8 @@ def test_real_task_trainers_two_epochs_both_ways(task_run):
         rows = (Path(run["save_dir"]) / "results.csv").read_text().strip().splitlines()
         assert len(rows) == 3  # header and both epochs
         assert set(run["results"]) == set(own["results"]) and all(math.isfinite(v) for v in run["results"].values())
-    assert f"fastload: {task} {N_TRAIN} images, 1 batches of 8, 0 workers, ram store, cpu engine, HSV in the workers" in stdout
+    train_line = f"fastload: {task} {N_TRAIN} images, 1 batches of 8, 0 workers, ram store, cpu engine, HSV in the workers"
+    assert train_line in stdout
     # the standalone FastloadValidator names its loader (no cache: the image files; training validated from ram)
     assert f"fastload: {task} {N_VAL} images, 1 batches of 8, 0 workers, files store, cpu engine, HSV off" in stdout
     assert summary["val_fastload"] == pytest.approx(summary["val_ultralytics"], abs=1e-9)

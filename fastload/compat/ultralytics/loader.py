@@ -179,7 +179,7 @@ def build_loader(args: Any, data: Mapping[str, Any], req: LoaderRequest, opts: U
     names = data.get("names") or {}
     names = [names[k] for k in sorted(names)] if isinstance(names, Mapping) else list(names)
     task = served_task(_arg(args, "task"))
-    kpt_shape = data.get("kpt_shape") if task == "pose" else None
+    kpt_shape = data.get("kpt_shape")  # pose rows are read as boxes + keypoints whatever the task
     cfg = split_config(req.img_path, owner=OWNER, names=names, nc=int(data.get("nc") or len(names) or 1),
                        kpt_shape=kpt_shape, flip_idx=data.get("flip_idx") if kpt_shape else None)
     base = open_split_store(cfg, kind=cache or "auto", imgsz=imgsz, store=opts.store, owner=OWNER, load_rule=recipe)
@@ -218,8 +218,8 @@ def build_loader(args: Any, data: Mapping[str, Any], req: LoaderRequest, opts: U
     except BaseException:
         base.close()
         raise
-    summary = (f"fastload: {'' if task == 'detect' else task + ' '}{fl.n} images, {len(fl)} batches of {batch_size}, {fl.num_workers} workers, {base.kind} "
-               f"store, {opts.engine} engine, HSV {_hsv_place(fl, augment)}, batches on "
+    summary = (f"fastload: {'' if task == 'detect' else task + ' '}{fl.n} images, {len(fl)} batches of {batch_size}, "
+               f"{fl.num_workers} workers, {base.kind} store, {opts.engine} engine, HSV {_hsv_place(fl, augment)}, batches on "
                f"{device if device is not None else 'cpu'}, {recipe} recipe"
                + (f" (mosaic partners: {fl.engine.sampler.partners})" if fl.engine.sampler.draws_mosaics else ""))
     LOG.info("%s %s loader: %s", OWNER, req.mode, summary)
@@ -387,10 +387,10 @@ def to_batch_dict(batch: Batch, hw0: Mapping[str, tuple[int, int]], task: str = 
     (left, top))``, the letterbox's integer pad; None for a mosaic sample, which Ultralytics gives none).
     ``hw0``: the original (h0, w0) of every image file. By ``task``, from the batch's fifth field:
 
-    * ``segment``: ``masks`` as fastload built them at ``mask_ratio`` (``overlap_mask``: [B, h, w], instance ``k + 1`` of
-      each image where it is the smallest covering one, the instances in decreasing mask area as the targets are;
-      else [N, h, w] 0/1), and ``sem_masks`` float32 [B, h, w], the class of each pixel's smallest covering
-      instance, as Ultralytics' ``Format`` derives it (what a semantic head's loss reads);
+    * ``segment``: ``masks`` as fastload built them at ``mask_ratio`` (``overlap_mask``: [B, h, w], instance
+      ``k + 1`` of each image where it is the smallest covering one, the instances in decreasing mask area as the
+      targets are; else [N, h, w] 0/1), and ``sem_masks`` float32 [B, h, w], the class of each pixel's smallest
+      covering instance, as Ultralytics' ``Format`` derives it (what a semantic head's loss reads);
     * ``pose``: ``keypoints`` float32 [N, K, 3] (x, y normalised, visibility);
     * ``obb``: ``bboxes`` float32 [N, 5] normalised ``xywhr`` (angle in radians) instead of the upright box.
     """
@@ -433,9 +433,9 @@ def semantic_masks(masks: torch.Tensor, cls: torch.Tensor, batch_idx: torch.Tens
     instance [N, h, w]. As Ultralytics' ``Format``: an overlap pixel no instance covers holds the image's last
     instance's class (its loss ignores uncovered pixels), a per-instance one 0; an image without instances 0.
     """
-    out = torch.zeros((batch_size, *masks.shape[-2:]), dtype=torch.float32)
-    owner = batch_idx.long()
-    flat_cls = cls.reshape(-1)
+    out = torch.zeros((batch_size, *masks.shape[-2:]), dtype=torch.float32, device=masks.device)
+    owner = batch_idx.to(masks.device).long()
+    flat_cls = cls.to(masks.device).reshape(-1)
     for b in range(batch_size):
         mine = flat_cls[owner == b]
         if not len(mine):

@@ -21,7 +21,8 @@ from ultralytics.models.yolo.segment import SegmentationTrainer, SegmentationVal
 from ultralytics.utils import DEFAULT_CFG, LOGGER, colorstr
 from ultralytics.utils.torch_utils import unwrap_model
 
-from fastload.compat.ultralytics.loader import LoaderRequest, UltralyticsLoader, build_loader, check_arguments, served_task
+from fastload.compat.ultralytics.loader import (LoaderRequest, UltralyticsLoader, build_loader, check_arguments,
+                                                served_task)
 from fastload.compat.ultralytics.options import UltralyticsOptions, override_environment
 
 
@@ -42,7 +43,8 @@ def _joined(cls: _Class, base: type) -> _Class:
                                             "__doc__": cls.__doc__})
 
 
-def _for_task(cls: _Class, entry: type, served: Mapping[str, type], ultralytics: Mapping[str, type], task: str) -> _Class:
+def _for_task(cls: _Class, entry: type, served: Mapping[str, type], ultralytics: Mapping[str, type],
+              task: str) -> _Class:
     """The class an instance of ``cls`` is made of for ``task``: the entry point's class of the task, ``cls`` when it
     already is one of the task's Ultralytics class, else ``cls`` joined with it."""
     if cls is entry:
