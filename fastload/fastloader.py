@@ -166,8 +166,18 @@ class LoaderDataset:
 
     @functools.cached_property
     def segments(self) -> tuple[list, ...]:
-        """No segments per image: detection only (made when first read)."""
-        return tuple([] for _ in range(self.n))
+        """Per image, the polygon of each label row (``float32 [k, 2]`` normalised, as YOLOv9's ``dataset.segments``;
+        a box row has none, as there) where the labels have polygons; else an empty list per image (made when first
+        read)."""
+        labels = self.labels
+        if not isinstance(labels, FlatLabels) or labels.points is None or labels.points.shape[1] != 2:
+            return tuple([] for _ in range(self.n))
+        out = []
+        for i in range(self.n):
+            _, points, offsets = labels.image(i)
+            bounds = offsets.tolist()
+            out.append([points[a:b] for a, b in zip(bounds[:-1], bounds[1:]) if b > a])
+        return tuple(out)
 
     def __len__(self) -> int:
         return self.n
@@ -772,6 +782,9 @@ def loader(
         if single_cls:
             view.names = ["item"]
         hyp_d = load_hyp(hyp)
+        if task == "segment" and augment and not rect and float(hyp_d.get("copy_paste", 0.0)) > 0:
+            warnings.warn(f"fastload.loader: copy_paste={hyp_d['copy_paste']} is not implemented: segment training "
+                          f"batches have no copy-paste (docs/augmentation.md)")
         loaded_hw = loaded_shapes(view.shapes, imgsz, recipe)
 
         rect_batches = batch_shapes = rect_shapes = None

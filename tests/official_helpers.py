@@ -22,6 +22,9 @@ REPO = Path(__file__).resolve().parents[1]
 UPSTREAM = Path(os.environ.get("FASTLOAD_YOLOV9_UPSTREAM", REPO.parent / "shared" / "upstream" / "yolov9"))
 STOCK_IMPORT = "from utils.dataloaders import create_dataloader"
 README_IMPORT = "from fastload.compat.yolov9 import create_dataloader"
+# the scripts of segment/ import the segment loader's
+SEGMENT_STOCK_IMPORT = "from utils.segment.dataloaders import create_dataloader"
+SEGMENT_README_IMPORT = "from fastload.compat.yolov9.segment import create_dataloader"
 
 
 def require_upstream() -> Path:
@@ -37,7 +40,9 @@ def copy_upstream(dst: Path, *, switch_import: Sequence[str] = (), src: Path | N
     """A writable copy of the official repository (``src``, default ../shared/upstream/yolov9) at ``dst``.
 
     ``switch_import``: scripts whose one ``from utils.dataloaders import create_dataloader`` line is
-    replaced by the README's ``from fastload.compat.yolov9 import create_dataloader``.
+    replaced by the README's ``from fastload.compat.yolov9 import create_dataloader`` (those of ``segment/``: their
+    ``from utils.segment.dataloaders import create_dataloader`` by ``from fastload.compat.yolov9.segment import
+    create_dataloader``).
 
     numpy >= 2.4 removed ``np.trapz``, which the official ``utils/metrics.py`` calls as soon as a
     prediction matches a label; the copy calls ``np.trapezoid`` instead (the fix
@@ -52,10 +57,12 @@ def copy_upstream(dst: Path, *, switch_import: Sequence[str] = (), src: Path | N
         metrics.write_text(text.replace("np.trapz(", "np.trapezoid("))
     for script in switch_import:
         path = dst / script
+        stock, readme = ((SEGMENT_STOCK_IMPORT, SEGMENT_README_IMPORT) if script.startswith("segment/")
+                         else (STOCK_IMPORT, README_IMPORT))
         lines = path.read_text().splitlines(keepends=True)
-        hits = [k for k, line in enumerate(lines) if line.rstrip("\n") == STOCK_IMPORT]
-        assert len(hits) == 1, f"{script}: expected one line {STOCK_IMPORT!r}, found {len(hits)}"
-        lines[hits[0]] = README_IMPORT + "\n"
+        hits = [k for k, line in enumerate(lines) if line.rstrip("\n") == stock]
+        assert len(hits) == 1, f"{script}: expected one line {stock!r}, found {len(hits)}"
+        lines[hits[0]] = readme + "\n"
         path.write_text("".join(lines))
     return dst
 

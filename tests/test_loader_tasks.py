@@ -20,7 +20,7 @@ BATCH = {"segment": SegmentBatch, "pose": PoseBatch, "obb": OBBBatch}
 def task_data(tmp_path_factory) -> dict[str, Path]:
     out = tmp_path_factory.mktemp("tasks")
     return {task: make_synthetic_dataset(out / task, n_train=10, n_val=0, seed=3, min_size=48, max_size=120,
-                                         task=task) for task in RECIPE}
+                                         task=task) for task in ("detect", *RECIPE)}
 
 
 def _batches(data: Path, task: str, workers: int, **kw) -> list:
@@ -75,8 +75,18 @@ def test_segment_masks_per_instance_follow_the_targets_and_min_items_keeps_the_p
         assert all(c >= 2 for c in torch.bincount(o.targets[:, 0].long()).tolist())
 
 
-def test_detection_batches_keep_four_fields(synth_yaml):
-    with fastload.loader(synth_yaml, "train", imgsz=64, batch_size=4, workers=0, store="files") as fl:
+def test_the_dataset_exposes_the_polygons_of_the_images_it_kept(task_data):
+    with fastload.loader(task_data["segment"], "train", imgsz=64, batch_size=4, workers=0, store="files",
+                         task="segment", min_items=2) as fl:
+        ds = fl.dataset
+        assert len(ds.segments) == ds.n and [len(s) for s in ds.segments] == [len(lb) for lb in ds.labels]
+        for polygons, rows in zip(ds.segments, ds.labels):
+            for poly, row in zip(polygons, rows):  # a row's box spans its polygon
+                np.testing.assert_allclose((poly.min(0) + poly.max(0)) / 2, row[1:3], atol=1e-6)
+
+
+def test_detection_batches_keep_their_four_fields(task_data):
+    with fastload.loader(task_data["detect"], "train", imgsz=64, batch_size=4, workers=0, store="files") as fl:
         batch = next(iter(fl))
     assert type(batch) is fastload.Batch and len(batch) == 4
 
@@ -101,10 +111,9 @@ def test_task_settings_are_refused_in_one_line(task_data, kw, says):
     ("pose", "segment", "has keypoints (task='pose')"),
     ("segment", "obb", "task='obb' needs 4-corner polygons (class x1 y1 ... x4 y4); "),
 ])
-def test_labels_without_what_the_task_reads_are_refused(task_data, synth_yaml, data, task, says):
-    path = synth_yaml if data == "detect" else task_data[data]
+def test_labels_without_what_the_task_reads_are_refused(task_data, data, task, says):
     with pytest.raises(ValueError) as err:
-        fastload.loader(path, "train", imgsz=64, batch_size=4, workers=0, store="files", task=task,
+        fastload.loader(task_data[data], "train", imgsz=64, batch_size=4, workers=0, store="files", task=task,
                         recipe="ultralytics")
     assert says in str(err.value) and "\n" not in str(err.value)
     if task == "obb":  # names the label file
