@@ -192,7 +192,8 @@ def build_loader(args: Any, data: Mapping[str, Any], req: LoaderRequest, opts: U
             # Ultralytics' own rule: partners from its buffer of recently loaded images, from the dataset with cache="ram"
             chosen["partners"] = "dataset" if cache == "ram" else "recent"
         rank, world = shard_of(req.rank)
-        hyp = {k: float(getattr(args, k)) for k in AUGMENT_KEYS}
+        # the trainer's copy_paste (refused above 0), not YOLOv9's default (0.3)
+        hyp = {k: float(getattr(args, k)) for k in AUGMENT_KEYS} | {"copy_paste": float(_arg(args, "copy_paste", 0) or 0)}
         if task == "pose" and not data.get("flip_idx"):
             hyp["fliplr"] = 0.0  # as Ultralytics: without flip_idx, no left-right flip of keypoints
         fl = make_loader(
