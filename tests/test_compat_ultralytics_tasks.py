@@ -216,6 +216,26 @@ def test_training_batches_carry_the_task_labels(task_args, task):
         assert bool((obb[:, 2] >= obb[:, 3]).all()) and bool(((angle >= -np.pi / 4) & (angle < 3 * np.pi / 4)).all())
 
 
+def test_ddp_ranks_shard_a_pose_split(task_args, monkeypatch):
+    """Under DDP each rank loads its shard of a task's split, as for detection: disjoint, covering, each image's
+    keypoints with it."""
+    args, data = task_args("pose")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    seen = {}
+    for rank in (0, 1):
+        monkeypatch.setenv("RANK", str(rank))
+        ld = build_loader(args, data, LoaderRequest(data["train"], 2, "train", False, 32, rank=rank),
+                          UltralyticsOptions())
+        try:
+            assert len(ld.sampler) == N_TRAIN // 2
+            batches = list(ld)
+        finally:
+            ld.close()
+        seen[rank] = [f for b in batches for f in b["im_file"]]
+        assert all(b["keypoints"].shape == (len(b["cls"]), 5, 3) for b in batches)
+    assert not set(seen[0]) & set(seen[1]) and len(set(seen[0]) | set(seen[1])) == N_TRAIN
+
+
 def _task_run(task: str, tmp_path_factory, preloaded_python, task_data) -> tuple[dict, str]:
     tmp = tmp_path_factory.mktemp(f"run_{task}")
     (tmp / "shm").mkdir()
