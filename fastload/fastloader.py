@@ -499,8 +499,9 @@ class FastLoader:
         self.close()
 
     def __repr__(self) -> str:
-        return (f"FastLoader(engine={self.engine.name}, store={self.store.kind}, n={self.n}, "
-                f"batch_size={self.batch_size}, batches={len(self)}, rank={self.rank}/{self.world_size}"
+        task = self.engine.settings.task
+        return (f"FastLoader(engine={self.engine.name}, store={self.store.kind}, "
+                + ("" if task == "detect" else f"task={task}, ") + f"n={self.n}, batch_size={self.batch_size}, batches={len(self)}, rank={self.rank}/{self.world_size}"
                 + (f", {self.plan})" if self.engine.sampler.draws_mosaics else ")"))
 
 
@@ -782,6 +783,12 @@ def loader(
         if single_cls:
             view.names = ["item"]
         hyp_d = load_hyp(hyp)
+        flips = float(hyp_d["fliplr"]) > 0 or float(hyp_d["flipud"]) > 0
+        if task == "pose" and augment and flips and not (view.meta.get("geometry") or {}).get("flip_idx"):
+            # as Ultralytics' v8_transforms: a flip without flip_idx would swap the body's sides
+            warnings.warn("fastload.loader: the data yaml has no flip_idx for its keypoints; fliplr and flipud set "
+                          "to 0.0 (as Ultralytics)")
+            hyp_d = {**hyp_d, "fliplr": 0.0, "flipud": 0.0}
         if task == "segment" and augment and not rect and float(hyp_d.get("copy_paste", 0.0)) > 0:
             warnings.warn(f"fastload.loader: copy_paste={hyp_d['copy_paste']} is not implemented: segment training "
                           f"batches have no copy-paste (docs/augmentation.md)")

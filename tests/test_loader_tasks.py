@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import yaml
 
 import fastload
 from fastload.data.synthetic import make_synthetic_dataset
@@ -78,6 +79,7 @@ def test_segment_masks_per_instance_follow_the_targets_and_min_items_keeps_the_p
 def test_the_dataset_exposes_the_polygons_of_the_images_it_kept(task_data):
     with fastload.loader(task_data["segment"], "train", imgsz=64, batch_size=4, workers=0, store="files",
                          task="segment", min_items=2) as fl:
+        assert "store=files, task=segment, n=" in repr(fl)
         ds = fl.dataset
         assert len(ds.segments) == ds.n and [len(s) for s in ds.segments] == [len(lb) for lb in ds.labels]
         for polygons, rows in zip(ds.segments, ds.labels):
@@ -88,6 +90,7 @@ def test_the_dataset_exposes_the_polygons_of_the_images_it_kept(task_data):
 def test_detection_batches_keep_their_four_fields(task_data):
     with fastload.loader(task_data["detect"], "train", imgsz=64, batch_size=4, workers=0, store="files") as fl:
         batch = next(iter(fl))
+        assert "task=" not in repr(fl)
     assert type(batch) is fastload.Batch and len(batch) == 4
 
 
@@ -123,3 +126,16 @@ def test_labels_without_what_the_task_reads_are_refused(task_data, data, task, s
 def test_box_rows_of_an_obb_store_are_their_corners(task_data):
     batch = _batches(task_data["obb"], "obb", 0, augment=False, shuffle=False)[0]
     assert np.isfinite(batch.obb.numpy()).all() and len(batch.obb) == len(batch.targets)
+
+
+def test_pose_without_flip_idx_does_not_flip_as_ultralytics(task_data, tmp_path):
+    config = yaml.safe_load(task_data["pose"].read_text())
+    del config["flip_idx"]
+    config["path"] = str(task_data["pose"].parent)
+    data = tmp_path / "no_flip_idx.yaml"
+    data.write_text(yaml.safe_dump(config))
+    with pytest.warns(UserWarning, match="no flip_idx for its keypoints; fliplr and flipud set to 0.0"):
+        fl = fastload.loader(data, "train", imgsz=64, batch_size=4, workers=0, store="files", task="pose",
+                             recipe="ultralytics", hyp={"fliplr": 0.5, "flipud": 0.5})
+    with fl:
+        assert fl.dataset.hyp["fliplr"] == fl.dataset.hyp["flipud"] == 0.0

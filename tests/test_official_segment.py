@@ -9,6 +9,7 @@ temporary copy of ../shared/upstream/yolov9, imported into this process), on a s
 """
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 
 import numpy as np
@@ -37,6 +38,13 @@ def yolov9(tmp_path_factory):
         pytest.skip(f"official YOLOv9 checkout not found at {UPSTREAM} (set FASTLOAD_YOLOV9_UPSTREAM)")
     with official_segment_modules(UPSTREAM, tmp_path_factory.mktemp("yolov9_segment")) as modules:
         yield modules
+
+
+def test_signature_and_defaults_are_the_officials(yolov9):
+    official = inspect.signature(yolov9.dl.create_dataloader).parameters
+    ours = inspect.signature(create_dataloader).parameters
+    assert list(ours)[: len(official)] == list(official) and list(ours)[len(official):] == ["fastload_options"]
+    assert all(ours[name].default == p.default for name, p in official.items() if p.default is not p.empty)
 
 
 def _iou(a: np.ndarray, b: np.ndarray) -> float:
