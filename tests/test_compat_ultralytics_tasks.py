@@ -74,7 +74,7 @@ def task_args(task_env, task_data):
     return make
 
 
-def test_classify_is_refused_in_one_line(task_args):
+def test_classify_and_a_pose_yaml_without_kpt_shape_are_refused(task_args):
     from fastload.compat.ultralytics import FastloadTrainer, FastloadValidator
 
     for make in (lambda: FastloadTrainer(overrides={"task": "classify", "model": "yolov8n-cls.yaml"}),
@@ -83,6 +83,9 @@ def test_classify_is_refused_in_one_line(task_args):
             make()
         assert "\n" not in str(e.value)
     args, data = task_args("pose")
+    del data["flip_idx"]  # no flips then, with a warning, as Ultralytics (the flip order reaches the store)
+    with pytest.warns(UserWarning, match="no flip_idx"):
+        build_loader(args, data, LoaderRequest(data["train"], 4, "train", False, 32), UltralyticsOptions()).close()
     del data["kpt_shape"]
     with pytest.raises(UnsupportedArgument, match="no kpt_shape"):
         build_loader(args, data, LoaderRequest(data["val"], 4, "val", True, 32), UltralyticsOptions())

@@ -194,8 +194,6 @@ def build_loader(args: Any, data: Mapping[str, Any], req: LoaderRequest, opts: U
         rank, world = shard_of(req.rank)
         # the trainer's copy_paste (refused above 0), not YOLOv9's default (0.3)
         hyp = {k: float(getattr(args, k)) for k in AUGMENT_KEYS} | {"copy_paste": float(_arg(args, "copy_paste", 0) or 0)}
-        if task == "pose" and not data.get("flip_idx"):
-            hyp["fliplr"] = 0.0  # as Ultralytics: without flip_idx, no left-right flip of keypoints
         fl = make_loader(
             view,
             imgsz=imgsz,
