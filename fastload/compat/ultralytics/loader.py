@@ -254,11 +254,13 @@ class UltralyticsLabels(Sequence[dict]):
     ``flat`` is public: the trainer counts classes and plots labels from its rows.
     """
 
-    def __init__(self, flat: FlatLabels, hw: np.ndarray, im_files: Sequence[str], task: str = "detect") -> None:
+    def __init__(self, flat: FlatLabels, hw: np.ndarray, im_files: Sequence[str], task: str = "detect",
+                 kpt_shape: Sequence[int] | None = None) -> None:
         self.flat = flat
         self.hw = hw
         self.im_files = im_files
         self.task = task
+        self.kpt_shape = None if kpt_shape is None else (int(kpt_shape[0]), int(kpt_shape[1]))
 
     def __len__(self) -> int:
         return len(self.flat)
@@ -277,8 +279,8 @@ class UltralyticsLabels(Sequence[dict]):
         segments: list[np.ndarray] = []
         keypoints = None
         if points is not None and offsets is not None:
-            if self.task == "pose":
-                keypoints = points.reshape(len(rows), -1, points.shape[1])
+            if self.task == "pose" and self.kpt_shape is not None:  # (an image without rows: [0, K, 3])
+                keypoints = points.reshape(len(rows), self.kpt_shape[0], points.shape[1])
             elif self.task in ("segment", "obb"):
                 segments = [points[a:b] for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist())]
         return {"im_file": self.im_files[i], "shape": (h, w), "cls": rows[:, 0:1], "bboxes": rows[:, 1:5],
@@ -300,7 +302,9 @@ class UltralyticsDataset:
         self._fl = fl
         ds = fl.dataset
         self.im_files = ds.im_files
-        self.labels = UltralyticsLabels(FlatLabels.from_arrays(ds.labels), ds.hw, ds.im_files, task)
+        self.data = dict(data or {})
+        self.labels = UltralyticsLabels(FlatLabels.from_arrays(ds.labels), ds.hw, ds.im_files, task,
+                                        self.data.get("kpt_shape"))
         self.ni = len(self.im_files)
         self.imgsz = ds.img_size
         self.augment = ds.augment
@@ -309,7 +313,6 @@ class UltralyticsDataset:
         self.names = list(view.names)
         self.task = task
         self.use_segments, self.use_keypoints, self.use_obb = (task == "segment", task == "pose", task == "obb")
-        self.data = dict(data or {})
 
     def __len__(self) -> int:
         return self.ni
