@@ -252,6 +252,28 @@ def test_launcher_replaces_the_checkouts_create_dataloader(tmp_path, launch):
     assert "script.py with fastload's create_dataloader" in out.stderr
 
 
+def test_launcher_replaces_the_segment_loader_of_a_script_in_segment(tmp_path, launch):
+    """A script of segment/ (one folder below the checkout's root, as segment/train.py) that imports
+    utils.segment.dataloaders gets fastload's segment create_dataloader there, and its detection one too."""
+    (tmp_path / "utils" / "segment").mkdir(parents=True)
+    for module in ("utils/__init__.py", "utils/segment/__init__.py"):
+        (tmp_path / module).write_text("")
+    for module in ("utils/dataloaders.py", "utils/segment/dataloaders.py"):
+        (tmp_path / module).write_text("def create_dataloader(*a, **k):\n    raise SystemExit('stock')\n")
+    (tmp_path / "segment").mkdir()
+    (tmp_path / "segment" / "train.py").write_text(textwrap.dedent("""
+        import json
+        from utils.segment.dataloaders import create_dataloader
+        import utils.dataloaders
+        print(json.dumps([create_dataloader.__wrapped__.__module__,
+                          utils.dataloaders.create_dataloader.__wrapped__.__module__]))
+    """))
+    out = launch(tmp_path, "segment/train.py")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == ["fastload.compat.yolov9.segment",
+                                                               "fastload.compat.yolov9.dataloader"]
+
+
 def test_launcher_refuses_unsupported_flags_in_one_line(tmp_path, launch):
     out = launch(tmp_path, "train_dual.py", "--quad", "--batch", "4")
     assert out.returncode == 2
