@@ -176,6 +176,21 @@ def test_yolov9_reads_the_same_boxes_and_segments_mixed_rows_included(tmp_path):
 
 
 # ----------------------------------------------------------------------------- FlatLabels
+def test_flat_labels_keep_rows_takes_the_points_along():
+    rows = [np.array([[0, .5, .5, .2, .2], [1, .5, .5, .2, .2]], np.float32), np.zeros((0, 5), np.float32),
+            np.array([[1, .1, .1, .1, .1]], np.float32)]
+    pts = [np.arange(14, dtype=np.float32).reshape(7, 2), None, np.full((4, 2), 0.5, np.float32)]
+    flat = FlatLabels.from_arrays(rows, pts, [np.array([0, 3, 7]), None, np.array([0, 4])])
+    kept = flat.keep_rows(flat.rows[:, 0] == 1)  # the second row of image 0 and image 2's row
+    assert kept.counts.tolist() == [1, 0, 1] and kept.point_offsets.tolist() == [0, 4, 8]
+    np.testing.assert_array_equal(kept.image(0).points, pts[0][3:])
+    np.testing.assert_array_equal(kept.image(2).points, pts[2])
+    plain = FlatLabels.from_arrays(rows).keep_rows(np.array([True, False, False]))
+    assert plain.counts.tolist() == [1, 0, 0] and plain.points is None
+    with pytest.raises(ValueError, match="one flag per row"):
+        flat.keep_rows(np.ones(2, bool))
+
+
 def test_flat_labels_points_per_image_subset_and_concatenate():
     rows = [np.ones((2, 5), np.float32), np.zeros((0, 5), np.float32), np.full((1, 5), 2, np.float32)]
     pts = [np.arange(14, dtype=np.float32).reshape(7, 2), None, np.full((4, 2), 0.5, np.float32)]

@@ -15,14 +15,18 @@ from fastload.store.kinds import KINDS
 ANY_CLASS = 2**31 - 1  # nc when the trainer checks class ids itself (YOLOv9 checks labels against nc later)
 
 
-def split_config(path: Any, *, owner: str, names: Sequence[str] = (), nc: int = ANY_CLASS) -> DataConfig:
-    """A DataConfig whose ``train`` split is the image folder / list file(s) ``path`` a trainer passes."""
+def split_config(path: Any, *, owner: str, names: Sequence[str] = (), nc: int = ANY_CLASS,
+                 kpt_shape: Sequence[int] | None = None, flip_idx: Sequence[int] | None = None) -> DataConfig:
+    """A DataConfig whose ``train`` split is the image folder / list file(s) ``path`` a trainer passes (pose
+    labels: the trainer's ``kpt_shape`` and ``flip_idx``)."""
     sources = [Path(p) for p in (path if isinstance(path, (list, tuple)) else [path])]
     for p in sources:
         if not p.exists():
             raise FileNotFoundError(f"{owner}: {p} does not exist (expected an image folder or a .txt list)")
     root = sources[0].parent if sources else Path.cwd()
-    return DataConfig(yaml_path=None, root=root, splits={"train": sources}, names=list(names), nc=nc)
+    return DataConfig(yaml_path=None, root=root, splits={"train": sources}, names=list(names), nc=nc,
+                      kpt_shape=None if kpt_shape is None else (int(kpt_shape[0]), int(kpt_shape[1])),
+                      flip_idx=None if flip_idx is None else [int(k) for k in flip_idx])
 
 
 def converted_split(converted: DataConfig, sources: list[Path], *, owner: str) -> str:

@@ -357,6 +357,20 @@ class FlatLabels(Sequence[np.ndarray]):
         points = self.points[_runs(self.point_offsets[take], point_counts)]
         return FlatLabels(self.rows[take], offsets, points, np.concatenate([[0], np.cumsum(point_counts)]))
 
+    def keep_rows(self, wanted: np.ndarray) -> "FlatLabels":
+        """The same images with only the rows where ``wanted`` (bool ``[M]``) holds, their points with them."""
+        wanted = np.asarray(wanted, bool)
+        if wanted.shape != (len(self.rows),):
+            raise ValueError(f"keep_rows needs one flag per row ({len(self.rows)}), got shape {wanted.shape}")
+        kept_before = np.concatenate([[0], np.cumsum(wanted)])  # rows kept before each row: the new offsets
+        take = np.flatnonzero(wanted)
+        if self.points is None or self.point_offsets is None:
+            return FlatLabels(self.rows[take], kept_before[self.offsets])
+        point_counts = np.diff(self.point_offsets)[take]
+        points = self.points[_runs(self.point_offsets[take], point_counts)]
+        return FlatLabels(self.rows[take], kept_before[self.offsets], points,
+                          np.concatenate([[0], np.cumsum(point_counts)]))
+
     def __len__(self) -> int:
         return len(self.offsets) - 1
 

@@ -7,7 +7,8 @@
                                fastload_engine="cpu")  # Ultralytics' own recipe by default
 
 :class:`FastloadTrainer` (and :class:`FastloadValidator` for ``model.val(validator=...)``) build their
-loaders with :func:`fastload.loader`, delivering Ultralytics' batch dict. Options:
+loaders with :func:`fastload.loader`, delivering Ultralytics' batch dict; each becomes the trainer (validator) of
+the model's task: detect, segment, pose or obb (``classify`` is refused). Options:
 :data:`~fastload.compat.ultralytics.options.OPTIONS`. User guide: ``docs/ultralytics.md``.
 """
 from __future__ import annotations

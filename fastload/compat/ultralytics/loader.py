@@ -69,13 +69,30 @@ def _fraction(args: Any, mode: str) -> float | int:
     return value
 
 
+#: The Ultralytics tasks fastload's loaders serve: the model's task picks the trainer, validator and batch dict.
+TASKS: tuple[str, ...] = ("detect", "segment", "pose", "obb")
+
+
+def served_task(task: Any) -> str:
+    """The model's ``task`` (None: detect) if fastload serves it, else a one-line refusal."""
+    task = task or "detect"
+    if task == "classify":
+        raise UnsupportedArgument(f"{OWNER}: task='classify': classification reads whole images from class folders, "
+                                  "not YOLO labels; use Ultralytics' own loader (drop trainer=/validator=)")
+    if task not in TASKS:
+        raise UnsupportedArgument(f"{OWNER}: task={task!r}: fastload serves {', '.join(TASKS)}; use Ultralytics' "
+                                  "own loader for it")
+    return str(task)
+
+
 def check_arguments(args: Any, data: Mapping[str, Any], mode: str, opts: UltralyticsOptions) -> None:
     """Refuse, in one line, a trainer argument that a fastload loader would not honour."""
     def refuse(what: str, why: str) -> None:
         raise UnsupportedArgument(f"{OWNER}: {what}: {why}")
 
-    if _arg(args, "task", "detect") != "detect":
-        refuse(f"task={args.task!r}", "only detection is served (segment, pose, obb, classify: use Ultralytics' loader)")
+    task = served_task(_arg(args, "task"))
+    if task == "pose" and not data.get("kpt_shape"):
+        refuse("task='pose'", f"the data yaml {data.get('yaml_file') or ''} has no kpt_shape: [K, D]")
     if int(data.get("channels", 3)) != 3:
         refuse(f"channels={data.get('channels')}", "fastload delivers 3-channel RGB images")
     imgsz = _arg(args, "imgsz", 640)
@@ -98,18 +115,17 @@ def _labels_view(base: Store, args: Any, mode: str) -> StoreView:
     n = len(base)
     count = fraction if isinstance(fraction, int) else max(1, round(n * fraction))
     keep = np.arange(min(count, n), dtype=np.int64)
+    # array operations on the packed labels (their points with them): no object per image
     flat = FlatLabels.from_arrays(base.labels)
     flat = flat if len(keep) == len(flat) else flat.subset(keep)
     classes = _arg(args, "classes")
-    rows, offsets = flat.rows, flat.offsets
     if classes is not None:
-        wanted = np.isin(rows[:, 0], np.asarray(classes, np.float32).reshape(-1))
-        kept_before = np.concatenate([[0], np.cumsum(wanted)])  # rows kept before each row: the new offsets
-        rows, offsets = rows[wanted], kept_before[offsets]
+        flat = flat.keep_rows(np.isin(flat.rows[:, 0], np.asarray(classes, np.float32).reshape(-1)))
     if _arg(args, "single_cls", False):
-        rows = rows.copy()
+        rows = flat.rows.copy()
         rows[:, 0] = 0
-    return StoreView(base, keep, FlatLabels(rows, offsets))
+        flat = FlatLabels(rows, flat.offsets, flat.points, flat.point_offsets)
+    return StoreView(base, keep, flat)
 
 
 def _workers(args: Any, opts: UltralyticsOptions, req: LoaderRequest, n: int, batch_size: int) -> int:
@@ -163,7 +179,10 @@ def build_loader(args: Any, data: Mapping[str, Any], req: LoaderRequest, opts: U
             "fastload_store='DIR/data.yaml' (or FASTLOAD_STORE)")
     names = data.get("names") or {}
     names = [names[k] for k in sorted(names)] if isinstance(names, Mapping) else list(names)
-    cfg = split_config(req.img_path, owner=OWNER, names=names, nc=int(data.get("nc") or len(names) or 1))
+    task = served_task(_arg(args, "task"))
+    kpt_shape = data.get("kpt_shape")  # pose rows are read as boxes + keypoints whatever the task
+    cfg = split_config(req.img_path, owner=OWNER, names=names, nc=int(data.get("nc") or len(names) or 1),
+                       kpt_shape=kpt_shape, flip_idx=data.get("flip_idx") if kpt_shape else None)
     base = open_split_store(cfg, kind=cache or "auto", imgsz=imgsz, store=opts.store, owner=OWNER, load_rule=recipe)
     try:
         view = _labels_view(base, args, req.mode)
@@ -174,7 +193,8 @@ def build_loader(args: Any, data: Mapping[str, Any], req: LoaderRequest, opts: U
             # Ultralytics' own rule: partners from its buffer of recently loaded images, from the dataset with cache="ram"
             chosen["partners"] = "dataset" if cache == "ram" else "recent"
         rank, world = shard_of(req.rank)
-        hyp = {k: float(getattr(args, k)) for k in AUGMENT_KEYS}
+        # the trainer's copy_paste (refused above 0), not YOLOv9's default (0.3)
+        hyp = {k: float(getattr(args, k)) for k in AUGMENT_KEYS} | {"copy_paste": float(_arg(args, "copy_paste", 0) or 0)}
         fl = make_loader(
             view,
             imgsz=imgsz,
@@ -192,19 +212,32 @@ def build_loader(args: Any, data: Mapping[str, Any], req: LoaderRequest, opts: U
             drop_last=augment and bool(_arg(args, "compile", False)),
             layout=_layout(args, req),
             recipe=recipe,
+            **_task_keywords(task, args),
             **chosen,
         )
     except BaseException:
         base.close()
         raise
-    summary = (f"fastload: {fl.n} images, {len(fl)} batches of {batch_size}, {fl.num_workers} workers, {base.kind} "
-               f"store, {opts.engine} engine, HSV {_hsv_place(fl, augment)}, batches on "
+    summary = (f"fastload: {'' if task == 'detect' else task + ' '}{fl.n} images, {len(fl)} batches of {batch_size}, "
+               f"{fl.num_workers} workers, {base.kind} store, {opts.engine} engine, HSV {_hsv_place(fl, augment)}, batches on "
                f"{device if device is not None else 'cpu'}, {recipe} recipe"
                + (f" (mosaic partners: {fl.engine.sampler.partners})" if fl.engine.sampler.draws_mosaics else "")
                + (f", {fl.cache_plan}" if fl.cache_plan.keep == "latest" else ""))
     LOG.info("%s %s loader: %s", OWNER, req.mode, summary)
     source: Any = BatchLog(fl, opts.batch_log, prefix=req.mode) if opts.batch_log else fl
-    return UltralyticsLoader(fl, source, view, summary=summary)
+    return UltralyticsLoader(fl, source, view, summary=summary, task=task, data=data,
+                             overlap_mask=bool(_arg(args, "overlap_mask", True)))
+
+
+def _task_keywords(task: str, args: Any) -> dict[str, Any]:
+    """:func:`fastload.loader`'s task keywords: none for detection (its batches as they always were); a segment
+    loader's masks at Ultralytics' ``mask_ratio``, overlapping (``overlap_mask``) or one per instance."""
+    if task == "detect":
+        return {}
+    if task == "segment":
+        return {"task": task, "mask_ratio": int(_arg(args, "mask_ratio", 4)),
+                "overlap_mask": bool(_arg(args, "overlap_mask", True))}
+    return {"task": task}
 
 
 def _hsv_place(fl: FastLoader, augment: bool) -> str:
@@ -218,13 +251,18 @@ class UltralyticsLabels(Sequence[dict]):
     """``dataset.labels`` as Ultralytics reads it, one dict per image, made when read from the packed labels
     (``flat``, :class:`~fastload.data.labels.FlatLabels`) and the images' sizes: a million images cost no million
     dicts up front. ``labels[i]``: ``im_file``, ``shape`` (h, w), ``cls`` float32 [n, 1], ``bboxes`` float32
-    [n, 4] normalised xywh (read-only views), ``segments``, ``keypoints``, ``normalized``, ``bbox_format``.
+    [n, 4] normalised xywh (read-only views), ``segments`` (segment, obb: one float32 [k, 2] normalised polygon
+    per instance), ``keypoints`` (pose: float32 [n, K, 3] normalised, else None), ``normalized``, ``bbox_format``.
+    ``flat`` is public: the trainer counts classes and plots labels from its rows.
     """
 
-    def __init__(self, flat: FlatLabels, hw: np.ndarray, im_files: Sequence[str]) -> None:
+    def __init__(self, flat: FlatLabels, hw: np.ndarray, im_files: Sequence[str], task: str = "detect",
+                 kpt_shape: Sequence[int] | None = None) -> None:
         self.flat = flat
         self.hw = hw
         self.im_files = im_files
+        self.task = task
+        self.kpt_shape = None if kpt_shape is None else (int(kpt_shape[0]), int(kpt_shape[1]))
 
     def __len__(self) -> int:
         return len(self.flat)
@@ -238,23 +276,36 @@ class UltralyticsLabels(Sequence[dict]):
     def __getitem__(self, i: int | slice) -> dict[str, Any] | list[dict[str, Any]]:
         if isinstance(i, slice):
             return [self[k] for k in range(*i.indices(len(self)))]
-        lb = self.flat[i]  # checks the index
+        rows, points, offsets = self.flat.image(i)  # checks the index
         h, w = (int(v) for v in self.hw[i])
-        return _label_dict(self.im_files[i], (h, w), lb[:, 0:1], lb[:, 1:5])
+        segments: list[np.ndarray] = []
+        keypoints = None
+        if points is not None and offsets is not None:
+            if self.task == "pose" and self.kpt_shape is not None:  # (an image without rows: [0, K, 3])
+                keypoints = points.reshape(len(rows), self.kpt_shape[0], points.shape[1])
+            elif self.task in ("segment", "obb"):
+                segments = [points[a:b] for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist())]
+        return _label_dict(self.im_files[i], (h, w), rows[:, 0:1], rows[:, 1:5], segments, keypoints)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
+        if self.flat.points is not None:
+            return (self[k] for k in range(len(self)))
         # Ultralytics' trainer walks every image's dict (its max_det check): one pass over plain lists and the
         # packed columns, the dicts made one at a time
+        return self._walk()
+
+    def _walk(self) -> Iterator[dict[str, Any]]:
         rows, bounds = self.flat.rows, self.flat.offsets.tolist()
         cls, boxes = rows[:, 0:1], rows[:, 1:5]
         for f, a, b, hw in zip(self.im_files, bounds[:-1], bounds[1:], self.hw.tolist()):
             yield _label_dict(f, tuple(hw), cls[a:b], boxes[a:b])
 
 
-def _label_dict(im_file: str, shape: tuple[int, int], cls: np.ndarray, boxes: np.ndarray) -> dict[str, Any]:
+def _label_dict(im_file: str, shape: tuple[int, int], cls: np.ndarray, boxes: np.ndarray,
+                segments: list[np.ndarray] | None = None, keypoints: np.ndarray | None = None) -> dict[str, Any]:
     """One image's label dict as Ultralytics' dataset holds it (``cls`` [n, 1], ``boxes`` [n, 4] xywh)."""
-    return {"im_file": im_file, "shape": shape, "cls": cls, "bboxes": boxes, "segments": [], "keypoints": None,
-            "normalized": True, "bbox_format": "xywh"}
+    return {"im_file": im_file, "shape": shape, "cls": cls, "bboxes": boxes, "segments": segments or [],
+            "keypoints": keypoints, "normalized": True, "bbox_format": "xywh"}
 
 
 class UltralyticsDataset:
@@ -262,21 +313,27 @@ class UltralyticsDataset:
 
     ``labels``: one dict per image (:class:`UltralyticsLabels`, made when read): its label plots, class counts
     and ``max_det`` check. ``im_files``, ``len()``, ``mosaic`` and ``close_mosaic(hyp)`` (what its
-    ``close_mosaic`` epochs call) switch fastload's mosaic and mixup off. No ``__getitem__``: fastload
-    renders whole batches.
+    ``close_mosaic`` epochs call) switch fastload's mosaic and mixup off. ``use_segments``, ``use_keypoints``,
+    ``use_obb`` and ``data`` (``kpt_shape``, ``flip_idx``, ``names``) as Ultralytics' dataset has them. No
+    ``__getitem__``: fastload renders whole batches.
     """
 
-    def __init__(self, fl: FastLoader, view: StoreView) -> None:
+    def __init__(self, fl: FastLoader, view: StoreView, task: str = "detect",
+                 data: Mapping[str, Any] | None = None) -> None:
         self._fl = fl
         ds = fl.dataset
         self.im_files = ds.im_files
-        self.labels = UltralyticsLabels(FlatLabels.from_arrays(ds.labels), ds.hw, ds.im_files)
+        self.data = dict(data or {})
+        self.labels = UltralyticsLabels(FlatLabels.from_arrays(ds.labels), ds.hw, ds.im_files, task,
+                                        self.data.get("kpt_shape"))
         self.ni = len(self.im_files)
         self.imgsz = ds.img_size
         self.augment = ds.augment
         self.rect = ds.rect
         self.batch_shapes = ds.batch_shapes
         self.names = list(view.names)
+        self.task = task
+        self.use_segments, self.use_keypoints, self.use_obb = (task == "segment", task == "pose", task == "obb")
 
     def __len__(self) -> int:
         return self.ni
@@ -332,12 +389,15 @@ class UltralyticsLoader:
     ``close()``.
     """
 
-    def __init__(self, fl: FastLoader, source: Any, view: StoreView, *, summary: str = "") -> None:
+    def __init__(self, fl: FastLoader, source: Any, view: StoreView, *, summary: str = "", task: str = "detect",
+                 data: Mapping[str, Any] | None = None, overlap_mask: bool = True) -> None:
         self.loader = fl
         self.summary = summary  # one line for the trainer's log
+        self.task = task
+        self.overlap_mask = overlap_mask  # segment: the masks' form (Ultralytics' overlap_mask)
         self._source = source  # fl, or fl seen through the batch log
         self._view = view
-        self.dataset = UltralyticsDataset(fl, view)
+        self.dataset = UltralyticsDataset(fl, view, task, data)
         self.sampler = fl.sampler
         self.batch_size = fl.batch_size
         self.drop_last = fl.drop_last
@@ -352,7 +412,7 @@ class UltralyticsLoader:
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         for batch in self._source:
-            yield to_batch_dict(batch, self._hw0)
+            yield to_batch_dict(batch, self._hw0, self.task, self.overlap_mask)
 
     def reset(self) -> None:
         """Nothing to rebuild: a closed mosaic reaches fastload's workers with their next batch, and batches of
@@ -368,16 +428,24 @@ class UltralyticsLoader:
         return self.loader.stats()
 
 
-def to_batch_dict(batch: Batch, hw0: Mapping[str, tuple[int, int]]) -> dict[str, Any]:
-    """Ultralytics' batch dict from a fastload (YOLOv9) batch ``(imgs, targets, paths, shapes)``.
+def to_batch_dict(batch: Batch, hw0: Mapping[str, tuple[int, int]], task: str = "detect",
+                  overlap_mask: bool = True) -> dict[str, Any]:
+    """Ultralytics' batch dict from a fastload batch ``(imgs, targets, paths, shapes[, task's labels])``.
 
     ``img`` uint8 [B, 3, H, W] RGB; ``cls`` float32 [N, 1]; ``bboxes`` float32 [N, 4] normalised xywh;
     ``batch_idx`` float32 [N]; per image ``im_file``, ``ori_shape`` (h0, w0), ``resized_shape`` (H, W, what
     Ultralytics' last geometric step leaves: the batch's size) and ``ratio_pad`` (``((h / h0, w / w0),
     (left, top))``, the letterbox's integer pad; None for a mosaic sample, which Ultralytics gives none).
-    ``hw0``: the original (h0, w0) of every image file.
+    ``hw0``: the original (h0, w0) of every image file. By ``task``, from the batch's fifth field:
+
+    * ``segment``: ``masks`` as fastload built them at ``mask_ratio`` (``overlap_mask``: [B, h, w], instance
+      ``k + 1`` of each image where it is the smallest covering one, the instances in decreasing mask area as the
+      targets are; else [N, h, w] 0/1), and ``sem_masks`` float32 [B, h, w], the class of each pixel's smallest
+      covering instance, as Ultralytics' ``Format`` derives it (what a semantic head's loss reads);
+    * ``pose``: ``keypoints`` float32 [N, K, 3] (x, y normalised, visibility);
+    * ``obb``: ``bboxes`` float32 [N, 5] normalised ``xywhr`` (angle in radians) instead of the upright box.
     """
-    imgs, targets, paths, shapes = batch
+    imgs, targets, paths, shapes = batch[:4]
     out_hw = (int(imgs.shape[2]), int(imgs.shape[3]))
     ratio_pad: list[Any] = []
     for entry in shapes:
@@ -387,7 +455,7 @@ def to_batch_dict(batch: Batch, hw0: Mapping[str, tuple[int, int]]) -> dict[str,
         (h0, w0), ((rh, rw), (dw, dh)) = entry
         # YOLOv9's entry holds the float pad; the pixels (and Ultralytics' ratio_pad) moved by round(pad - 0.1)
         ratio_pad.append(((float(rh), float(rw)), (int(round(dw - 0.1)), int(round(dh - 0.1)))))
-    return {
+    out = {
         "img": imgs,
         "cls": targets[:, 1:2].contiguous(),
         "bboxes": targets[:, 2:6].contiguous(),
@@ -397,4 +465,37 @@ def to_batch_dict(batch: Batch, hw0: Mapping[str, tuple[int, int]]) -> dict[str,
         "resized_shape": tuple(out_hw for _ in paths),
         "ratio_pad": tuple(ratio_pad),
     }
+    if task == "segment":
+        masks = torch.as_tensor(batch[4])
+        out["masks"] = masks
+        out["sem_masks"] = semantic_masks(masks, out["cls"], out["batch_idx"], len(paths), overlap_mask)
+    elif task == "pose":
+        out["keypoints"] = torch.as_tensor(batch[4])
+    elif task == "obb":
+        out["bboxes"] = torch.as_tensor(batch[4])
+    return out
 
+
+def semantic_masks(masks: torch.Tensor, cls: torch.Tensor, batch_idx: torch.Tensor, batch_size: int,
+                   overlap: bool) -> torch.Tensor:
+    """float32 [B, h, w]: per pixel the class of its smallest covering instance, Ultralytics' ``sem_masks``.
+
+    ``masks``: ``overlap`` masks [B, h, w] (instance ``k + 1``; ``cls`` in that order per image) or one mask per
+    instance [N, h, w]. As Ultralytics' ``Format``: an overlap pixel no instance covers holds the image's last
+    instance's class (its loss ignores uncovered pixels), a per-instance one 0; an image without instances 0.
+    """
+    out = torch.zeros((batch_size, *masks.shape[-2:]), dtype=torch.float32, device=masks.device)
+    owner = batch_idx.to(masks.device).long()
+    flat_cls = cls.to(masks.device).reshape(-1)
+    for b in range(batch_size):
+        mine = flat_cls[owner == b]
+        if not len(mine):
+            continue
+        if overlap:
+            out[b] = mine[masks[b].long() - 1]
+            continue
+        inst = masks[owner == b]
+        areas = inst.sum(dim=(1, 2))
+        key = torch.where(inst.bool(), areas[:, None, None], areas.max() + 1)
+        out[b] = mine[key.min(0).indices] * inst.any(0)
+    return out
