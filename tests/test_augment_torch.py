@@ -10,6 +10,10 @@ from fastload.augment.functional.color import apply_hsv_reference
 from fastload.augment.functional.torch_ops import apply_hsv_batch, hsv8_to_rgb, rgb_to_hsv8
 from tests.augment_helpers import smooth_images
 
+# one intra-op thread (conftest's one_torch_thread): the HSV kernels on a 512 x 512 image spin-wait with two threads
+# on the busy 2-core CI machine
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 
 def _batch(n=6, size=192, seed=0):
     # A width that is a multiple of 64: OpenCV's 8-bit HSV->RGB truncates in its SIMD loop but rounds in the

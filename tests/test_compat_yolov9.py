@@ -23,6 +23,10 @@ import preloaded
 from preloaded import base_env
 from store_helpers import assert_refused_as_in_process, refuse_every_render
 
+# one intra-op thread (conftest's one_torch_thread): the loaders' torch work in this process spin-waits with two on the
+# busy 2-core CI machine
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 REPO = Path(__file__).resolve().parents[1]
 
 # argument order of WongKinYiu/yolov9 utils/dataloaders.py create_dataloader

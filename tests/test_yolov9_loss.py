@@ -80,7 +80,8 @@ def test_aux_branch_weight_and_gains():
 
 
 def test_loss_falls_on_coco128(coco128_yaml):
-    """30 CPU steps on 4 real images at 160: the loss stays finite and falls clearly."""
+    """24 CPU steps on 4 real images at 160: the loss stays finite and falls clearly (the mean of the last five
+    steps is 0.34-0.38 of the first five's with seeds 0-2, against the 0.6 asserted; 0.27 after 30 steps)."""
     import fastload
 
     with fastload.loader(coco128_yaml, split="train", imgsz=160, batch_size=4, augment=False, shuffle=False,
@@ -95,7 +96,7 @@ def test_loss_falls_on_coco128(coco128_yaml):
     opt = build_optimizer(model, "AdamW", lr=2e-3, momentum=0.9, decay=0.0)
     losses = []
     model.train()
-    for _ in range(30):
+    for _ in range(24):
         loss, _ = loss_fn(model(imgs), targets)
         opt.zero_grad()
         loss.backward()

@@ -30,6 +30,20 @@ def built():
         torch.set_num_threads(before)
 
 
+@pytest.fixture(scope="module")
+def converted(built):
+    """``converted(size)``: YOLOv9-<size> re-parameterised, once for the module (E takes seconds: it builds GELAN-E).
+    Callers that change it (fuse) take a deep copy."""
+    cache: dict[str, DetectionModel] = {}
+
+    def get(size: str) -> DetectionModel:
+        if size not in cache:
+            cache[size] = reparameterize(built[f"yolov9-{size}"])
+        return cache[size]
+
+    return get
+
+
 def test_bundled_configs_present():
     for size in PUBLISHED:
         assert f"yolov9-{size}" in ALL_CFGS and f"gelan-{size}" in ALL_CFGS
@@ -69,9 +83,9 @@ def test_forward_shapes(built, name):
 
 
 @pytest.mark.parametrize("size", list(PUBLISHED))
-def test_converted_sizes_match_published(built, size):
+def test_converted_sizes_match_published(built, converted, size):
     """Re-parameterised YOLOv9-X (fused, as evaluated) within 3 % of the published params and GFLOPs."""
-    conv = reparameterize(built[f"yolov9-{size}"]).eval().fuse()
+    conv = copy.deepcopy(converted(size)).eval().fuse()
     params_m = count_params(conv) / 1e6
     pub_p, pub_f = PUBLISHED[size]
     assert params_m == pytest.approx(pub_p, rel=0.03)
@@ -105,11 +119,11 @@ def test_reparameterize_keeps_main_branch_outputs(built):
     rebuilt.load_state_dict(single.state_dict())
 
 
-def test_silence_backbone_reparameterize(built):
+def test_silence_backbone_reparameterize(converted):
     """YOLOv9-C/E keep layer 0 (the image) and the routing they need; the aux neck goes."""
-    single = reparameterize(built["yolov9-c"])
+    single = converted("c")
     assert len(single.model) == 24  # Silence + 22 GELAN-C layers + DDetect
-    e = reparameterize(built["yolov9-e"])
+    e = converted("e")
     assert len(e.model) == 43  # GELAN-E: 42 layers + DDetect
 
 
@@ -135,7 +149,7 @@ def test_bad_configs_fail_clearly(tmp_path):
         DetectionModel(p)
 
 
-def test_official_style_yaml_loads(tmp_path):
+def test_official_style_yaml_loads(built, tmp_path):
     """Official files spell Python names as YAML strings (None, 'nearest'), keep an anchors key, use flow lists."""
     cfg = load_cfg("yolov9-t.yaml")
     rows = []
@@ -149,16 +163,16 @@ def test_official_style_yaml_loads(tmp_path):
     path = tmp_path / "official-style.yaml"
     path.write_text(text.replace("'nc'", "nc"))
     official = DetectionModel(path)
-    assert count_params(official) == count_params(DetectionModel("yolov9-t.yaml"))
+    assert count_params(official) == count_params(built["yolov9-t"])  # DetectionModel("yolov9-t.yaml")
 
 
-def test_cls_width_key_and_loading_weights_of_another_width(tmp_path):
+def test_cls_width_key_and_loading_weights_of_another_width(built, tmp_path):
     # The official code's class tower is max(ch_P3, min(2 nc, 128)) wide: 128 for T at 80 classes, where the
     # default (the published sizes) is 80. A config key builds it; loading such weights infers it.
     from yolov9.checkpoint import load_model
 
     cfg = load_cfg("gelan-t.yaml")
-    assert DetectionModel(cfg, nc=80).head.cv3[0][0].conv.weight.shape[0] == 80
+    assert cfg["nc"] == 80 and built["gelan-t"].head.cv3[0][0].conv.weight.shape[0] == 80  # DetectionModel(cfg)
     wide = DetectionModel(dict(cfg, cls_width=128), nc=80)
     assert wide.head.cv3[0][0].conv.weight.shape[0] == 128
     torch.save(wide.state_dict(), tmp_path / "wide.pt")

@@ -20,6 +20,10 @@ from yolov9.throughput import GpuUtilSampler, StepTimer, fmt_util
 from yolov9.torch_utils import ModelEMA, build_optimizer, lr_lambda, rng_state, set_rng_state
 from yolov9.train import _latest_last
 
+# one intra-op thread (conftest's one_torch_thread): with two on the loaded 2-core CI machine, building and saving
+# the small model of these tests spent seconds spin-waiting for a core another process held
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 
 def _tiny() -> DetectionModel:
     cfg = load_cfg("gelan-t.yaml")
