@@ -26,6 +26,7 @@ from pathlib import Path
 from types import MethodType, SimpleNamespace
 from typing import Any, Callable, Iterator, Sequence
 
+import cv2
 import numpy as np
 
 from fastload.augment import params as params_module
@@ -122,13 +123,20 @@ def official_segment_modules(upstream: Path, workdir: Path) -> Iterator[SimpleNa
     root = workdir / "yolov9"
     shutil.copytree(upstream / "utils", root / "utils")
     before = set(sys.modules)
+    # utils/general.py replaces cv2.imread / imwrite / imshow with its own (imwrite(path, im): no params) for the
+    # whole process: the later tests of this pytest worker must get OpenCV's back
+    opencv = {name: getattr(cv2, name) for name in ("imread", "imwrite", "imshow")}
     sys.path.insert(0, str(root))
     try:
         import utils.segment.augmentations as seg_aug  # official code: on sys.path above
         import utils.segment.dataloaders as seg_dl  # official code: on sys.path above
+        for name, function in opencv.items():
+            setattr(cv2, name, function)
         yield SimpleNamespace(dl=seg_dl, aug=seg_aug, general=sys.modules["utils.general"],
                               base_aug=sys.modules["utils.augmentations"])
     finally:
+        for name, function in opencv.items():
+            setattr(cv2, name, function)
         sys.path.remove(str(root))
         for name in set(sys.modules) - before:
             if name == "utils" or name.startswith(("utils.", "models")):
