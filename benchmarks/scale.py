@@ -106,8 +106,9 @@ def make_dataset(root: Path, n: int, seed: int = 0, threads: int = 8) -> Path:
 LOADER_CHILD = r"""
 import json, os, sys, time
 t0 = time.perf_counter()
-import fastload, psutil
+import fastload
 a = json.loads(sys.argv[1])
+sys.path.insert(0, a["bench"])
 t_import = time.perf_counter()
 L = fastload.loader(a["yaml"], imgsz=a["imgsz"], batch_size=a["batch"], workers=a["workers"], store=a["store"],
                     seed=0)
@@ -124,36 +125,9 @@ if a["batches"]:
     st = L.stats()
     out["decodes_per_image"] = st.get("decodes_per_image")
 
-    def smaps(pid):
-        anon = fileb = 0
-        cur = {}
-        def flush():
-            nonlocal anon, fileb
-            if not cur:
-                return
-            private = cur.get("Private_Clean", 0) + cur.get("Private_Dirty", 0)
-            anon += min(cur.get("Anonymous", 0), private)
-            if cur["path"].startswith("/"):
-                fileb += cur.get("Rss", 0)
-        with open(f"/proc/{pid}/smaps") as f:
-            for line in f:
-                head = line.split(None, 1)[0]
-                if not head.endswith(":"):  # a mapping line: address perms offset dev inode [path]
-                    flush()
-                    parts = line.split(None, 5)
-                    cur = {"path": parts[5].strip() if len(parts) > 5 else ""}
-                elif head[:-1] in ("Rss", "Anonymous", "Private_Clean", "Private_Dirty"):
-                    cur[head[:-1]] = int(line.split()[1]) * 1024
-            flush()
-        return anon, fileb
-
-    def mem(pid):
-        m = psutil.Process(pid).memory_full_info()
-        anon, fileb = smaps(pid)
-        return {"rss": m.rss, "uss": m.uss, "pss": m.pss, "private_anon": anon, "file_rss": fileb}
-
-    out["main"] = mem(os.getpid())
-    out["workers"] = [mem(p) for p in st.get("worker_pids", [])]
+    from scale import process_memory  # benchmarks/scale.py: its folder, a["bench"], is on sys.path above
+    out["main"] = process_memory(os.getpid())
+    out["workers"] = [process_memory(p) for p in st.get("worker_pids", [])]
 L.close()
 print("RESULT " + json.dumps(out))
 """
@@ -207,7 +181,8 @@ def measure(n: int, a: argparse.Namespace) -> dict[str, Any]:
     row["index cache bytes/image"] = sum(p.stat().st_size for p in (ds / "labels").glob("*.fastload.cache*")) / n
 
     def loader(store: str, yaml: Path, prefix: str) -> None:
-        spec = {"yaml": str(yaml), "imgsz": a.imgsz, "batch": a.batch, "workers": a.workers, "store": store}
+        spec = {"yaml": str(yaml), "imgsz": a.imgsz, "batch": a.batch, "workers": a.workers, "store": store,
+                "bench": str(Path(__file__).resolve().parent)}
         res, _, row[f"{prefix} maxrss"] = run_child(["-c", LOADER_CHILD, json.dumps(dict(spec, batches=a.batches))], a.tree)
         row[f"{prefix} open s"] = res["open_s"]
         row[f"{prefix} first batch s"] = res["first_batch_s"]
