@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from fastload.compat.ultralytics import UltralyticsOptions, UnsupportedArgument
-from fastload.compat.ultralytics.loader import LoaderRequest, build_loader
+from fastload.compat.ultralytics.loader import LoaderRequest, build_loader, check_arguments
 from fastload.store.base import StoreError
 import preloaded
 from official_helpers import coco_subset
@@ -88,7 +88,7 @@ def test_options_override_then_environment_then_default():
 
 def test_refusals_are_one_line(coco16, ultra):
     opts = UltralyticsOptions(recipe="yolov9")
-    cases = [({"copy_paste": 0.1}, opts, "copy_paste=0.1"), ({"cutmix": 0.5}, opts, "cutmix=0.5"),
+    cases = [({"cutmix": 0.5}, opts, "cutmix=0.5"),
              ({"bgr": 0.2}, opts, "bgr=0.2"),
              ({"imgsz": [64, 96]}, opts, "imgsz=\\[64, 96\\]"), ({"cache": "gpu"}, opts, "cache='gpu'")]
     for overrides, o, match in cases:
@@ -96,6 +96,13 @@ def test_refusals_are_one_line(coco16, ultra):
         with pytest.raises(UnsupportedArgument, match=match) as e:
             build_loader(args, data, LoaderRequest(data["train"], 8, "train", False, 32), o)
         assert "\n" not in str(e.value)
+    args, data = ultra(coco16, copy_paste=0.1)  # detect: nothing to paste (segment sets paste, flip mode only)
+    with pytest.raises(UnsupportedArgument, match="copy_paste=0.1: fastload pastes the instances of segment sets"):
+        check_arguments(args, data, "train", opts)
+    args, data = ultra(coco16, task="segment", copy_paste=0.3, copy_paste_mode="mixup")
+    with pytest.raises(UnsupportedArgument, match="copy_paste_mode='mixup'"):
+        check_arguments(args, data, "train", opts)
+    check_arguments(*ultra(coco16, task="segment", copy_paste=0.3), "train", opts)
     args, data = ultra(coco16, task="classify")  # segment, pose, obb: tests/test_compat_ultralytics_tasks.py
     with pytest.raises(UnsupportedArgument, match="task='classify'"):
         build_loader(args, data, LoaderRequest(data["val"], 8, "val", True, 32), opts)

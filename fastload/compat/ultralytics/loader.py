@@ -100,9 +100,15 @@ def check_arguments(args: Any, data: Mapping[str, Any], mode: str, opts: Ultraly
         refuse(f"imgsz={imgsz!r}", "one integer size is supported (the long side; training batches are square)")
     if mode != "train":
         return
-    for name in ("copy_paste", "cutmix", "bgr"):
+    for name in ("cutmix", "bgr"):
         if float(_arg(args, name, 0.0) or 0.0) > 0:
             refuse(f"{name}={_arg(args, name)}", "not implemented in fastload's augmentation; set it to 0")
+    if float(_arg(args, "copy_paste", 0.0) or 0.0) > 0:
+        if task != "segment":  # Ultralytics pastes an obb set's corners too; fastload pastes segment instances only
+            refuse(f"copy_paste={_arg(args, 'copy_paste')}", f"fastload pastes the instances of segment sets only "
+                   f"(task={task!r}); set it to 0")
+        if _arg(args, "copy_paste_mode", "flip") != "flip":
+            refuse(f"copy_paste_mode={_arg(args, 'copy_paste_mode')!r}", "fastload implements the 'flip' mode only")
     if _arg(args, "augmentations"):
         refuse("augmentations=[...]", "custom Albumentations transforms are not applied by fastload; drop them")
 
@@ -193,7 +199,7 @@ def build_loader(args: Any, data: Mapping[str, Any], req: LoaderRequest, opts: U
             # Ultralytics' own rule: partners from its buffer of recently loaded images, from the dataset with cache="ram"
             chosen["partners"] = "dataset" if cache == "ram" else "recent"
         rank, world = shard_of(req.rank)
-        # the trainer's copy_paste (refused above 0), not YOLOv9's default (0.3)
+        # the trainer's copy_paste (segment only, refused above 0 for the other tasks), not YOLOv9's default (0.3)
         hyp = {k: float(getattr(args, k)) for k in AUGMENT_KEYS} | {"copy_paste": float(_arg(args, "copy_paste", 0) or 0)}
         fl = make_loader(
             view,
