@@ -8,6 +8,7 @@ import json
 import shutil
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Iterator
 
 import cv2
 import numpy as np
@@ -23,6 +24,7 @@ from fastload.store.convert import convert
 from fastload.store.info import dataset_info, format_info
 from fastload.store.verify import verify_target
 from official_helpers import require_upstream
+from store_helpers import isolated_shm
 
 QUIET = {"workers": 1, "progress": False, "log": lambda *_: None}
 KINDS = ("lmdb", "encoded", "disk", "ram")
@@ -286,10 +288,15 @@ def test_the_index_cache_keeps_the_points(synth):
 
 
 @pytest.fixture(scope="module")
-def converted(synth, tmp_path_factory) -> dict[str, Path]:
+def converted(synth, tmp_path_factory) -> Iterator[dict[str, Path]]:
     out = tmp_path_factory.mktemp("geometry-stores")
-    return {task: convert(y, list(KINDS), out=out / task, imgsz=64, splits="train", **QUIET).yaml_path
-            for task, y in synth.items()}
+    with pytest.MonkeyPatch.context() as mp:  # the ram stores in a private shm root, removed after the module
+        root = isolated_shm(mp, "geometry-stores")
+        try:
+            yield {task: convert(y, list(KINDS), out=out / task, imgsz=64, splits="train", **QUIET).yaml_path
+                   for task, y in synth.items()}
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
 
 
 def test_every_store_kind_carries_the_points_bit_exactly(synth, converted):
@@ -377,7 +384,7 @@ def test_the_loader_reads_stores_whose_labels_carry_points(converted):
         assert dl.dataset.labels.points is not None
 
 
-def test_real_images_with_polygons_round_trip_every_kind(coco128_yaml, tmp_path):
+def test_real_images_with_polygons_round_trip_every_kind(coco128_yaml, tmp_path, shm_root):
     """coco128's first images (real JPEGs, EXIF and all) with polygons made from their boxes: an octagon inscribed in
     each box, a diamond (4 corners, OBB-shaped) in every other one; every kind holds them bit-exactly."""
     root = coco128_yaml.parent
