@@ -19,15 +19,14 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
-from typing import Callable
 
 import cv2
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.geometry_cost import best_ms  # noqa: E402
 from fastload.augment.geometry import resample_polygon  # noqa: E402
 from fastload.augment.masks import polygon_mask  # noqa: E402
 
@@ -64,15 +63,6 @@ def reduced_mask(poly: np.ndarray, hw: tuple[int, int], r: int) -> np.ndarray:
 def iou(a: np.ndarray, b: np.ndarray) -> float:
     union = np.logical_or(a, b).sum()
     return 1.0 if union == 0 else float(np.logical_and(a, b).sum() / union)
-
-
-def best_ms(fn: Callable[[], object], repeat: int) -> float:
-    best = float("inf")
-    for _ in range(repeat):
-        t = time.process_time()
-        fn()
-        best = min(best, time.process_time() - t)
-    return best * 1e3
 
 
 def main() -> None:
