@@ -543,11 +543,15 @@ class ParamSampler:
     def _epoch_positions(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
         """The epoch's order and the first position of every image in it (-1: absent), kept for two epochs."""
         if epoch not in self._positions:
-            order = np.asarray(self.epoch_order(epoch), np.int64).reshape(-1)  # type: ignore[misc]
-            if len(order) and (order.min() < 0 or order.max() >= len(self.loaded_shapes)):
+            n = len(self.loaded_shapes)
+            order = np.asarray(self.epoch_order(epoch)).reshape(-1)  # type: ignore[misc]
+            if len(order) and (order.min() < 0 or order.max() >= n):
                 raise ValueError(f"partners='recent': the epoch order holds sample ids or indices outside "
-                                 f"[0, {len(self.loaded_shapes)}); it must list image indices")
-            first = np.full(len(self.loaded_shapes), -1, np.int64)
+                                 f"[0, {n}); it must list image indices")
+            # Two epochs of an order and its positions live in every worker: 4-byte entries halve them.
+            index_type = np.int32 if max(n, len(order)) < 2**31 else np.int64
+            order = order.astype(index_type, copy=False)
+            first = np.full(n, -1, index_type)
             images, at = np.unique(order, return_index=True)
             first[images] = at
             while len(self._positions) >= 2:
