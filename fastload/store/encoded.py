@@ -20,7 +20,6 @@ is a slice of the memory-mapped file.
 """
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 from typing import Any, Sequence
@@ -32,7 +31,7 @@ from fastload.data.labels import ImageLabels
 from fastload.store.kinds import WriteJob
 from fastload.store.packed import PackedWriter, RecordFileStore, read_layout_meta, write_records
 from fastload.store.space import check_space
-from fastload.store.writing import encoded_task
+from fastload.store.writing import FileTasks, encoded_task
 
 IMAGES = "images.bin"
 ARRAYS = ("offsets", "shapes", "labels", "label_counts", "checksums")
@@ -83,8 +82,8 @@ class EncodedWriter(PackedWriter):
 def write_encoded(job: WriteJob, final: Path) -> tuple[Path, list[tuple[str, str]]]:
     """Write the encoded store of ``job`` at ``final`` (the encoded files, re-encoded smaller above
     ``job.max_side``); returns its path and the images it had to skip. Not resumable: it starts over."""
-    files = list(job.index.im_files)
-    src_bytes = sum(os.path.getsize(f) for f in files if os.path.exists(f))
+    files = job.index.im_files
+    src_bytes = int(job.index.im_bytes.sum())  # the index's sizes: no stat per file
     check_space(final.parent, src_bytes + (16 << 20), f"encoded store {final.name}")
     quality = job.quality if job.max_side else None
     meta = {"kind": "encoded", "source_hash": job.source_hash, "source_files": len(files),
@@ -92,5 +91,4 @@ def write_encoded(job: WriteJob, final: Path) -> tuple[Path, list[tuple[str, str
             "created": time.strftime("%Y-%m-%dT%H:%M:%S"), "fastload_version": __version__}
     writer = EncodedWriter(final, imgsz=None, names=job.cfg.names, meta=meta, kpt_shape=job.cfg.kpt_shape,
                            flip_idx=job.cfg.flip_idx)
-    tasks = [(i, f, job.max_side, job.quality) for i, f in enumerate(files)]
-    return write_records(writer, job, encoded_task, tasks, f"encoded {final.name}", failed="unreadable")
+    return write_records(writer, job, encoded_task, FileTasks(files, (job.max_side, job.quality)), f"encoded {final.name}", failed="unreadable")

@@ -53,7 +53,7 @@ from fastload.store.base import (
 from fastload.store.kinds import PARTIAL, WriteJob, finish_hint
 from fastload.store.packed import replace_dir
 from fastload.store.space import check_space
-from fastload.store.writing import Progress, encoded_task, parallel_map
+from fastload.store.writing import FileTasks, Progress, encoded_task, parallel_map
 
 COMMIT_EVERY = 64  # records per LMDB transaction written by write_lmdb: the most a kill can lose
 
@@ -475,7 +475,7 @@ def write_lmdb(job: WriteJob, final: Path) -> tuple[Path, list[tuple[str, str]]]
     """Write the LMDB store of ``job`` at ``final`` (the encoded files, re-encoded smaller above ``job.max_side``);
     returns its path and the images it had to skip. Resumable (``job.resume``) after an interruption."""
     index, max_side, quality = job.index, job.max_side, job.quality
-    files = list(index.im_files)
+    files = index.im_files
     needed = lmdb_bytes(index.im_bytes)
     spec = {"sources": job.source_hash, "n": len(files), "max_side": max_side, "quality": quality if max_side else None}
     point_dim = None if index.labels.points is None else int(index.labels.points.shape[1])
@@ -487,8 +487,8 @@ def write_lmdb(job: WriteJob, final: Path) -> tuple[Path, list[tuple[str, str]]]
     try:
         if writer.done:
             job.log(f"resuming {final.name}: {len(writer.done)} of {len(files)} records already written")
-        todo = [i for i in range(len(files)) if i not in writer.done]
-        tasks = [(i, files[i], max_side, quality) for i in todo]
+        todo = np.setdiff1d(np.arange(len(files)), np.fromiter(writer.done, np.int64, len(writer.done)))
+        tasks = FileTasks(files, (max_side, quality), todo)
         bar = Progress(len(files), f"lmdb {final.name}", job.progress, initial=len(writer.done))
         batch: list[Any] = []
         try:

@@ -51,7 +51,7 @@ from fastload.store.base import (
 )
 from fastload.store.kinds import PARTIAL, WriteJob, in_shm, store_kind
 from fastload.store.space import check_memory, check_space, fmt_bytes, tree_bytes
-from fastload.store.writing import Progress, decoded_shrink, decoded_task, parallel_map
+from fastload.store.writing import FileTasks, Progress, decoded_shrink, decoded_task, parallel_map
 
 META = "meta.json"
 PIXELS = "pixels.bin"
@@ -403,7 +403,7 @@ def write_packed(job: WriteJob, final: Path, *, kind: str, check: Callable[[int]
     """Decode, resize and pack the images of ``job`` into a packed store of ``kind`` at ``final`` (``check``: the
     room for its bytes); returns it and the images it skipped."""
     index, imgsz, rule = job.index, job.imgsz, job.load_rule
-    files = list(index.im_files)
+    files = index.im_files
     check(packed_nbytes(index.shapes, imgsz, rule))
     meta = {
         "kind": kind,
@@ -417,7 +417,7 @@ def write_packed(job: WriteJob, final: Path, *, kind: str, check: Callable[[int]
     }
     writer = PackedWriter(final, imgsz=imgsz, names=job.cfg.names, meta=meta, kpt_shape=job.cfg.kpt_shape,
                           flip_idx=job.cfg.flip_idx)
-    return write_records(writer, job, decoded_task, [(i, f, imgsz, rule) for i, f in enumerate(files)],
+    return write_records(writer, job, decoded_task, FileTasks(files, (imgsz, rule)),
                          f"{kind} {final.name}", failed="undecodable")
 
 

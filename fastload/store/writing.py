@@ -8,7 +8,7 @@ import signal
 import time
 from collections import deque
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence, overload
 
 import cv2
 import numpy as np
@@ -32,6 +32,30 @@ def decoded_shrink(rule: LoadRule) -> ShrinkFilter:
 
 def default_workers() -> int:
     return max(1, min(8, (os.cpu_count() or 1)))
+
+
+class FileTasks(Sequence[tuple]):
+    """The tasks ``(i, files[i], *options)`` of the source indices ``indices``, made when a chunk of them is taken:
+    a conversion of N images holds no list of N tuples (about 100 bytes each, 0.1 GB at 1M images)."""
+
+    def __init__(self, files: Sequence[str], options: tuple, indices: np.ndarray | None = None) -> None:
+        self.files, self.options = files, options
+        self.indices = np.arange(len(files)) if indices is None else np.asarray(indices, np.int64)
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    @overload
+    def __getitem__(self, k: int) -> tuple: ...
+
+    @overload
+    def __getitem__(self, k: slice) -> list[tuple]: ...
+
+    def __getitem__(self, k: int | slice) -> tuple | list[tuple]:
+        if isinstance(k, slice):
+            return [(i, self.files[i], *self.options) for i in self.indices[k].tolist()]
+        i = int(self.indices[k])
+        return (i, self.files[i], *self.options)
 
 
 def encoded_task(task: tuple[int, str, int | None, int]) -> tuple[int, bytes | None, str | None, int]:
