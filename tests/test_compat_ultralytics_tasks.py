@@ -221,7 +221,7 @@ def test_training_batches_carry_the_task_labels(task_args, task):
 
 
 @pytest.mark.parametrize("task", ["segment", "obb"])
-def test_a_label_file_of_box_rows_in_a_segment_or_obb_set_is_refused_as_ultralytics_refuses_it(task_env, tmp_path, task):
+def test_a_box_only_label_file_is_refused_as_ultralytics_refuses_it(task_env, tmp_path, task):
     """A box-only label file (no points) in a segment or obb set: Ultralytics' dataset refuses the set (fewer
     segments than boxes), for training and validation; fastload refuses it too, in one line naming the file."""
     from ultralytics.cfg import get_cfg

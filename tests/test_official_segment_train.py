@@ -5,8 +5,8 @@ trainer received.
 
 The models are far smaller than the official segment configs (all the c size, too slow for the suite): the t
 detection configs, thinned, with their heads replaced by the official segment heads (``_tiny_segment_configs``),
-written into the copy as a user's config would be. The four runs start once for the module, two at a time, forked from the
-interpreter that has torch imported (tests/preloaded.py).
+written into the copy as a user's config would be. The four runs start once for the module, two at a time, forked
+from the interpreter that has torch imported (tests/preloaded.py).
 """
 from __future__ import annotations
 
@@ -80,18 +80,18 @@ def runs(tmp_path_factory, preloaded_python):
     Path(data).write_text(yaml.safe_dump(config, sort_keys=False))
     project = tmp / "runs"
 
-    def train(trainer: str, name: str) -> list[str]:
+    def run(trainer: str, way: str) -> Run:
+        """``trainer`` run with its own loader (``way="official"``) or through the launcher (``"launcher"``)."""
         script, cfg = TRAINERS[trainer]
-        return [script, "--data", str(data), "--cfg", cfg, "--weights", "", "--img", "64", "--batch", "4", "--epochs",
+        name = f"{trainer}_{way}"
+        argv = [script, "--data", str(data), "--cfg", cfg, "--weights", "", "--img", "64", "--batch", "4", "--epochs",
                 "2", "--device", "cpu", "--noplots", "--noval", "--hyp", "data/hyps/hyp.scratch-high.yaml", "--workers",
                 "1", "--project", str(project), "--name", name, "--exist-ok"]
+        if way == "launcher":
+            argv = ["-m", "fastload.compat.yolov9", *argv, "--fastload-batch-log", str(tmp / f"{name}.jsonl")]
+        return Run(name, [python(), *argv], stock, official_env(tmp))
 
-    every = []
-    for trainer in TRAINERS:
-        every += [Run(f"{trainer}_official", [python(), *train(trainer, f"{trainer}_official")], stock, official_env(tmp)),
-                  Run(f"{trainer}_launcher", [python(), "-m", "fastload.compat.yolov9", *train(trainer, f"{trainer}_launcher"),
-                                              "--fastload-batch-log", str(tmp / f"{trainer}_launcher.jsonl")],
-                      stock, official_env(tmp))]
+    every = [run(trainer, way) for trainer in TRAINERS for way in ("official", "launcher")]
     run_all([every], tmp / "logs", server=preloaded_python)
     out = {r.name: r for r in every}
     out["tmp"], out["project"] = tmp, project  # type: ignore[assignment]

@@ -31,9 +31,11 @@ pixel (a 0.5 px shift of a polygon costs a 40 px-wide instance about 1 % of its 
 
 A row without points (an image whose label file has box rows only) in a segment or obb task: both references fail
 on it except YOLOv9's validation with one mask per instance, which keeps its box with an empty mask (so does this
-module there; elsewhere it refuses such a row, and ``fastload.loader`` refuses the set up front). Copy-paste (segment, both
-recipes: :class:`~fastload.augment.params.CopyPaste`) appends the instances :func:`paste_selection` picks, mirrored
-across the canvas, before the warp; :func:`paste_outlines` gives the pixel path the polygons its mask is filled from.
+module there; elsewhere it refuses such a row, and ``fastload.loader`` refuses the set up front).
+
+Copy-paste (segment, both recipes: :class:`~fastload.augment.params.CopyPaste`) appends the instances
+:func:`paste_selection` picks, mirrored across the canvas, before the warp; :func:`paste_outlines` gives the pixel
+path the polygons its mask is filled from.
 """
 from __future__ import annotations
 
