@@ -25,7 +25,7 @@ from official_helpers import (SEGMENT_README_IMPORT, Run, copy_upstream, officia
 
 pytestmark = pytest.mark.slow
 
-N_TRAIN, N_VAL = 8, 4
+N_TRAIN, N_VAL = 4, 4  # one batch of 4 an epoch
 SEGMENT_SCRIPTS = ("segment/train.py", "segment/train_dual.py", "segment/val.py", "segment/val_dual.py")
 TINY_SEG = "models/segment/gelan-t-seg.yaml"
 TINY_DUAL_SEG = "models/segment/yolov9-t-dseg.yaml"
