@@ -610,8 +610,9 @@ def _check_task_options(task: str, recipe: str, mask_ratio: int | None, overlap_
                          f"loader to follow)")
 
 
-def _check_task_labels(task: str, store: StoreView) -> None:
-    """Refuse labels without what ``task`` reads: polygons (segment), keypoints (pose), 4-corner polygons (obb)."""
+def _check_task_labels(task: str, store: StoreView, recipe: str, augment: bool, overlap_mask: bool) -> None:
+    """Refuse labels without what ``task`` reads: polygons (segment), keypoints (pose), 4-corner polygons (obb); and
+    rows without points (label files of box rows only) in a segment or obb set, where the reference fails on them."""
     if task == "detect":
         return
     labels, geometry = store.labels, store.meta.get("geometry") or {}
@@ -625,12 +626,24 @@ def _check_task_labels(task: str, store: StoreView) -> None:
         what = "box rows only" if dim is None else "keypoints (task='pose')"
         raise ValueError(f"task={task!r} needs polygon labels (class x1 y1 x2 y2 ...); {store.base!r} has {what}")
     counts = labels.point_counts
-    if task == "obb" and counts is not None and ((counts != 0) & (counts != 4)).any():
-        # a box row (no points) is its box's four corners, as the geometry takes it
-        row = int(np.flatnonzero((counts != 0) & (counts != 4))[0])
-        image = int(np.searchsorted(labels.offsets, row, side="right") - 1)
+    if counts is None:
+        return
+
+    def label_file(row: int) -> str:
+        return label_paths([store.im_files[int(np.searchsorted(labels.offsets, row, side="right") - 1)]])[0]
+
+    pointless = np.flatnonzero(counts == 0)
+    # YOLOv9's validation with one mask per instance keeps such a row's box with an empty mask (so does fastload);
+    # its training (random_perspective) and overlap masks fail on it, Ultralytics refuses the set (YOLODataset)
+    if len(pointless) and not (recipe == "yolov9" and not augment and not overlap_mask):
+        reference = ("Ultralytics refuses such a set" if recipe == "ultralytics" else
+                     "the official YOLOv9 loader fails on it in training and with overlap masks")
+        raise ValueError(f"task={task!r} needs a polygon on every row; {label_file(int(pointless[0]))} has box rows "
+                         f"only ({reference}): give its objects as polygons, or train task='detect'")
+    if task == "obb" and (counts != 4).any():
+        row = int(np.flatnonzero(counts != 4)[0])
         raise ValueError(f"task='obb' needs 4-corner polygons (class x1 y1 ... x4 y4); "
-                         f"{label_paths([store.im_files[image]])[0]} has a row of {int(counts[row])} points")
+                         f"{label_file(row)} has a row of {int(counts[row])} points")
 
 
 def loader(
@@ -843,7 +856,7 @@ def loader(
         if len(keep_idx) == 0:
             raise ValueError(f"no images left in {base!r} (min_items={min_items})")
         view = StoreView(base, keep_idx, labels)
-        _check_task_labels(task, view)
+        _check_task_labels(task, view, recipe, bool(augment), settings.overlap_mask)
         if single_cls:
             view.names = ["item"]
         hyp_d = load_hyp(hyp)

@@ -51,3 +51,18 @@ def random_world(n: int, imgsz: int, seed: int = 0, *, max_boxes: int, nc: int,
 
 def shapes_of(images: list[np.ndarray]) -> np.ndarray:
     return np.array([im.shape[:2] for im in images], np.int64)
+
+
+def box_rows_only(labels: Path) -> Path:
+    """Rewrite the first non-empty label file after the first in ``labels`` (a segment or obb set's) with box rows only,
+    each polygon's box ``class xc yc w h``, as a set mixing detection and segment labels has; returns that file."""
+    files = sorted(labels.glob("*.txt"))
+    label = next(f for f in files[1:] if f.read_text().strip())
+    rows = []
+    for line in label.read_text().splitlines():
+        cls, *xy = line.split()
+        pts = np.array(xy, np.float64).reshape(-1, 2)
+        (x0, y0), (x1, y1) = pts.min(0), pts.max(0)
+        rows.append(f"{cls} {(x0 + x1) / 2:.6f} {(y0 + y1) / 2:.6f} {x1 - x0:.6f} {y1 - y0:.6f}")
+    label.write_text("\n".join(rows) + "\n")
+    return label

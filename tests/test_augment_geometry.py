@@ -102,6 +102,23 @@ def test_yolov9_validation_masks_identical(yolov9, overlap):
         np.testing.assert_allclose(geo.targets[order], want_targets, atol=1e-6)
 
 
+def test_rows_without_points_get_empty_masks_in_yolov9_validation_and_are_refused_elsewhere():
+    """An image whose rows have no points (a box-only label file): YOLOv9's validation keeps the boxes, each with an
+    empty mask (tests/test_official_segment.py compares it with the official loader); training and Ultralytics'
+    recipe refuse them, where both references fail on them."""
+    shapes, labels = _world("segment", 1)
+    rows = labels[0][0]
+    labels[0] = (rows, np.zeros((0, 2), np.float32), np.zeros(len(rows) + 1, np.int64))
+    rec = ParamSampler(shapes, AUG_HYP, IMGSZ, augment=False).sample(0, 0)
+    geo = transform_geometry([rec], labels.__getitem__, "yolov9", "segment")
+    masks, _ = batch_masks(geo, 1, RATIO, False)
+    assert len(geo) == len(rows) and masks.shape == (len(rows), IMGSZ // RATIO, IMGSZ // RATIO) and not masks.any()
+    for recipe, augment in (("yolov9", True), ("ultralytics", False)):
+        rec = ParamSampler(shapes, {**AUG_HYP, "mosaic": 0.0}, IMGSZ, augment=augment, recipe=recipe).sample(0, 0)
+        with pytest.raises(ValueError, match="labels of image 0: a row without points"):
+            transform_geometry([rec], labels.__getitem__, recipe, "segment")
+
+
 @pytest.mark.parametrize("mosaic", [1.0, 0.0])
 def test_yolov9_training_same_draws(yolov9, draws, mosaic):
     """Mosaic with mixup, and the letterbox + random perspective of a sample without mosaic (close_mosaic; images

@@ -18,6 +18,7 @@ import torch
 
 from fastload.compat.ultralytics import UltralyticsOptions, UnsupportedArgument
 from fastload.compat.ultralytics.loader import LoaderRequest, build_loader
+from augment_helpers import box_rows_only
 import preloaded
 from preloaded import base_env
 from test_compat_ultralytics import ultralytics_env
@@ -217,6 +218,30 @@ def test_training_batches_carry_the_task_labels(task_args, task):
         assert obb.dtype == torch.float32 and obb.shape == (n, 5)
         angle = obb[:, 4]
         assert bool((obb[:, 2] >= obb[:, 3]).all()) and bool(((angle >= -np.pi / 4) & (angle < 3 * np.pi / 4)).all())
+
+
+@pytest.mark.parametrize("task", ["segment", "obb"])
+def test_a_box_only_label_file_is_refused_as_ultralytics_refuses_it(task_env, tmp_path, task):
+    """A box-only label file (no points) in a segment or obb set: Ultralytics' dataset refuses the set (fewer
+    segments than boxes), for training and validation; fastload refuses it too, in one line naming the file."""
+    from ultralytics.cfg import get_cfg
+    from ultralytics.data import build_yolo_dataset
+    from ultralytics.data.utils import check_det_dataset
+
+    from fastload.data.synthetic import make_synthetic_dataset
+
+    yaml_path = make_synthetic_dataset(tmp_path, n_train=4, n_val=0, seed=1, min_size=40, max_size=80, task=task)
+    yaml_path.write_text(yaml_path.read_text().replace("path: .", f"path: {tmp_path}"))
+    label = box_rows_only(tmp_path / "labels" / "train")
+    args = get_cfg(overrides={"data": str(yaml_path), "task": task, "imgsz": 64, "batch": 4, "workers": 0})
+    data = check_det_dataset(str(yaml_path))
+    for mode, augment in (("train", True), ("val", False)):
+        with pytest.raises(ValueError, match="requires equal numbers of boxes and segments"):
+            build_yolo_dataset(args, data["train"], 4, data, mode=mode, stride=32)
+        with pytest.raises(ValueError) as err:
+            build_loader(args, data, LoaderRequest(data["train"], 4, mode, not augment, 32), UltralyticsOptions())
+        assert f"{label} has box rows only (Ultralytics refuses such a set)" in str(err.value)
+        assert "\n" not in str(err.value)
 
 
 def test_ddp_ranks_shard_a_pose_split(task_args, monkeypatch):

@@ -123,7 +123,7 @@ def test_labels_without_what_the_task_reads_are_refused(task_data, data, task, s
         assert ".txt has a row of" in str(err.value)
 
 
-def test_box_rows_of_an_obb_store_are_their_corners(task_data):
+def test_obb_batches_have_one_finite_rotated_box_per_target(task_data):
     batch = _batches(task_data["obb"], "obb", 0, augment=False, shuffle=False)[0]
     assert np.isfinite(batch.obb.numpy()).all() and len(batch.obb) == len(batch.targets)
 

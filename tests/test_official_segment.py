@@ -14,9 +14,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from fastload.compat.yolov9.segment import create_dataloader
 from fastload.data.synthetic import make_synthetic_dataset
+from augment_helpers import box_rows_only
 from official_helpers import UPSTREAM
 from tests.reference.geometry_replay import official_segment_modules, official_segment_sample, recording_draws
 
@@ -65,6 +67,12 @@ def test_validation_batches_identical_to_official(yolov9, images, rect, overlap)
     finally:
         ours.close()
     assert len(got) == len(official) == 2
+    _assert_same_batches(got, official)
+
+
+def _assert_same_batches(got: list, official: list) -> None:
+    """fastload's segment batches are the official ones: paths, pixels, shapes, masks (dtype included), targets."""
+    assert len(got) == len(official)
     for k, (mine, want) in enumerate(zip(got, official)):
         imgs, targets, paths, shapes, masks = want
         assert mine.paths == tuple(paths), k
@@ -105,3 +113,50 @@ def test_training_batch_matches_the_official_sample_of_the_same_draws(yolov9, im
         assert compared >= 8
     finally:
         loader.close()
+
+
+@pytest.fixture(scope="module")
+def box_row_images(tmp_path_factory) -> tuple[str, Path]:
+    """``(images, label file)``: a small segment set where one image's label file has box rows only (its polygons'
+    boxes, ``class xc yc w h``), as a set mixing detection and segment labels has."""
+    data = make_synthetic_dataset(tmp_path_factory.mktemp("seg_box_rows"), n_train=BATCH, n_val=0, seed=5,
+                                  min_size=48, max_size=96, task="segment")
+    label = box_rows_only(Path(data).parent / "labels" / "train")
+    return str(Path(data).parent / "images" / "train"), label
+
+
+def test_box_rows_keep_their_boxes_with_empty_masks_where_the_official_loader_does(yolov9, box_row_images):
+    """Validation with one mask per instance (segment/val.py's default): the official loader keeps a box-only
+    image's boxes with all-zero masks (float32: the batch's masks are promoted); fastload's batches are the same."""
+    images, label = box_row_images
+    kw = dict(pad=0.0, rect=False, workers=0, prefix="", mask_downsample_ratio=RATIO, overlap_mask=False)
+    official = list(yolov9.dl.create_dataloader(images, IMGSZ, BATCH, 32, False, **kw)[0])
+    ours, _ = create_dataloader(images, IMGSZ, BATCH, 32, False, **kw, num_workers=0, device=None)
+    try:
+        got = list(ours)
+    finally:
+        ours.close()
+    _assert_same_batches(got, official)
+    (batch,) = got
+    k = [Path(p).stem for p in batch.paths].index(label.stem)
+    rows = (batch.targets[:, 0] == k).numpy()
+    assert rows.sum() == len(label.read_text().splitlines())
+    assert batch.masks.dtype == torch.float32 and not batch.masks[rows].any() and batch.masks[~rows].any()
+
+
+def test_box_rows_where_the_official_loader_fails_are_refused_naming_the_file(yolov9, box_row_images):
+    """Overlap masks and training: the official loader fails on a box-only image's rows (its labels and masks no
+    longer match); fastload refuses the set in one line naming the label file."""
+    images, label = box_row_images
+    stems = [Path(f).stem for f in sorted(Path(images).iterdir())]
+    hyp = {"hsv_h": 0.0, "hsv_s": 0.0, "hsv_v": 0.0, "degrees": 0.0, "shear": 0.0, "translate": 0.1, "scale": 0.5,
+           "perspective": 0.0, "flipud": 0.0, "fliplr": 0.5, "mosaic": 1.0, "mixup": 0.0, "copy_paste": 0.0}
+    for augment, overlap, failure in ((False, True, RuntimeError), (True, False, IndexError)):
+        official = yolov9.dl.LoadImagesAndLabelsAndMasks(images, IMGSZ, BATCH, augment=augment, hyp=hyp, stride=32,
+                                                         overlap=overlap, downsample_ratio=RATIO)
+        with pytest.raises(failure):
+            official[stems.index(label.stem)]
+        with pytest.raises(ValueError) as err:
+            create_dataloader(images, IMGSZ, BATCH, 32, False, hyp=hyp, augment=augment, workers=0,
+                              mask_downsample_ratio=RATIO, overlap_mask=overlap, num_workers=0, device=None)
+        assert f"{label} has box rows only" in str(err.value) and "\n" not in str(err.value)

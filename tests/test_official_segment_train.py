@@ -1,11 +1,12 @@
-"""The official ``segment/train.py`` (../shared/upstream/yolov9, a temporary copy) trains 2 epochs on the CPU both
-ways on a small synthetic segment set: with its own loader, and unmodified through the no-edit launcher
-(``python -m fastload.compat.yolov9 segment/train.py ...``), whose batch log says what the trainer received.
+"""The official ``segment/train.py`` and ``segment/train_dual.py`` (../shared/upstream/yolov9, a temporary copy) each
+train 2 epochs on the CPU both ways on a small synthetic segment set: with their own loader, and unmodified through
+the no-edit launcher (``python -m fastload.compat.yolov9 segment/train.py ...``), whose batch log says what the
+trainer received.
 
-The model is the smallest the official configs allow for segmentation: ``models/detect/gelan-t.yaml`` with its
-detection head replaced by the ``Segment`` head of ``models/segment/gelan-c-seg.yaml`` (the official segment
-configs are all the c size, too slow for the suite), written into the copy as a user's config would be. Both runs
-start once for the module, in parallel, forked from the interpreter that has torch imported (tests/preloaded.py).
+The models are far smaller than the official segment configs (all the c size, too slow for the suite): the t
+detection configs, thinned, with their heads replaced by the official segment heads (``_tiny_segment_configs``),
+written into the copy as a user's config would be. The four runs start once for the module, two at a time, forked
+from the interpreter that has torch imported (tests/preloaded.py).
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import ast
 import csv
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -23,25 +25,54 @@ from official_helpers import (SEGMENT_README_IMPORT, Run, copy_upstream, officia
 
 pytestmark = pytest.mark.slow
 
-N_TRAIN, N_VAL = 8, 4
+N_TRAIN, N_VAL = 4, 4  # one batch of 4 an epoch
 SEGMENT_SCRIPTS = ("segment/train.py", "segment/train_dual.py", "segment/val.py", "segment/val_dual.py")
 TINY_SEG = "models/segment/gelan-t-seg.yaml"
+TINY_DUAL_SEG = "models/segment/yolov9-t-dseg.yaml"
 
 
-def _tiny_segment_config(checkout: Path) -> None:
-    """gelan-t's layers with gelan-c-seg's head (``Segment, [nc, 32, 256]``, its proto width scaled to gelan-t's)."""
-    lines = (checkout / "models" / "detect" / "gelan-t.yaml").read_text().splitlines()
-    heads = [k for k, line in enumerate(lines) if "DDetect, [nc]]" in line]
-    assert len(heads) == 1, "models/detect/gelan-t.yaml: expected one DDetect head"
-    lines[heads[0]] = "   [[15, 18, 21], 1, Segment, [nc, 32, 64]],  # Segment(P3, P4, P5)"
-    (checkout / TINY_SEG).write_text("\n".join(lines) + "\n")
+def _with_head(checkout: Path, detect_config: str, detect_head: str, head: list[str], config: str) -> None:
+    """``config`` written into the checkout: ``detect_config``'s layers, each RepNCSPELAN4 with one RepNCSP repeat
+    instead of three (fewer layers: the trainers deep-copy and save the model every epoch), and its one
+    ``detect_head`` line replaced by ``head`` (a segment head and any layers it needs), as a user's config would be."""
+    lines = [re.sub(r"(RepNCSPELAN4, \[\d+, \d+, \d+), 3\]", r"\1, 1]", line)
+             for line in (checkout / detect_config).read_text().splitlines()]
+    hits = [k for k, line in enumerate(lines) if detect_head in line]
+    assert len(hits) == 1, f"{detect_config}: expected one {detect_head!r} head"
+    lines[hits[0]:hits[0] + 1] = head
+    (checkout / config).write_text("\n".join(lines) + "\n")
+
+
+def _tiny_segment_configs(checkout: Path) -> None:
+    """The two segment models of the runs, far smaller than the official ones (all the c size).
+
+    gelan-t's layers with gelan-c-seg's head (``Segment, [nc, 32, 256]``, its proto width scaled to gelan-t's); and
+    yolov9-t's layers (main and auxiliary branches) with yolov9-c-dseg's ``DualDSegment`` head, which also takes one
+    proto feature map per branch: as in yolov9-c-dseg, each branch's P3 output through a RepNCSPELAN4, a 2x upsample
+    and a 3x3 Conv, here 32 channels wide (c-dseg's are 256).
+    """
+    _with_head(checkout, "models/detect/gelan-t.yaml", "DDetect, [nc]]",
+               ["   [[15, 18, 21], 1, Segment, [nc, 32, 64]],  # Segment(P3, P4, P5)"], TINY_SEG)
+    _with_head(checkout, "models/detect/yolov9-t.yaml", "DualDDetect, [nc]]", [
+        "   [28, 1, RepNCSPELAN4, [32, 32, 16, 1]],  # 29 (auxiliary P3 to its proto)",
+        "   [-1, 1, nn.Upsample, [None, 2, 'nearest']],",
+        "   [-1, 1, Conv, [32, 3, 1]],  # 31",
+        "   [15, 1, RepNCSPELAN4, [32, 32, 16, 1]],  # 32 (main P3 to its proto)",
+        "   [-1, 1, nn.Upsample, [None, 2, 'nearest']],",
+        "   [-1, 1, Conv, [32, 3, 1]],  # 34",
+        "   [[28, 25, 22, 15, 18, 21, 31, 34], 1, DualDSegment, [nc, 32, 32]],  # DualDSegment(P3, P4, P5)",
+    ], TINY_DUAL_SEG)
+
+
+# each trainer of segment/ and the tiny model it trains
+TRAINERS = {"train": ("segment/train.py", TINY_SEG), "train_dual": ("segment/train_dual.py", TINY_DUAL_SEG)}
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, preloaded_python):
     tmp = tmp_path_factory.mktemp("official_segment")
     stock = copy_upstream(tmp / "yolov9_unmodified")
-    _tiny_segment_config(stock)
+    _tiny_segment_configs(stock)
     data = make_synthetic_dataset(tmp / "data", n_train=N_TRAIN, n_val=N_VAL, seed=4, min_size=64, max_size=160,
                                   task="segment")
     config = yaml.safe_load(Path(data).read_text())
@@ -49,19 +80,20 @@ def runs(tmp_path_factory, preloaded_python):
     Path(data).write_text(yaml.safe_dump(config, sort_keys=False))
     project = tmp / "runs"
 
-    def train(name: str) -> list[str]:
-        return ["--data", str(data), "--cfg", TINY_SEG, "--weights", "", "--img", "64", "--batch", "4", "--epochs",
-                "2", "--device", "cpu", "--noplots", "--noval", "--hyp", "data/hyps/hyp.scratch-high.yaml", "--workers", "1",
-                "--project", str(project), "--name", name, "--exist-ok"]
+    def run(trainer: str, way: str) -> Run:
+        """``trainer`` run with its own loader (``way="official"``) or through the launcher (``"launcher"``)."""
+        script, cfg = TRAINERS[trainer]
+        name = f"{trainer}_{way}"
+        argv = [script, "--data", str(data), "--cfg", cfg, "--weights", "", "--img", "64", "--batch", "4", "--epochs",
+                "2", "--device", "cpu", "--noplots", "--noval", "--hyp", "data/hyps/hyp.scratch-high.yaml", "--workers",
+                "1", "--project", str(project), "--name", name, "--exist-ok"]
+        if way == "launcher":
+            argv = ["-m", "fastload.compat.yolov9", *argv, "--fastload-batch-log", str(tmp / f"{name}.jsonl")]
+        return Run(name, [python(), *argv], stock, official_env(tmp))
 
-    batch_log = str(tmp / "launcher.jsonl")
-    both = [
-        Run("official", [python(), "segment/train.py", *train("official")], stock, official_env(tmp)),
-        Run("launcher", [python(), "-m", "fastload.compat.yolov9", "segment/train.py", *train("launcher"),
-                         "--fastload-batch-log", batch_log], stock, official_env(tmp)),
-    ]
-    run_all([both], tmp / "logs", server=preloaded_python)
-    out = {r.name: r for r in both}
+    every = [run(trainer, way) for trainer in TRAINERS for way in ("official", "launcher")]
+    run_all([every], tmp / "logs", server=preloaded_python)
+    out = {r.name: r for r in every}
     out["tmp"], out["project"] = tmp, project  # type: ignore[assignment]
     return out
 
@@ -74,25 +106,29 @@ def _seg_losses(project: Path, name: str) -> list[float]:
     return [float(row[column]) for row in rows[1:]]
 
 
-def test_segment_train_runs_2_epochs_with_its_own_loader(runs):
-    out = runs["official"].check()
+@pytest.mark.parametrize("trainer", TRAINERS)
+def test_segment_trainer_runs_2_epochs_with_its_own_loader(runs, trainer):
+    out = runs[f"{trainer}_official"].check()
     assert "2 epochs completed" in out and "fastload" not in out
-    losses = _seg_losses(runs["project"], "official")
+    losses = _seg_losses(runs["project"], f"{trainer}_official")
     assert len(losses) >= 2 and all(math.isfinite(v) and v > 0 for v in losses[:2])  # (then the final validation)
 
 
-def test_launcher_runs_an_unmodified_segment_train_on_fastload_segment_batches(runs):
-    out = runs["launcher"].check()
-    assert "segment/train.py with fastload's create_dataloader" in out and "2 epochs completed" in out
+@pytest.mark.parametrize("trainer", TRAINERS)
+def test_launcher_runs_an_unmodified_segment_trainer_on_fastload_segment_batches(runs, trainer):
+    out = runs[f"{trainer}_launcher"].check()
+    assert f"{TRAINERS[trainer][0]} with fastload's create_dataloader" in out and "2 epochs completed" in out
     assert f"fastload: segment, {N_TRAIN} images" in out and f"fastload: segment, {N_VAL} images" in out
-    lines = [json.loads(line) for line in Path(runs["tmp"], "launcher.jsonl").read_text().splitlines()]
+    lines = [json.loads(line) for line in Path(runs["tmp"], f"{trainer}_launcher.jsonl").read_text().splitlines()]
     train = [x for x in lines if x["split"] == "train"]
     assert sorted({x["epoch"] for x in train}) == [0, 1]
     assert all(sum(x["n"] for x in train if x["epoch"] == e) == N_TRAIN for e in (0, 1))
     assert all(x["mosaic"] == x["n"] for x in train)  # scratch-high: every sample a mosaic
+    # overlap masks (the trainer's default) at mask_ratio 4, each batch with some instance's pixels
+    assert all(x["masks"] == [x["n"], 16, 16] and x["mask_pixels"] > 0 for x in train)
     val = [x for x in lines if x["split"] == "val"]  # --noval: the last epoch's, then best.pt's
-    assert val and not any(x["augment"] for x in val)
-    losses = _seg_losses(runs["project"], "launcher")
+    assert val and not any(x["augment"] for x in val) and all(x["mask_pixels"] > 0 for x in val)
+    losses = _seg_losses(runs["project"], f"{trainer}_launcher")
     assert len(losses) >= 2 and all(math.isfinite(v) and v > 0 for v in losses[:2])  # (then the final validation)
 
 

@@ -29,9 +29,13 @@ pixel (a 0.5 px shift of a polygon costs a 40 px-wide instance about 1 % of its 
   matrix, candidate filter with its detection threshold), not as the detection boxes (pixel-exact, up to 0.5 px
   away: enough to move a box across the filter's thresholds).
 
-A row without points in a segment or obb task is taken as its box's four corners. Copy-paste (segment, both
-recipes: :class:`~fastload.augment.params.CopyPaste`) appends the instances :func:`paste_selection` picks, mirrored
-across the canvas, before the warp; :func:`paste_outlines` gives the pixel path the polygons its mask is filled from.
+A row without points (an image whose label file has box rows only) in a segment or obb task: both references fail
+on it except YOLOv9's validation with one mask per instance, which keeps its box with an empty mask (so does this
+module there; elsewhere it refuses such a row, and ``fastload.loader`` refuses the set up front).
+
+Copy-paste (segment, both recipes: :class:`~fastload.augment.params.CopyPaste`) appends the instances
+:func:`paste_selection` picks, mirrored across the canvas, before the warp; :func:`paste_outlines` gives the pixel
+path the polygons its mask is filled from.
 """
 from __future__ import annotations
 
@@ -341,16 +345,11 @@ def _letterbox_points(pts32: np.ndarray, hw: tuple[int, int], e: np.ndarray, rec
     return out.astype(np.float64)
 
 
-def _box_corners(rows: np.ndarray) -> np.ndarray:
-    """[n, 4, 2] normalised corners of ``(cls, xc, yc, w, h)`` rows (the polygon of a row without points)."""
-    xc, yc, bw, bh = (rows[:, k : k + 1] for k in range(1, 5))
-    x0, x1, y0, y1 = xc - bw / 2, xc + bw / 2, yc - bh / 2, yc + bh / 2
-    return np.stack([np.concatenate(v, 1) for v in ((x0, y0), (x1, y0), (x1, y1), (x0, y1))], 1).astype(np.float32)
-
-
-def _tile_polygons(rows: np.ndarray, points: np.ndarray, offsets: np.ndarray, src: int) -> tuple[np.ndarray, np.ndarray]:
-    """The normalised float32 polygons of an image's rows as ``(points [p, 2], offsets [n + 1])``, a row without
-    points taking its box's four corners."""
+def _tile_polygons(rows: np.ndarray, points: np.ndarray, offsets: np.ndarray, src: int, pointless: bool
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """The normalised float32 polygons of an image's rows as ``(points [p, 2], offsets [n + 1])``. ``pointless``:
+    rows without points may be there (they keep none: an empty mask); else such a row is refused, as both references
+    fail on it (module docstring)."""
     if points.ndim != 2 or points.shape[1] != 2:
         raise ValueError(f"labels of image {src}: polygon points must be [p, 2], got {points.shape}")
     offsets = np.asarray(offsets, np.int64)
@@ -358,12 +357,10 @@ def _tile_polygons(rows: np.ndarray, points: np.ndarray, offsets: np.ndarray, sr
     if len(counts) != len(rows) or (len(counts) and offsets[-1] != len(points)):
         raise ValueError(f"labels of image {src}: {len(rows)} rows but point offsets {offsets.tolist()[:8]} for "
                          f"{len(points)} points")
-    if (counts > 0).all():
-        return points.astype(np.float32, copy=False), offsets
-    corners = _box_corners(rows)
-    parts = [points[a:b] if b > a else corners[r] for r, (a, b) in enumerate(zip(offsets[:-1].tolist(), offsets[1:].tolist()))]
-    counts = np.where(counts > 0, counts, 4)
-    return np.concatenate(parts).astype(np.float32), np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
+    if not pointless and not (counts > 0).all():
+        raise ValueError(f"labels of image {src}: a row without points (box rows only) moved with augmentation or "
+                         f"Ultralytics' recipe; only YOLOv9's validation with one mask per instance keeps it")
+    return points.astype(np.float32, copy=False), offsets
 
 
 def _edge_matrix(tile: TileParams) -> np.ndarray:
@@ -413,9 +410,11 @@ def _point_matrix(tile: TileParams, out_hw: tuple[int, int], letterboxed: bool) 
 
 def _image_tiles(image: ImageParams, get: GeometryLabels, recipe: Recipe, task: Task
                  ) -> list[tuple[TileParams, np.ndarray, np.ndarray, np.ndarray]]:
-    """``(tile, rows, points, offsets)`` of each labelled tile of ``image``, normalised, a row without points taking
-    its box's corners; ``"ultralytics"``: every polygon resampled as its dataset resamples it when loaded."""
-    tiles = [(tile, rows, *_tile_polygons(rows, points, offsets, tile.src))
+    """``(tile, rows, points, offsets)`` of each labelled tile of ``image``, normalised (a row without points keeps
+    none: YOLOv9's validation only); ``"ultralytics"``: every polygon resampled as its dataset resamples it when
+    loaded."""
+    pointless = recipe == "yolov9" and image.candidate_scale is None
+    tiles = [(tile, rows, *_tile_polygons(rows, points, offsets, tile.src, pointless))
              for tile, rows, points, offsets in _labelled_tiles(image, get)]
     if tiles and recipe == "ultralytics":
         n = _loaded_points(tiles, task)
@@ -490,7 +489,7 @@ def paste_outlines(image: ImageParams, get: GeometryLabels) -> tuple[list[np.nda
     paste = image.copy_paste
     if paste is None:
         return [], False
-    tiles = [(tile, rows, *_tile_polygons(rows, points, offsets, tile.src))
+    tiles = [(tile, rows, *_tile_polygons(rows, points, offsets, tile.src, False))
              for tile, rows, points, offsets in _labelled_tiles(image, get)]
     if not tiles:
         return [], False

@@ -26,14 +26,17 @@ __all__ = ["polygon_mask", "image_masks", "batch_masks"]
 
 
 def polygon_mask(poly: np.ndarray, out_hw: tuple[int, int], mask_ratio: int) -> np.ndarray:
-    """uint8 [h // mask_ratio, w // mask_ratio] mask of one polygon ``[k, 2]`` in output pixels (1 inside)."""
+    """uint8 [h // mask_ratio, w // mask_ratio] mask of one polygon ``[k, 2]`` in output pixels (1 inside; all 0
+    for a polygon without points)."""
     h, w = out_hw
     r = int(mask_ratio)
     if r < 1 or r > min(h, w):
         raise ValueError(f"mask_ratio must be in [1, {min(h, w)}] for output size {out_hw}, got {mask_ratio}")
     pts = np.asarray(poly).astype(np.int32).reshape(1, -1, 2)
     nh, nw = h // r, w // r
-    if h % r or w % r or not pts.size:  # not an integer shrink: the full image, as the references
+    if not pts.size:  # a row without points: no mask (YOLOv9's validation, one mask per instance)
+        return np.zeros((nh, nw), np.uint8)
+    if h % r or w % r:  # not an integer shrink: the full image, as the references
         full = np.zeros((h, w), np.uint8)
         cv2.fillPoly(full, pts, 1)
         return cv2.resize(full, (nw, nh))

@@ -59,9 +59,11 @@ class TaskLabels:
         h, w = geometry.out_hw
         if self.task == "segment":
             masks, order = batch_masks(geometry, len(records), self.mask_ratio, self.overlap_mask)
-            counts = np.bincount(geometry.targets[:, 0].astype(np.intp), minlength=len(records))
-            if (counts == 0).any():  # the references give an image without instances float zeros, and their
-                masks = masks.astype(np.float32)  # collate's concatenation promotes the batch's masks to float32
+            owner = geometry.targets[:, 0].astype(np.intp)
+            outlined = np.bincount(owner[np.diff(geometry.offsets) > 0], minlength=len(records))
+            if (outlined == 0).any():  # the references give an image without polygons (no instance, or YOLOv9's box
+                # rows) float zeros, and their collate's concatenation promotes the batch's masks to float32
+                masks = masks.astype(np.float32)
             return geometry.targets[order], masks
         if self.task == "pose":
             k = int(np.diff(geometry.offsets)[0]) if len(geometry) else int(self.kpt_count)

@@ -7,6 +7,8 @@ import os
 from pathlib import Path
 from typing import Any, Iterator
 
+from fastload.engines.base import SegmentBatch
+
 
 class LoaderWrapper:
     """A loader seen through a wrapper: ``len()`` and every attribute (``dataset``, ``sampler``,
@@ -32,8 +34,9 @@ class BatchLog(LoaderWrapper):
 
     Each line: ``split`` (the official prefix, e.g. ``train``), ``pid``, ``rank``, ``augment``, ``epoch``,
     ``batch``, ``hw`` (the batch's height and width), ``n`` (images), ``mosaic`` (how many samples are
-    mosaics: their ``shapes`` entry is None), ``images`` (file names, in order) and ``device``. Written
-    in the process that iterates, so it shows what the trainer received. Everything else is the loader's.
+    mosaics: their ``shapes`` entry is None), ``images`` (file names, in order) and ``device``; a segment batch's line
+    also has ``masks`` (the masks' shape) and ``mask_pixels`` (how many of their pixels are set). Written in the
+    process that iterates, so it shows what the trainer received. Everything else is the loader's.
     """
 
     def __init__(self, loader: Any, path: str, *, prefix: str = "") -> None:
@@ -48,8 +51,11 @@ class BatchLog(LoaderWrapper):
                   "augment": bool(fl.dataset.augment), "epoch": epoch}
         with open(self.path, "a", buffering=1) as f:
             for k, batch in enumerate(fl):
-                imgs, paths, shapes = batch[0], batch[2], batch[3]  # (a segment batch has its masks fifth)
-                f.write(json.dumps(dict(fields, batch=k, hw=[int(imgs.shape[2]), int(imgs.shape[3])], n=len(paths),
-                                        mosaic=sum(s is None for s in shapes), images=[Path(p).name for p in paths],
-                                        device=str(imgs.device))) + "\n")
+                imgs, paths, shapes = batch[0], batch[2], batch[3]
+                line = dict(fields, batch=k, hw=[int(imgs.shape[2]), int(imgs.shape[3])], n=len(paths),
+                            mosaic=sum(s is None for s in shapes), images=[Path(p).name for p in paths],
+                            device=str(imgs.device))
+                if isinstance(batch, SegmentBatch):
+                    line.update(masks=list(batch.masks.shape), mask_pixels=int(batch.masks.count_nonzero()))
+                f.write(json.dumps(line) + "\n")
                 yield batch

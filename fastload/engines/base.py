@@ -279,8 +279,8 @@ class SegmentBatch(NamedTuple):
     masks: ``overlap_mask=True``: ``[B, H / r, W / r]``, the value ``k + 1`` where the image's ``k``-th instance (in
     the targets' order) is the smallest one covering the pixel, 0 elsewhere; ``False``: ``[N, H / r, W / r]`` 0/1,
     one per target row. ``r`` is ``mask_ratio``. ``uint8`` (``int32`` when an image has more than 255 instances),
-    ``float32`` when an image of the batch has no instance (the official collate's concatenation promotes its
-    empty float masks).
+    ``float32`` when an image of the batch has no polygon: no instance, or box rows only (kept by YOLOv9's validation
+    with one mask per instance); the official collate's concatenation promotes its empty float masks.
     """
 
     imgs: torch.Tensor
