@@ -9,7 +9,9 @@ images of 96 to 640 px, up to 6 shapes each), ``task="detect"`` (box rows), ``"s
 ``"pose"`` (5 keypoints); each comparison reads one set, the official loader from a copy of it (the official and
 Ultralytics loaders both write ``labels/train.cache``). Every loader: imgsz ``--imgsz``, batch ``--batch``,
 ``--workers`` workers, a RAM cache, and is timed for ``--seconds`` after a warm-up batch in ``--rounds`` interleaved
-rounds (median round shown; ratios are medians of same-round ratios to the task's reference row):
+rounds (median round shown; ratios are medians of same-round ratios to the task's reference row: of images/s, and
+of CPU ms per image over the loader's processes, reference / row, what the ratio is on cores the loaders have to
+themselves, which a machine shared with other jobs does not give the images/s):
 
 * the official YOLOv9 ``create_dataloader`` (``utils/dataloaders.py``; segment: ``utils/segment/dataloaders.py``,
   overlap masks, ``mask_downsample_ratio=4``) of a temporary copy of ``--yolov9``, ``cache="ram"``, its
@@ -49,7 +51,7 @@ os.environ.setdefault("YOLO_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from loader_tasks import cpu_ms_per_image  # noqa: E402  (sibling scripts)
 from loader_throughput import ceilings  # noqa: E402
-from ultralytics_loader import fastload_loader, layout_of, measure, ultralytics_loader  # noqa: E402
+from ultralytics_loader import fastload_loader, layout_of, measure, ultralytics_args, ultralytics_loader  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_UPSTREAM = REPO.parent / "shared" / "upstream" / "yolov9"
@@ -145,15 +147,26 @@ PARTS = {"pixels (mosaic, warp, mixup, paste, flips)": "render_sample", "labels 
          "transform_geometry", "masks (rasterised, overlap)": "batch_masks"}
 
 
-def segment_profile(yaml_path: Path, a: argparse.Namespace, hyp: dict[str, Any], recipe: str) -> dict[str, float]:
-    """CPU ms per image of a worker-less segment epoch (HSV deferred) under cProfile, split into :data:`PARTS`."""
+def without_hsv(yaml_path: Path, a: argparse.Namespace, hyp: dict[str, Any], recipe: str) -> dict[str, Any]:
+    """The loader keywords of the rows with HSV left to the device: the ``yolov9`` recipe with the official hyp, HSV
+    deferred; ``ultralytics`` (never deferred) with Ultralytics' defaults and HSV gains 0."""
+    from fastload.augment.hyp import AUGMENT_KEYS
+
+    if recipe == "yolov9":
+        return {"hsv_on": "defer", "hyp": hyp}
+    args, _ = ultralytics_args(yaml_path, a.imgsz, a.batch, 0, "ram", hsv=False)
+    return {"hyp": {k: float(getattr(args, k)) for k in AUGMENT_KEYS}}
+
+
+def segment_profile(yaml_path: Path, a: argparse.Namespace, recipe: str, **options: Any) -> dict[str, float]:
+    """CPU ms per image of a worker-less segment epoch under cProfile, split into :data:`PARTS`."""
     from fastload.fastloader import loader
 
-    with loader(yaml_path, imgsz=a.imgsz, batch_size=a.batch, workers=0, store="ram", hsv_on="defer", hyp=hyp,
-                task="segment", mask_ratio=MASK_RATIO, overlap_mask=True, recipe=recipe) as fl:
+    with loader(yaml_path, imgsz=a.imgsz, batch_size=a.batch, workers=0, store="ram", task="segment",
+                mask_ratio=MASK_RATIO, overlap_mask=True, recipe=recipe, **options) as fl:
         batches = iter(fl)
         next(batches)
-        prof, images = cProfile.Profile(), 0
+        prof, images = cProfile.Profile(time.process_time), 0  # CPU time: other jobs on the machine do not count
         prof.enable()
         for b in batches:
             images += len(b.paths)
@@ -225,13 +238,13 @@ def pipe_transport_ms(nbytes: int, count: int = 40) -> dict[str, float]:
 
 def bounds(yamls: dict[str, Path], a: argparse.Namespace, hyp: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {"ceilings": ceilings(yamls["segment"], 1.0)}
-    no_hsv = {"hsv_h": 0.0, "hsv_s": 0.0, "hsv_v": 0.0}  # the ultralytics recipe's HSV is never deferred: gains 0
     out["one core, CPU ms per image (no workers, HSV deferred)"] = {
         f"{task} {recipe}": cpu_ms_per_image(yamls[task], task, recipe, a.imgsz, a.batch, 0,
-                                             **({"hsv_on": "defer", "hyp": hyp} if recipe == "yolov9" else
-                                                {"hyp": {**hyp, **no_hsv, "copy_paste": 0.0}}))[0]
+                                             **without_hsv(yamls[task], a, hyp, recipe))[0]
         for task in ("detect", "segment") for recipe in ("yolov9", "ultralytics")}
-    out["segment profile, yolov9 recipe"] = segment_profile(yamls["segment"], a, hyp, "yolov9")
+    out["segment profile"] = {recipe: segment_profile(yamls["segment"], a, recipe,
+                                                      **without_hsv(yamls["segment"], a, hyp, recipe))
+                              for recipe in ("yolov9", "ultralytics")}
     sizes = mask_bytes(yamls["segment"], a, hyp)
     out["mask bytes"] = sizes
     out["transport"] = {key: pipe_transport_ms(int(sizes[f"masks {key}, bytes per batch"]))
@@ -285,15 +298,18 @@ def main(argv: list[str] | None = None) -> int:
                 "images_per_s": statistics.median(r[row.name]["images_per_s"] for r in rounds),
                 "cpu_ms_per_image": statistics.median(r[row.name]["cpu_ms_per_image"] for r in rounds),
                 "x reference": statistics.median(r[row.name]["images_per_s"] / r[row.reference]["images_per_s"]
-                                                 for r in rounds)}
+                                                 for r in rounds),
+                # the same ratio on a machine the loaders have to themselves (CPU time hardly moves with other jobs)
+                "x reference, CPU": statistics.median(r[row.reference]["cpu_ms_per_image"] / r[row.name]["cpu_ms_per_image"]
+                                                      for r in rounds)}
         print(f"\nsynthetic sets of {a.images} images, imgsz {a.imgsz}, batch {a.batch}, {a.workers} workers, RAM cache, "
               f"{a.rounds} rounds of {a.seconds:g} s (median round; ratio: median same-round ratio to the reference), "
               f"{os.cpu_count()} CPUs, load average {load_start[0]:.1f} at the start, {load_end[0]:.1f} at the end")
-        print("| task | loader | img/s | CPU ms/img | x reference |")
-        print("|---|---|---:|---:|---:|")
+        print("| task | loader | img/s | CPU ms/img | x reference | x reference, CPU ms/img |")
+        print("|---|---|---:|---:|---:|---:|")
         for name, t in table.items():
             print(f"| {t['task']} | {name} | {t['images_per_s']:.1f} | {t['cpu_ms_per_image']:.2f} | "
-                  f"{t['x reference']:.2f} |")
+                  f"{t['x reference']:.2f} | {t['x reference, CPU']:.2f} |")
         out: dict[str, Any] = {"args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()},
                                "loadavg": [load_start, load_end], "rounds": rounds, "table": table}
         if not a.no_bounds:
@@ -303,8 +319,9 @@ def main(argv: list[str] | None = None) -> int:
                   f"({c['memcpy_GBps']:.1f} GB/s), JPEG decode {c['decode_1core']:.0f}/s")
             for name, ms in b["one core, CPU ms per image (no workers, HSV deferred)"].items():
                 print(f"one core, no workers, HSV deferred: {name}: {ms:.2f} CPU ms per image")
-            for part, ms in b["segment profile, yolov9 recipe"].items():
-                print(f"segment (yolov9 recipe) under cProfile: {part}: {ms:.2f} ms per image")
+            for recipe, parts in b["segment profile"].items():
+                print(f"segment, {recipe} recipe, one core under cProfile (CPU ms per image): "
+                      + ", ".join(f"{part} {ms:.2f}" for part, ms in parts.items()))
             for key, value in b["mask bytes"].items():
                 print(f"{key}: {value if isinstance(value, str) else f'{value / 2**20:.2f} MiB'}")
             for key, t in b["transport"].items():
