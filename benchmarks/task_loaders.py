@@ -142,9 +142,10 @@ def rows_of(task: str, yaml_path: Path, official_yaml: Path, a: argparse.Namespa
 
 
 # ----------------------------------------------------------------------------------------- what bounds it
-#: the functions whose cumulative time is each part of a segment batch (they do not call one another)
-PARTS = {"pixels (mosaic, warp, mixup, paste, flips)": "render_sample", "labels (polygons warped, boxes)":
-         "transform_geometry", "masks (rasterised, overlap)": "batch_masks"}
+#: the functions whose cumulative CPU time is each part of a segment batch: ``render_sample`` draws the pixels and
+#: calls ``_copy_paste`` (the mirrored canvas redrawn under the pasted instances), counted apart
+PARTS = {"pixels (mosaic, warp, mixup, flips)": "render_sample", "copy-paste (outlines, mirrored pixels)": "_copy_paste",
+         "labels (polygons resampled, warped; boxes)": "transform_geometry", "masks (rasterised, overlap)": "batch_masks"}
 
 
 def without_hsv(yaml_path: Path, a: argparse.Namespace, hyp: dict[str, Any], recipe: str) -> dict[str, Any]:
@@ -155,7 +156,8 @@ def without_hsv(yaml_path: Path, a: argparse.Namespace, hyp: dict[str, Any], rec
     if recipe == "yolov9":
         return {"hsv_on": "defer", "hyp": hyp}
     args, _ = ultralytics_args(yaml_path, a.imgsz, a.batch, 0, "ram", hsv=False)
-    return {"hyp": {k: float(getattr(args, k)) for k in AUGMENT_KEYS}}
+    # copy_paste as FastloadTrainer passes it (its default 0), not the hyp's default (YOLOv9's 0.3)
+    return {"hyp": {k: float(getattr(args, k)) for k in AUGMENT_KEYS} | {"copy_paste": float(args.copy_paste)}}
 
 
 def segment_profile(yaml_path: Path, a: argparse.Namespace, recipe: str, **options: Any) -> dict[str, float]:
@@ -175,6 +177,7 @@ def segment_profile(yaml_path: Path, a: argparse.Namespace, recipe: str, **optio
     total = sum(tt for _, _, tt, _, _ in stats.values())
     out = {part: sum(ct for (_, _, fn), (_, _, _, ct, _) in stats.items() if fn == name) / images * 1e3
            for part, name in PARTS.items()}
+    out["pixels (mosaic, warp, mixup, flips)"] -= out["copy-paste (outlines, mirrored pixels)"]
     out["rest (sampler, batch assembly)"] = total / images * 1e3 - sum(out.values())
     out["total, profiled"] = total / images * 1e3
     return out
