@@ -183,11 +183,11 @@ def segment_profile(yaml_path: Path, a: argparse.Namespace, recipe: str, **optio
     return out
 
 
-def mask_bytes(yaml_path: Path, a: argparse.Namespace, hyp: dict[str, Any], batches: int = 4) -> dict[str, float]:
+def mask_bytes(yaml_path: Path, a: argparse.Namespace, hyp: dict[str, Any], batches: int = 4) -> dict[str, Any]:
     """Mean bytes of a batch's masks (and of its pixels), overlap and one per instance."""
     from fastload.fastloader import loader
 
-    out: dict[str, float] = {}
+    out: dict[str, Any] = {}
     for overlap in (True, False):
         with loader(yaml_path, imgsz=a.imgsz, batch_size=a.batch, workers=0, store="ram", hsv_on="defer", hyp=hyp,
                     task="segment", mask_ratio=MASK_RATIO, overlap_mask=overlap) as fl:
@@ -195,7 +195,7 @@ def mask_bytes(yaml_path: Path, a: argparse.Namespace, hyp: dict[str, Any], batc
                    for _, b in zip(range(batches), fl)]
         key = "overlap" if overlap else "per instance"
         out[f"masks {key}, bytes per batch"] = statistics.mean(g[0] for g in got)
-        out[f"masks {key}, dtypes"] = ", ".join(sorted({g[2] for g in got}))  # type: ignore[assignment]
+        out[f"masks {key}, dtypes"] = ", ".join(sorted({g[2] for g in got}))
         out["pixels, bytes per batch"] = statistics.mean(g[1] for g in got)
     return out
 
@@ -241,7 +241,7 @@ def pipe_transport_ms(nbytes: int, count: int = 40) -> dict[str, float]:
 
 def bounds(yamls: dict[str, Path], a: argparse.Namespace, hyp: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {"ceilings": ceilings(yamls["segment"], 1.0)}
-    out["one core, CPU ms per image (no workers, HSV deferred)"] = {
+    out["one core, CPU ms per image (no workers, no HSV)"] = {
         f"{task} {recipe}": cpu_ms_per_image(yamls[task], task, recipe, a.imgsz, a.batch, 0,
                                              **without_hsv(yamls[task], a, hyp, recipe))[0]
         for task in ("detect", "segment") for recipe in ("yolov9", "ultralytics")}
@@ -318,10 +318,10 @@ def main(argv: list[str] | None = None) -> int:
         if not a.no_bounds:
             out["bounds"] = b = bounds(yamls, a, official[2] if official else {})
             c = b["ceilings"]
-            print(f"\nceilings, one core: memcpy of a {a.imgsz}x{a.imgsz}x3 image {c['memcpy_640_1core']:.0f}/s "
+            print(f"\nceilings, one core: memcpy of a 640x640x3 image {c['memcpy_640_1core']:.0f}/s "
                   f"({c['memcpy_GBps']:.1f} GB/s), JPEG decode {c['decode_1core']:.0f}/s")
-            for name, ms in b["one core, CPU ms per image (no workers, HSV deferred)"].items():
-                print(f"one core, no workers, HSV deferred: {name}: {ms:.2f} CPU ms per image")
+            for name, ms in b["one core, CPU ms per image (no workers, no HSV)"].items():
+                print(f"one core, no workers, HSV left to the device: {name}: {ms:.2f} CPU ms per image")
             for recipe, parts in b["segment profile"].items():
                 print(f"segment, {recipe} recipe, one core under cProfile (CPU ms per image): "
                       + ", ".join(f"{part} {ms:.2f}" for part, ms in parts.items()))
