@@ -18,6 +18,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -27,10 +28,12 @@ from fastload.data.synthetic import make_synthetic_dataset  # noqa: E402
 CASES = (("detect", "yolov9"), ("segment", "yolov9"), ("detect", "ultralytics"), ("segment", "ultralytics"))
 
 
-def cpu_ms_per_image(data: Path, task: str, recipe: str, imgsz: int, batch: int, seed: int) -> tuple[float, int]:
-    """CPU ms per image of one epoch after its first batch, and the instances the epoch's batches held."""
+def cpu_ms_per_image(data: Path, task: str, recipe: str, imgsz: int, batch: int, seed: int,
+                     **options: Any) -> tuple[float, int]:
+    """CPU ms per image of one epoch after its first batch, and the instances the epoch's batches held
+    (``options``: more :func:`fastload.loader` keywords, e.g. ``hsv_on``)."""
     fl = fastload.loader(data, "train", imgsz=imgsz, batch_size=batch, workers=0, store="ram", task=task,
-                         recipe=recipe, seed=seed)
+                         recipe=recipe, seed=seed, **options)
     with fl:
         batches = iter(fl)
         next(batches)

@@ -52,27 +52,27 @@ ULTRALYTICS = ("ultralytics, no cache", "ultralytics, cache ram")
 
 
 def ultralytics_args(yaml_path: Path, imgsz: int, batch: int, workers: int, cache: Any,
-                     hsv: bool = True) -> tuple[Any, dict[str, Any]]:
+                     hsv: bool = True, task: str = "detect") -> tuple[Any, dict[str, Any]]:
     """Ultralytics' arguments (its defaults but these) and its dataset dict; ``hsv=False``: HSV gains 0."""
     from ultralytics.cfg import get_cfg
     from ultralytics.data.utils import check_det_dataset
 
     no_hsv = {} if hsv else {"hsv_h": 0.0, "hsv_s": 0.0, "hsv_v": 0.0}
     args = get_cfg(overrides={"data": str(yaml_path), "imgsz": imgsz, "batch": batch, "workers": workers,
-                              "cache": cache, **no_hsv})
+                              "cache": cache, "task": task, **no_hsv})
     return args, check_det_dataset(str(yaml_path))
 
 
-def ultralytics_loader(yaml_path: Path, imgsz: int, batch: int, workers: int, cache: Any) -> Any:
+def ultralytics_loader(yaml_path: Path, imgsz: int, batch: int, workers: int, cache: Any, task: str = "detect") -> Any:
     from ultralytics.data import build_dataloader, build_yolo_dataset
 
-    args, data = ultralytics_args(yaml_path, imgsz, batch, workers, cache)
+    args, data = ultralytics_args(yaml_path, imgsz, batch, workers, cache, task=task)
     dataset = build_yolo_dataset(args, data["train"], batch, data, mode="train", stride=32)
     return build_dataloader(dataset, batch, workers, shuffle=True, rank=-1)
 
 
 def fastload_loader(yaml_path: Path, imgsz: int, batch: int, workers: int, cache: Any, recipe: str,
-                    store: str = "auto", hsv: bool = True, model_device: str = "cuda") -> Any:
+                    store: str = "auto", hsv: bool = True, model_device: str = "cuda", task: str = "detect") -> Any:
     """The loader FastloadTrainer builds for a trainer on ``model_device``, its batches kept on the CPU
     (``fastload_device=None``, as Ultralytics' rows): on cuda channels-last, as the trainer's model there."""
     import torch
@@ -80,7 +80,7 @@ def fastload_loader(yaml_path: Path, imgsz: int, batch: int, workers: int, cache
     from fastload.compat.ultralytics import UltralyticsOptions
     from fastload.compat.ultralytics.loader import LoaderRequest, build_loader
 
-    args, data = ultralytics_args(yaml_path, imgsz, batch, workers, cache, hsv)
+    args, data = ultralytics_args(yaml_path, imgsz, batch, workers, cache, hsv, task)
     opts = UltralyticsOptions(recipe=recipe, num_workers=workers, store=store, device=None)
     request = LoaderRequest(data["train"], batch, "train", rect=False, stride=32, device=torch.device(model_device))
     return build_loader(args, data, request, opts)
@@ -115,11 +115,12 @@ def deferred_hsv_loader(yaml_path: Path, imgsz: int, batch: int, workers: int, m
 
 
 def measure(make: Callable[[], Any], seconds: float, *, kind: str) -> dict[str, Any]:
-    """Images/s and CPU ms per image of one freshly built loader (``kind``: ultralytics, fastload or plain)."""
+    """Images/s and CPU ms per image of one freshly built loader (``kind``: ultralytics or official, a torch
+    ``InfiniteDataLoader`` yielding dicts or tuples; fastload, the Ultralytics layer's dicts; plain, fastload's tuples)."""
     ld = make()
     try:
-        if kind == "ultralytics":
-            batches: Callable[[], Iterable] = lambda: ((b["img"],) for b in ld)  # noqa: E731
+        if kind in ("ultralytics", "official"):
+            batches: Callable[[], Iterable] = (lambda: ((b["img"],) for b in ld)) if kind == "ultralytics" else (lambda: ld)
             pids = lambda _: [w.pid for w in getattr(ld.iterator, "_workers", [])]  # noqa: E731
         elif kind == "fastload":
             batches = lambda: ((b["img"],) for b in ld)  # noqa: E731

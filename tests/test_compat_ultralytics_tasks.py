@@ -305,3 +305,24 @@ def test_real_task_trainers_two_epochs_both_ways(task_run):
     # the standalone FastloadValidator names its loader (no cache: the image files; training validated from ram)
     assert f"fastload: {task} {N_VAL} images, 2 batches of 8, 0 workers, files store, cpu engine, HSV off" in stdout
     assert summary["val_fastload"] == pytest.approx(summary["val_ultralytics"], abs=1e-9)
+
+
+@pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "per-instance"])
+def test_semantic_masks_on_the_host_equal_those_made_with_torch(overlap):
+    """CPU masks are mapped with numpy, a device's with torch (the path the tests above cannot reach without a GPU):
+    the same sem_masks, on torch's CPU tensors, for images with overlapping, equal-area and no instances."""
+    from fastload.compat.ultralytics.loader import _semantic_masks_device, semantic_masks
+
+    rng = np.random.default_rng(3)
+    counts = [3, 0, 1, 5]  # the second image has no instance
+    owner = torch.tensor(np.repeat(np.arange(len(counts)), counts), dtype=torch.float32)
+    cls = torch.tensor(rng.integers(0, 4, (sum(counts), 1)), dtype=torch.float32)
+    if overlap:
+        masks = torch.stack([torch.tensor(rng.integers(0, n + 1, (8, 8)), dtype=torch.uint8) for n in counts])
+    else:
+        masks = torch.tensor(rng.integers(0, 2, (sum(counts), 8, 8)), dtype=torch.uint8)
+        masks[-1] = masks[-2]  # two instances of equal area covering the same pixels: the first wins
+    got = semantic_masks(masks, cls, owner, len(counts), overlap)
+    want = _semantic_masks_device(masks, cls, owner, len(counts), overlap)
+    assert got.dtype == want.dtype == torch.float32 and got.shape == (len(counts), 8, 8)
+    assert torch.equal(got, want) and bool(got.any())

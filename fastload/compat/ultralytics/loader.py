@@ -489,7 +489,36 @@ def semantic_masks(masks: torch.Tensor, cls: torch.Tensor, batch_idx: torch.Tens
     ``masks``: ``overlap`` masks [B, h, w] (instance ``k + 1``; ``cls`` in that order per image) or one mask per
     instance [N, h, w]. As Ultralytics' ``Format``: an overlap pixel no instance covers holds the image's last
     instance's class (its loss ignores uncovered pixels), a per-instance one 0; an image without instances 0.
+    Masks on the CPU are mapped with numpy: torch's intra-op threads in a consumer whose cores the loader's workers
+    keep busy waited ~100x the work for each lookup (benchmarks/task_loaders.py); elsewhere with torch on their device.
     """
+    if masks.device.type == "cpu":
+        return torch.from_numpy(_semantic_masks_host(masks.numpy(), cls.numpy().reshape(-1),
+                                                     batch_idx.numpy().astype(np.intp), batch_size, overlap))
+    return _semantic_masks_device(masks, cls, batch_idx, batch_size, overlap)
+
+
+def _semantic_masks_host(masks: np.ndarray, cls: np.ndarray, owner: np.ndarray, batch_size: int,
+                         overlap: bool) -> np.ndarray:
+    """:func:`semantic_masks` of numpy arrays (``cls`` [N], ``owner`` each instance's image)."""
+    out = np.zeros((batch_size, *masks.shape[-2:]), np.float32)
+    for b in range(batch_size):
+        mine = cls[owner == b]
+        if not len(mine):
+            continue
+        if overlap:  # value v reads class v - 1; 0 (uncovered) the last one's, as an index of -1 would
+            out[b] = np.concatenate([mine[-1:], mine])[masks[b].astype(np.intp)]
+            continue
+        inst = masks[owner == b]
+        areas = inst.sum(axis=(1, 2))
+        key = np.where(inst.astype(bool), areas[:, None, None], areas.max() + 1)
+        out[b] = mine[key.argmin(0)] * inst.any(0)  # argmin: the first of equal areas, as torch's min
+    return out
+
+
+def _semantic_masks_device(masks: torch.Tensor, cls: torch.Tensor, batch_idx: torch.Tensor, batch_size: int,
+                           overlap: bool) -> torch.Tensor:
+    """:func:`semantic_masks` with torch, on the masks' device."""
     out = torch.zeros((batch_size, *masks.shape[-2:]), dtype=torch.float32, device=masks.device)
     owner = batch_idx.to(masks.device).long()
     flat_cls = cls.to(masks.device).reshape(-1)
