@@ -114,7 +114,7 @@ CASES = [
          inproc=True),
     Case("train-store-not-converted", [*TRAIN, "--data", "{good}", "--cfg", "gelan-t", "--imgsz", "64", "--device", "cpu",
                                        "--store", "lmdb", "--workers", "0", "--epochs", "1"], 1,
-         ("no lmdb store recorded", "fastload convert")),
+         ("no lmdb store recorded", "fastload convert"), inproc=True),
     # --debug / FASTLOAD_DEBUG=1 show the traceback instead
     Case("convert-debug", [*FASTLOAD, "convert", "{missing}", "--debug"], 1, ("DataConfigError", "not found"), traceback=True),
     Case("verify-env-debug", [*FASTLOAD, "verify", "{syntax}"], 1, ("DataConfigError",), env={"FASTLOAD_DEBUG": "1"},
