@@ -6,7 +6,6 @@ import multiprocessing
 import os
 import signal
 import time
-from collections import deque
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence, overload
 
@@ -97,44 +96,80 @@ def decoded_task(task: tuple[int, str, int, LoadRule]) -> tuple[int, np.ndarray 
 
 
 def parallel_map(fn: Callable[[Any], Any], tasks: Sequence[Any], workers: int) -> Iterator[Any]:
-    """``fn`` over ``tasks`` in order, in a process pool when ``workers > 1`` (chunked).
+    """``fn`` over ``tasks`` in order, in forked processes when ``workers > 1`` (in chunks).
 
-    At most ``2 * workers`` chunks are sent ahead of the one being read. Not ``Pool.imap``: its task thread
-    fills the workers' task pipe with every chunk, and an abandoned iteration's ``terminate()`` then waits
-    for that thread, blocked writing into a full pipe that no terminated worker reads (seen in CI: a
-    conversion stopped by a test hung until the 600 s test timeout).
+    Chunk ``j`` is worker ``j % n``'s: each worker computes its chunks in turn from the tasks it has since the fork
+    (nothing is sent to it) and sends each result on a pipe of its own, where it waits while the pipe is full:
+    each worker runs at most about one chunk ahead of the one being read. The workers share no lock and no
+    thread of this process serves them, so an error, Ctrl-C or an abandoned iteration simply kills them. Not
+    ``multiprocessing.Pool``: its workers share one result pipe and its lock, read by a thread of the pool. An
+    abandoned conversion's ``terminate()`` stops that thread, and a worker that then sends a result larger than
+    the pipe (an encoded image over 64 KiB) blocks while holding the lock that ``terminate()`` waits for to send
+    its own sentinel: a conversion stopped by a test hung that way (and ``imap``'s task thread before it, and a
+    worker still starting when ``terminate()`` sent SIGTERM).
     """
     if workers <= 1 or len(tasks) <= 1:
         yield from map(fn, tasks)
         return
     chunk = max(1, min(32, len(tasks) // (workers * 8)))
-    pool = multiprocessing.get_context("fork").Pool(workers, initializer=_plain_worker_signals)
-    sent: deque = deque()
+    starts = range(0, len(tasks), chunk)
+    n = min(workers, len(starts))
+    context = multiprocessing.get_context("fork")
+    procs: list[Any] = []
+    pipes: list[Any] = []
     try:
-        for start in range(0, len(tasks), chunk):
-            sent.append(pool.apply_async(_map_chunk, (fn, tasks[start : start + chunk])))
-            if len(sent) > 2 * workers:
-                yield from sent.popleft().get()
-        while sent:
-            yield from sent.popleft().get()
+        for k in range(n):
+            reader, writer = context.Pipe(duplex=False)
+            proc = context.Process(target=_chunk_worker, args=(fn, tasks, starts[k::n], chunk, writer, pipes),
+                                   name=f"fastload-writer-{k}", daemon=True)
+            proc.start()
+            procs.append(proc)
+            pipes.append(reader)
+            writer.close()  # the worker's end: this process reads EOF once the worker is gone
+        for j in range(len(starts)):
+            try:
+                ok, value = pipes[j % n].recv()
+            except EOFError:
+                proc = procs[j % n]
+                proc.join()
+                raise StoreError(f"a {fn.__name__} worker process ended (exit code {proc.exitcode}) before "
+                                 f"sending all its results") from None
+            if not ok:
+                raise value
+            yield from value
     except BaseException:  # an error, Ctrl-C or an abandoned iteration: stop the workers now
-        pool.terminate()
+        for proc in procs:
+            proc.kill()
         raise
-    # Finished: the workers exit on their own. Not terminate(): it holds the task queue's lock while it joins
-    # workers it has sent SIGTERM, and a worker still starting (before its initializer) survives that
-    # signal and then waits for the lock forever (seen in a loaded CI run).
-    pool.close()
-    pool.join()
+    finally:
+        for pipe in pipes:
+            pipe.close()
+        for proc in procs:
+            proc.join()
 
 
-def _map_chunk(fn: Callable[[Any], Any], chunk: Sequence[Any]) -> list[Any]:
-    return [fn(task) for task in chunk]
+def _chunk_worker(fn: Callable[[Any], Any], tasks: Sequence[Any], starts: Sequence[int], chunk: int, out: Any,
+                  others: list[Any]) -> None:
+    """A worker of :func:`parallel_map`: ``(True, results)`` of each chunk starting at ``starts`` on ``out``, or
+    ``(False, exception)`` for the first that raises."""
+    _plain_worker_signals()
+    for pipe in others:  # the earlier workers' pipes: one killed parent must leave each worker a closed pipe
+        pipe.close()
+    for start in starts:
+        try:
+            sent = (True, [fn(task) for task in tasks[start : start + chunk]])
+        except Exception as e:
+            sent = (False, e)
+        out.send(sent)
+        if not sent[0]:
+            break
+    out.close()
 
 
 def _plain_worker_signals() -> None:
     # A forked worker inherits its parent's Python signal handlers (e.g. `fastload bench` turns SIGTERM into
-    # SystemExit to clean up). Pool.terminate() must simply kill the worker: a handler that runs instead can
-    # leave it blocked on the task queue's lock and the terminate() hangs. Ctrl-C is the parent's to handle.
+    # SystemExit to clean up): a SIGTERM for the whole process group (a supervisor, `timeout`) must end the
+    # worker, not run the parent's clean-up in it. Ctrl-C is the parent's to handle: it kills the workers.
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
