@@ -319,14 +319,23 @@ def _clip_points(pts: np.ndarray, lo: np.ndarray | Sequence[float], hi: np.ndarr
 
 
 def _apply(m: np.ndarray, pts: np.ndarray) -> np.ndarray:
-    """``pts`` [k, 2] through the 3x3 matrix ``m`` (perspective divide when it has a perspective row); written
-    out per coordinate, several times faster than a matrix product with an inner dimension of 2."""
-    x, y = pts[:, 0], pts[:, 1]
+    """``pts`` [k, 2] through the 3x3 matrix ``m`` (:func:`_apply_each` of one)."""
+    return _apply_each(m[None], pts[None])[0]
+
+
+def _apply_each(m: np.ndarray, pts: np.ndarray) -> np.ndarray:
+    """``pts`` [k, n, 2], row ``i`` through the 3x3 matrix ``m[i]`` (perspective divide for the matrices with a
+    perspective row); written out per coordinate, several times faster than a matrix product with an inner
+    dimension of 2, and for all rows at once."""
+    x, y = pts[..., 0], pts[..., 1]
     out = np.empty(pts.shape)
     for axis in range(2):
-        out[:, axis] = x * m[axis, 0] + y * m[axis, 1] + m[axis, 2]
-    if m[2, 0] != 0.0 or m[2, 1] != 0.0 or m[2, 2] != 1.0:
-        out /= (x * m[2, 0] + y * m[2, 1] + m[2, 2])[:, None]
+        out[..., axis] = x * m[:, axis, 0, None] + y * m[:, axis, 1, None] + m[:, axis, 2, None]
+    projective = np.flatnonzero((m[:, 2, 0] != 0.0) | (m[:, 2, 1] != 0.0) | (m[:, 2, 2] != 1.0))
+    if len(projective):
+        p = m[projective]
+        out[projective] /= (x[projective] * p[:, 2, 0, None] + y[projective] * p[:, 2, 1, None]
+                            + p[:, 2, 2, None])[..., None]
     return out
 
 
@@ -534,7 +543,7 @@ def _polygon_image(image: ImageParams, get: GeometryLabels, recipe: Recipe, task
         counts = np.concatenate([np.diff(off) for _, _, _, off in tiles])
         boxes = moved_boxes([image], [0], lambda i: get(i)[0])[0][:, 1:5]
         return _Moved(boxes, cls, pts, counts)
-    polys, before, sources = [], [], []
+    clipped, matrices, before = [], [], []
     for tile, rows, pts, off in tiles:
         h, w = tile.src_hw
         crop = tile.crop
@@ -547,20 +556,28 @@ def _polygon_image(image: ImageParams, get: GeometryLabels, recipe: Recipe, task
                 pre[i], poly[i] = _aligned_visible(poly[i], crop, poly.shape[1])
         else:
             _clip_points(px, crop[:2], crop[2:])
-            poly = px.reshape(len(rows), -1, 2) if ultralytics else resample_polygons(px, off, SEGMENT_POINTS, False)
-        m = _point_matrix(tile, image.out_hw, letterboxed and not ultralytics)
-        polys.append(_apply(m, poly.reshape(-1, 2)).reshape(poly.shape))
-        before.append(pre * image.candidate_scale)
-        sources.append((tile, pre, poly))
+        clipped.append(px)
+        matrices.append(_point_matrix(tile, image.out_hw, letterboxed and not ultralytics))
+        before.append(pre)
+    counts = [len(rows) for _, rows, _, _ in tiles]
+    if ultralytics:  # resampled when loaded: one point count per image
+        poly = np.concatenate(clipped).reshape(sum(counts), -1, 2)
+    else:  # all tiles' polygons in one pass
+        sizes = np.concatenate([np.diff(off) for _, _, _, off in tiles])
+        poly = resample_polygons(np.concatenate(clipped), np.concatenate(([0], np.cumsum(sizes))), SEGMENT_POINTS, False)
+    pre_all = np.concatenate(before, 0)
+    matrix = np.repeat(np.stack(matrices), counts, 0)
     if image.copy_paste is not None:
-        chosen = paste_selection(_canvas_boxes([(tile, pre) for tile, pre, _ in sources]), image.copy_paste)
+        chosen = paste_selection(_canvas_boxes([(tile, pre) for (tile, _, _, _), pre in zip(tiles, before)]),
+                                 image.copy_paste)
         canvas_w = float(image.copy_paste.canvas_hw[1])
-        for k, r in _owners([len(pre) for _, pre, _ in sources], chosen):
-            tile, pre, poly = sources[k]
-            polys.append(_apply(_mirror(tile, canvas_w), poly[r]).reshape(1, -1, 2))
-            before.append(pre[r:r + 1] * image.candidate_scale)
+        owner = np.repeat(np.arange(len(tiles)), counts)[chosen]
+        mirrors = [_mirror(tiles[k][0], canvas_w) for k in owner.tolist()]
+        poly = np.concatenate((poly, poly[chosen]))
+        matrix = np.concatenate([matrix] + [m[None] for m in mirrors])
+        pre_all = np.concatenate((pre_all, pre_all[chosen]))
         cls = np.concatenate((cls, cls[chosen]))
-    poly = np.concatenate(polys, 0)
+    poly = _apply_each(matrix, poly)
     if not ultralytics:
         boxes = _inside_vertex_boxes(poly, ow, oh)
     else:
@@ -571,7 +588,7 @@ def _polygon_image(image: ImageParams, get: GeometryLabels, recipe: Recipe, task
                 boxes[i], poly[i] = _aligned_visible(poly[i], (0, 0, ow, oh), poly.shape[1])
         else:  # the polygon clipped to its box (inside the output: Instances.clip then changes nothing)
             _clip_points(poly, boxes[:, None, :2], boxes[:, None, 2:])
-    before_all = np.concatenate(before, 0)
+    before_all = pre_all * image.candidate_scale
     keep = box_candidates(before_all, boxes, area_thr=SEGMENT_AREA_THR)
     if ultralytics:
         keep &= _shown(before_all)
