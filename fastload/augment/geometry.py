@@ -172,6 +172,7 @@ def resample_polygons(points: np.ndarray, offsets: np.ndarray, n: int, keep_vert
     if not len(counts):
         return out.astype(np.float32) if keep_vertices else out
     plans = [_spacing(c, n, keep_vertices) for c in counts.tolist()]
+    tails = [p[3] for p in plans]
     first = offsets[:-1, None]
     start = np.stack([p[0] for p in plans]) + first
     nxt = np.stack([p[1] for p in plans]) + first
@@ -184,9 +185,11 @@ def resample_polygons(points: np.ndarray, offsets: np.ndarray, n: int, keep_vert
         step *= frac
         step += base  # np.interp: slope * (x - xp[j]) + fp[j], the slope over a unit step
         out[..., axis] = step
-        for i, p in enumerate(plans):
-            if p[3]:
-                out[i, n - p[3]:, axis] = coord[offsets[i]]
+        if len(set(tails)) == 1:  # the usual case: every polygon ends on the same number of closing points
+            out[:, n - tails[0]:, axis] = coord[offsets[:-1], None]
+        else:
+            for i, tail in enumerate(tails):
+                out[i, n - tail:, axis] = coord[offsets[i]]
     if not keep_vertices:
         return out
     out = out.astype(np.float32)
@@ -218,10 +221,16 @@ def _masked_extent(x: np.ndarray, y: np.ndarray, valid: np.ndarray) -> np.ndarra
 def _inside_vertex_boxes(poly: np.ndarray, w: float, h: float) -> np.ndarray:
     """YOLOv9 ``segment2box`` of each polygon of ``poly`` [k, n, 2]: the extent of its points inside
     ``[0, w] x [0, h]``; zeros when none is, or when every inside x is 0 (its ``any(x)`` test)."""
-    x, y = poly[..., 0], poly[..., 1]
-    inside = (x >= 0) & (y >= 0) & (x <= w) & (y <= h)
-    box = _masked_extent(x, y, inside)
-    box[~(inside & (x != 0)).any(1)] = 0.0  # also every row without an inside point
+    lo, hi = _extent(poly)
+    box = np.concatenate((lo, hi), 1)
+    box[hi[:, 0] == 0] = 0.0  # a polygon inside: its x are >= 0, all 0 when the largest is
+    crossing = np.flatnonzero((lo < 0).any(1) | (hi[:, 0] > w) | (hi[:, 1] > h))
+    if len(crossing):  # only these have points outside
+        x, y = poly[crossing, :, 0], poly[crossing, :, 1]
+        inside = (x >= 0) & (y >= 0) & (x <= w) & (y <= h)
+        part = _masked_extent(x, y, inside)
+        part[~(inside & (x != 0)).any(1)] = 0.0  # also every row without an inside point
+        box[crossing] = part
     return box
 
 
@@ -382,7 +391,8 @@ def _loaded_boxes(rows: np.ndarray, hw: tuple[int, int], crop: Sequence[int]) ->
     h, w = hw
     xy = np.concatenate((rows[:, 1:3] - rows[:, 3:5] / 2, rows[:, 1:3] + rows[:, 3:5] / 2), 1).astype(np.float64)
     xy *= (w, h, w, h)
-    return np.clip(xy, crop[:2] * 2, crop[2:] * 2)
+    np.maximum(xy, crop[:2] * 2, out=xy)  # np.clip's values, without its wrapper's cost
+    return np.minimum(xy, crop[2:] * 2, out=xy)
 
 
 # ----------------------------------------------------------------------------------------- per image
