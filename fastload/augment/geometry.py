@@ -166,11 +166,25 @@ def resample_polygons(points: np.ndarray, offsets: np.ndarray, n: int, keep_vert
     ``n`` points is returned unchanged)."""
     offsets = np.asarray(offsets, np.int64)
     counts = np.diff(offsets)
+    out = np.stack(_resampled_planes(points, offsets, n, keep_vertices), -1)
+    if not keep_vertices:
+        return out
+    out = out.astype(np.float32)
+    same = np.flatnonzero(counts == n)
+    if len(same):  # left as they are
+        out[same] = np.asarray(points, np.float32)[offsets[:-1, None][same] + np.arange(n)]
+    return out
+
+
+def _resampled_planes(points: np.ndarray, offsets: np.ndarray, n: int, keep_vertices: bool
+                      ) -> tuple[np.ndarray, np.ndarray]:
+    """float64 ``(x, y)`` [k, n] of :func:`resample_polygons` (``offsets`` int64), each a contiguous plane (numpy
+    reads a coordinate of [k, n, 2] points several times slower)."""
+    counts = np.diff(offsets)
     if len(counts) and counts.min() < 1:
         raise ValueError("resample_polygons: every polygon needs at least one point")
-    out = np.empty((len(counts), n, 2))
     if not len(counts):
-        return out.astype(np.float32) if keep_vertices else out
+        return np.empty((0, n)), np.empty((0, n))
     plans = [_spacing(c, n, keep_vertices) for c in counts.tolist()]
     tails = [p[3] for p in plans]
     first = offsets[:-1, None]
@@ -178,25 +192,20 @@ def resample_polygons(points: np.ndarray, offsets: np.ndarray, n: int, keep_vert
     nxt = np.stack([p[1] for p in plans]) + first
     frac = np.stack([p[2] for p in plans])
     points = np.asarray(points)
+    planes = []
     for axis in range(2):
         coord = np.ascontiguousarray(points[:, axis], dtype=np.float64)
         base = coord.take(start)
         step = coord.take(nxt) - base
         step *= frac
         step += base  # np.interp: slope * (x - xp[j]) + fp[j], the slope over a unit step
-        out[..., axis] = step
         if len(set(tails)) == 1:  # the usual case: every polygon ends on the same number of closing points
-            out[:, n - tails[0]:, axis] = coord[offsets[:-1], None]
+            step[:, n - tails[0]:] = coord[offsets[:-1], None]
         else:
             for i, tail in enumerate(tails):
-                out[i, n - tail:, axis] = coord[offsets[i]]
-    if not keep_vertices:
-        return out
-    out = out.astype(np.float32)
-    same = np.flatnonzero(counts == n)
-    if len(same):  # left as they are
-        out[same] = np.asarray(points, np.float32)[first[same] + np.arange(n)]
-    return out
+                step[i, n - tail:] = coord[offsets[i]]
+        planes.append(step)
+    return planes[0], planes[1]
 
 
 def resample_polygon(poly: np.ndarray, n: int, keep_vertices: bool) -> np.ndarray:
@@ -218,15 +227,14 @@ def _masked_extent(x: np.ndarray, y: np.ndarray, valid: np.ndarray) -> np.ndarra
                      np.where(valid, x, -np.inf).max(1), np.where(valid, y, -np.inf).max(1)], 1)
 
 
-def _inside_vertex_boxes(poly: np.ndarray, w: float, h: float) -> np.ndarray:
-    """YOLOv9 ``segment2box`` of each polygon of ``poly`` [k, n, 2]: the extent of its points inside
+def _inside_vertex_boxes(x: np.ndarray, y: np.ndarray, w: float, h: float) -> np.ndarray:
+    """YOLOv9 ``segment2box`` of each polygon of points ``x``, ``y`` [k, n]: the extent of its points inside
     ``[0, w] x [0, h]``; zeros when none is, or when every inside x is 0 (its ``any(x)`` test)."""
-    lo, hi = _extent(poly)
-    box = np.concatenate((lo, hi), 1)
-    box[hi[:, 0] == 0] = 0.0  # a polygon inside: its x are >= 0, all 0 when the largest is
-    crossing = np.flatnonzero((lo < 0).any(1) | (hi[:, 0] > w) | (hi[:, 1] > h))
+    box = np.stack((x.min(1), y.min(1), x.max(1), y.max(1)), 1)
+    box[box[:, 2] == 0] = 0.0  # a polygon inside: its x are >= 0, all 0 when the largest is
+    crossing = np.flatnonzero((box[:, 0] < 0) | (box[:, 1] < 0) | (box[:, 2] > w) | (box[:, 3] > h))
     if len(crossing):  # only these have points outside
-        x, y = poly[crossing, :, 0], poly[crossing, :, 1]
+        x, y = x[crossing], y[crossing]
         inside = (x >= 0) & (y >= 0) & (x <= w) & (y <= h)
         part = _masked_extent(x, y, inside)
         part[~(inside & (x != 0)).any(1)] = 0.0  # also every row without an inside point
@@ -328,24 +336,22 @@ def _clip_points(pts: np.ndarray, lo: np.ndarray | Sequence[float], hi: np.ndarr
 
 
 def _apply(m: np.ndarray, pts: np.ndarray) -> np.ndarray:
-    """``pts`` [k, 2] through the 3x3 matrix ``m`` (:func:`_apply_each` of one)."""
-    return _apply_each(m[None], pts[None])[0]
+    """``pts`` [k, 2] through the 3x3 matrix ``m`` (:func:`_apply_planes` of one)."""
+    return np.stack(_apply_planes(m[None], pts[None, :, 0], pts[None, :, 1]), -1)[0]
 
 
-def _apply_each(m: np.ndarray, pts: np.ndarray) -> np.ndarray:
-    """``pts`` [k, n, 2], row ``i`` through the 3x3 matrix ``m[i]`` (perspective divide for the matrices with a
-    perspective row); written out per coordinate, several times faster than a matrix product with an inner
-    dimension of 2, and for all rows at once."""
-    x, y = pts[..., 0], pts[..., 1]
-    out = np.empty(pts.shape)
-    for axis in range(2):
-        out[..., axis] = x * m[:, axis, 0, None] + y * m[:, axis, 1, None] + m[:, axis, 2, None]
+def _apply_planes(m: np.ndarray, x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Points ``x``, ``y`` [k, n], row ``i`` through the 3x3 matrix ``m[i]`` (perspective divide for the matrices
+    with a perspective row), as the planes ``(x, y)``; written out per coordinate, several times faster than a
+    matrix product with an inner dimension of 2, and for all rows at once."""
+    out = [x * m[:, axis, 0, None] + y * m[:, axis, 1, None] + m[:, axis, 2, None] for axis in range(2)]
     projective = np.flatnonzero((m[:, 2, 0] != 0.0) | (m[:, 2, 1] != 0.0) | (m[:, 2, 2] != 1.0))
     if len(projective):
         p = m[projective]
-        out[projective] /= (x[projective] * p[:, 2, 0, None] + y[projective] * p[:, 2, 1, None]
-                            + p[:, 2, 2, None])[..., None]
-    return out
+        depth = x[projective] * p[:, 2, 0, None] + y[projective] * p[:, 2, 1, None] + p[:, 2, 2, None]
+        for plane in out:
+            plane[projective] /= depth
+    return out[0], out[1]
 
 
 def _letterbox_points(pts32: np.ndarray, hw: tuple[int, int], e: np.ndarray, recipe: Recipe) -> np.ndarray:
@@ -572,9 +578,10 @@ def _polygon_image(image: ImageParams, get: GeometryLabels, recipe: Recipe, task
     counts = [len(rows) for _, rows, _, _ in tiles]
     if ultralytics:  # resampled when loaded: one point count per image
         poly = np.concatenate(clipped).reshape(sum(counts), -1, 2)
+        x, y = poly[..., 0], poly[..., 1]
     else:  # all tiles' polygons in one pass
         sizes = np.concatenate([np.diff(off) for _, _, _, off in tiles])
-        poly = resample_polygons(np.concatenate(clipped), np.concatenate(([0], np.cumsum(sizes))), SEGMENT_POINTS, False)
+        x, y = _resampled_planes(np.concatenate(clipped), np.concatenate(([0], np.cumsum(sizes))), SEGMENT_POINTS, False)
     pre_all = np.concatenate(before, 0)
     matrix = np.repeat(np.stack(matrices), counts, 0)
     if image.copy_paste is not None:
@@ -583,13 +590,14 @@ def _polygon_image(image: ImageParams, get: GeometryLabels, recipe: Recipe, task
         canvas_w = float(image.copy_paste.canvas_hw[1])
         owner = np.repeat(np.arange(len(tiles)), counts)[chosen]
         mirrors = [_mirror(tiles[k][0], canvas_w) for k in owner.tolist()]
-        poly = np.concatenate((poly, poly[chosen]))
+        x, y = np.concatenate((x, x[chosen])), np.concatenate((y, y[chosen]))
         matrix = np.concatenate([matrix] + [m[None] for m in mirrors])
         pre_all = np.concatenate((pre_all, pre_all[chosen]))
         cls = np.concatenate((cls, cls[chosen]))
-    poly = _apply_each(matrix, poly)
+    x, y = _apply_planes(matrix, x, y)
+    poly = np.stack((x, y), -1)
     if not ultralytics:
-        boxes = _inside_vertex_boxes(poly, ow, oh)
+        boxes = _inside_vertex_boxes(x, y, ow, oh)
     else:
         boxes = _clipped_extent_boxes(poly, ow, oh)
         if task == "obb":  # preserve_obb: a box crossing the border becomes its visible part, in its direction
