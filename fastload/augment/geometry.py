@@ -589,7 +589,8 @@ def _polygon_image(image: ImageParams, get: GeometryLabels, recipe: Recipe, task
                                  image.copy_paste)
         canvas_w = float(image.copy_paste.canvas_hw[1])
         owner = np.repeat(np.arange(len(tiles)), counts)[chosen]
-        mirrors = [_mirror(tiles[k][0], canvas_w) for k in owner.tolist()]
+        mirror = {k: _mirror(tiles[k][0], canvas_w) for k in set(owner.tolist())}  # one per tile
+        mirrors = [mirror[k] for k in owner.tolist()]
         x, y = np.concatenate((x, x[chosen])), np.concatenate((y, y[chosen]))
         matrix = np.concatenate([matrix] + [m[None] for m in mirrors])
         pre_all = np.concatenate((pre_all, pre_all[chosen]))

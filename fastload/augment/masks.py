@@ -50,11 +50,12 @@ def _mask_block(poly: np.ndarray, out_hw: tuple[int, int], mask_ratio: int) -> t
         full = np.zeros((h, w), np.uint8)
         cv2.fillPoly(full, pts, 1)
         return cv2.resize(full, (nw, nh)), 0, 0
-    lo = pts[0].min(0)
-    hi = pts[0].max(0)
+    x, y, bw, bh = cv2.boundingRect(pts)  # the points' extent: x .. x + bw - 1, y .. y + bh - 1
+    if bw <= 0 or bh <= 0:  # an extent of 2**31 px or more wraps OpenCV's int: every block then
+        x, y, bw, bh = 0, 0, w, h
     # the blocks the polygon's pixels touch (fillPoly also draws the outline's pixels)
-    bx0, by0 = max(int(lo[0]) // r, 0), max(int(lo[1]) // r, 0)
-    bx1, by1 = min(int(hi[0]) // r + 1, nw), min(int(hi[1]) // r + 1, nh)
+    bx0, by0 = max(x // r, 0), max(y // r, 0)
+    bx1, by1 = min((x + bw - 1) // r + 1, nw), min((y + bh - 1) // r + 1, nh)
     if bx1 <= bx0 or by1 <= by0:
         return np.zeros((0, 0), np.uint8), 0, 0
     roi = np.zeros(((by1 - by0) * r, (bx1 - bx0) * r), np.uint8)
