@@ -514,8 +514,7 @@ def paste_outlines(image: ImageParams, get: GeometryLabels) -> tuple[list[np.nda
     paste = image.copy_paste
     if paste is None:
         return [], False
-    tiles = [(tile, rows, *_tile_polygons(rows, points, offsets, tile.src, False))
-             for tile, rows, points, offsets in _labelled_tiles(image, get)]
+    tiles = list(_labelled_tiles(image, get))
     if not tiles:
         return [], False
     boxes = _canvas_boxes([(tile, _loaded_boxes(rows, tile.src_hw, tile.crop)) for tile, rows, _, _ in tiles])
@@ -523,8 +522,13 @@ def paste_outlines(image: ImageParams, get: GeometryLabels) -> tuple[list[np.nda
     yolov9 = paste.recipe == "yolov9"
     n = 0 if yolov9 else _loaded_points(tiles, "segment")
     outlines = []
+    polygons = {}  # the polygons of the tiles pasted from (the label stage reads and checks every tile's)
     for k, r in _owners([len(rows) for _, rows, _, _ in tiles], chosen):  # only the pasted ones resampled, clipped
-        tile, _, pts, off = tiles[k]
+        if k not in polygons:
+            tile, rows, points, offsets = tiles[k]
+            polygons[k] = _tile_polygons(rows, points, offsets, tile.src, False)
+        tile = tiles[k][0]
+        pts, off = polygons[k]
         poly = pts[off[r]:off[r + 1]]
         if not yolov9:
             poly = resample_polygon(poly, n, True)
