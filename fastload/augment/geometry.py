@@ -395,10 +395,13 @@ def _edge_matrix(tile: TileParams) -> np.ndarray:
 def _loaded_boxes(rows: np.ndarray, hw: tuple[int, int], crop: Sequence[int]) -> np.ndarray:
     """[n, 4] xyxy label boxes in loaded pixels clipped to the crop (the candidate filter's boxes before)."""
     h, w = hw
-    xy = np.concatenate((rows[:, 1:3] - rows[:, 3:5] / 2, rows[:, 1:3] + rows[:, 3:5] / 2), 1).astype(np.float64)
-    xy *= (w, h, w, h)
-    np.maximum(xy, crop[:2] * 2, out=xy)  # np.clip's values, without its wrapper's cost
-    return np.minimum(xy, crop[2:] * 2, out=xy)
+    centre, half = rows[:, 1:3], rows[:, 3:5] / 2
+    xy = np.empty((len(rows), 4))  # the corners in the rows' dtype, then float64
+    np.subtract(centre, half, out=xy[:, :2])
+    np.add(centre, half, out=xy[:, 2:])
+    xy *= np.array((w, h, w, h), np.float64)
+    np.maximum(xy, np.array(crop[:2] * 2, np.float64), out=xy)  # np.clip's values, without its wrapper's cost
+    return np.minimum(xy, np.array(crop[2:] * 2, np.float64), out=xy)
 
 
 # ----------------------------------------------------------------------------------------- per image
