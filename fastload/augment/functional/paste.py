@@ -29,10 +29,9 @@ def _canvas_mask(outlines: Sequence[np.ndarray], canvas_hw: tuple[int, int], fli
     pts = [np.asarray(p).astype(np.int32).reshape(-1, 2) for p in outlines if len(p)]
     if not pts:
         return None
-    lo = np.min([p.min(0) for p in pts], 0)
-    hi = np.max([p.max(0) for p in pts], 0)
-    x0, y0 = max(int(lo[0]), 0), max(int(lo[1]), 0)
-    x1, y1 = min(int(hi[0]) + 1, cw), min(int(hi[1]) + 1, ch)
+    x, y, w, h = cv2.boundingRect(np.concatenate(pts))  # their extent (canvas px: no int overflow)
+    x0, y0 = max(x, 0), max(y, 0)
+    x1, y1 = min(x + w, cw), min(y + h, ch)
     if x1 <= x0 or y1 <= y0:
         return None
     mask = np.zeros((y1 - y0, x1 - x0), np.uint8)
