@@ -166,34 +166,46 @@ def resample_polygons(points: np.ndarray, offsets: np.ndarray, n: int, keep_vert
     ``n`` points is returned unchanged)."""
     offsets = np.asarray(offsets, np.int64)
     counts = np.diff(offsets)
+    out = np.stack(_resampled_planes(points, offsets, n, keep_vertices), -1)
+    if not keep_vertices:
+        return out
+    out = out.astype(np.float32)
+    same = np.flatnonzero(counts == n)
+    if len(same):  # left as they are
+        out[same] = np.asarray(points, np.float32)[offsets[:-1, None][same] + np.arange(n)]
+    return out
+
+
+def _resampled_planes(points: np.ndarray, offsets: np.ndarray, n: int, keep_vertices: bool
+                      ) -> tuple[np.ndarray, np.ndarray]:
+    """float64 ``(x, y)`` [k, n] of :func:`resample_polygons` (``offsets`` int64), each a contiguous plane (numpy
+    reads a coordinate of [k, n, 2] points several times slower)."""
+    counts = np.diff(offsets)
     if len(counts) and counts.min() < 1:
         raise ValueError("resample_polygons: every polygon needs at least one point")
-    out = np.empty((len(counts), n, 2))
     if not len(counts):
-        return out.astype(np.float32) if keep_vertices else out
+        return np.empty((0, n)), np.empty((0, n))
     plans = [_spacing(c, n, keep_vertices) for c in counts.tolist()]
+    tails = [p[3] for p in plans]
     first = offsets[:-1, None]
     start = np.stack([p[0] for p in plans]) + first
     nxt = np.stack([p[1] for p in plans]) + first
     frac = np.stack([p[2] for p in plans])
     points = np.asarray(points)
+    planes = []
     for axis in range(2):
         coord = np.ascontiguousarray(points[:, axis], dtype=np.float64)
         base = coord.take(start)
         step = coord.take(nxt) - base
         step *= frac
         step += base  # np.interp: slope * (x - xp[j]) + fp[j], the slope over a unit step
-        out[..., axis] = step
-        for i, p in enumerate(plans):
-            if p[3]:
-                out[i, n - p[3]:, axis] = coord[offsets[i]]
-    if not keep_vertices:
-        return out
-    out = out.astype(np.float32)
-    same = np.flatnonzero(counts == n)
-    if len(same):  # left as they are
-        out[same] = np.asarray(points, np.float32)[first[same] + np.arange(n)]
-    return out
+        if len(set(tails)) == 1:  # the usual case: every polygon ends on the same number of closing points
+            step[:, n - tails[0]:] = coord[offsets[:-1], None]
+        else:
+            for i, tail in enumerate(tails):
+                step[i, n - tail:] = coord[offsets[i]]
+        planes.append(step)
+    return planes[0], planes[1]
 
 
 def resample_polygon(poly: np.ndarray, n: int, keep_vertices: bool) -> np.ndarray:
@@ -215,13 +227,18 @@ def _masked_extent(x: np.ndarray, y: np.ndarray, valid: np.ndarray) -> np.ndarra
                      np.where(valid, x, -np.inf).max(1), np.where(valid, y, -np.inf).max(1)], 1)
 
 
-def _inside_vertex_boxes(poly: np.ndarray, w: float, h: float) -> np.ndarray:
-    """YOLOv9 ``segment2box`` of each polygon of ``poly`` [k, n, 2]: the extent of its points inside
+def _inside_vertex_boxes(x: np.ndarray, y: np.ndarray, w: float, h: float) -> np.ndarray:
+    """YOLOv9 ``segment2box`` of each polygon of points ``x``, ``y`` [k, n]: the extent of its points inside
     ``[0, w] x [0, h]``; zeros when none is, or when every inside x is 0 (its ``any(x)`` test)."""
-    x, y = poly[..., 0], poly[..., 1]
-    inside = (x >= 0) & (y >= 0) & (x <= w) & (y <= h)
-    box = _masked_extent(x, y, inside)
-    box[~(inside & (x != 0)).any(1)] = 0.0  # also every row without an inside point
+    box = np.stack((x.min(1), y.min(1), x.max(1), y.max(1)), 1)
+    box[box[:, 2] == 0] = 0.0  # a polygon inside: its x are >= 0, all 0 when the largest is
+    crossing = np.flatnonzero((box[:, 0] < 0) | (box[:, 1] < 0) | (box[:, 2] > w) | (box[:, 3] > h))
+    if len(crossing):  # only these have points outside
+        x, y = x[crossing], y[crossing]
+        inside = (x >= 0) & (y >= 0) & (x <= w) & (y <= h)
+        part = _masked_extent(x, y, inside)
+        part[~(inside & (x != 0)).any(1)] = 0.0  # also every row without an inside point
+        box[crossing] = part
     return box
 
 
@@ -319,15 +336,22 @@ def _clip_points(pts: np.ndarray, lo: np.ndarray | Sequence[float], hi: np.ndarr
 
 
 def _apply(m: np.ndarray, pts: np.ndarray) -> np.ndarray:
-    """``pts`` [k, 2] through the 3x3 matrix ``m`` (perspective divide when it has a perspective row); written
-    out per coordinate, several times faster than a matrix product with an inner dimension of 2."""
-    x, y = pts[:, 0], pts[:, 1]
-    out = np.empty(pts.shape)
-    for axis in range(2):
-        out[:, axis] = x * m[axis, 0] + y * m[axis, 1] + m[axis, 2]
-    if m[2, 0] != 0.0 or m[2, 1] != 0.0 or m[2, 2] != 1.0:
-        out /= (x * m[2, 0] + y * m[2, 1] + m[2, 2])[:, None]
-    return out
+    """``pts`` [k, 2] through the 3x3 matrix ``m`` (:func:`_apply_planes` of one)."""
+    return np.stack(_apply_planes(m[None], pts[None, :, 0], pts[None, :, 1]), -1)[0]
+
+
+def _apply_planes(m: np.ndarray, x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Points ``x``, ``y`` [k, n], row ``i`` through the 3x3 matrix ``m[i]`` (perspective divide for the matrices
+    with a perspective row), as the planes ``(x, y)``; written out per coordinate, several times faster than a
+    matrix product with an inner dimension of 2, and for all rows at once."""
+    out = [x * m[:, axis, 0, None] + y * m[:, axis, 1, None] + m[:, axis, 2, None] for axis in range(2)]
+    projective = np.flatnonzero((m[:, 2, 0] != 0.0) | (m[:, 2, 1] != 0.0) | (m[:, 2, 2] != 1.0))
+    if len(projective):
+        p = m[projective]
+        depth = x[projective] * p[:, 2, 0, None] + y[projective] * p[:, 2, 1, None] + p[:, 2, 2, None]
+        for plane in out:
+            plane[projective] /= depth
+    return out[0], out[1]
 
 
 def _letterbox_points(pts32: np.ndarray, hw: tuple[int, int], e: np.ndarray, recipe: Recipe) -> np.ndarray:
@@ -371,9 +395,13 @@ def _edge_matrix(tile: TileParams) -> np.ndarray:
 def _loaded_boxes(rows: np.ndarray, hw: tuple[int, int], crop: Sequence[int]) -> np.ndarray:
     """[n, 4] xyxy label boxes in loaded pixels clipped to the crop (the candidate filter's boxes before)."""
     h, w = hw
-    xy = np.concatenate((rows[:, 1:3] - rows[:, 3:5] / 2, rows[:, 1:3] + rows[:, 3:5] / 2), 1).astype(np.float64)
-    xy *= (w, h, w, h)
-    return np.clip(xy, crop[:2] * 2, crop[2:] * 2)
+    centre, half = rows[:, 1:3], rows[:, 3:5] / 2
+    xy = np.empty((len(rows), 4))  # the corners in the rows' dtype, then float64
+    np.subtract(centre, half, out=xy[:, :2])
+    np.add(centre, half, out=xy[:, 2:])
+    xy *= np.array((w, h, w, h), np.float64)
+    np.maximum(xy, np.array(crop[:2] * 2, np.float64), out=xy)  # np.clip's values, without its wrapper's cost
+    return np.minimum(xy, np.array(crop[2:] * 2, np.float64), out=xy)
 
 
 # ----------------------------------------------------------------------------------------- per image
@@ -489,8 +517,7 @@ def paste_outlines(image: ImageParams, get: GeometryLabels) -> tuple[list[np.nda
     paste = image.copy_paste
     if paste is None:
         return [], False
-    tiles = [(tile, rows, *_tile_polygons(rows, points, offsets, tile.src, False))
-             for tile, rows, points, offsets in _labelled_tiles(image, get)]
+    tiles = list(_labelled_tiles(image, get))
     if not tiles:
         return [], False
     boxes = _canvas_boxes([(tile, _loaded_boxes(rows, tile.src_hw, tile.crop)) for tile, rows, _, _ in tiles])
@@ -498,8 +525,13 @@ def paste_outlines(image: ImageParams, get: GeometryLabels) -> tuple[list[np.nda
     yolov9 = paste.recipe == "yolov9"
     n = 0 if yolov9 else _loaded_points(tiles, "segment")
     outlines = []
+    polygons = {}  # the polygons of the tiles pasted from (the label stage reads and checks every tile's)
     for k, r in _owners([len(rows) for _, rows, _, _ in tiles], chosen):  # only the pasted ones resampled, clipped
-        tile, _, pts, off = tiles[k]
+        if k not in polygons:
+            tile, rows, points, offsets = tiles[k]
+            polygons[k] = _tile_polygons(rows, points, offsets, tile.src, False)
+        tile = tiles[k][0]
+        pts, off = polygons[k]
         poly = pts[off[r]:off[r + 1]]
         if not yolov9:
             poly = resample_polygon(poly, n, True)
@@ -534,7 +566,7 @@ def _polygon_image(image: ImageParams, get: GeometryLabels, recipe: Recipe, task
         counts = np.concatenate([np.diff(off) for _, _, _, off in tiles])
         boxes = moved_boxes([image], [0], lambda i: get(i)[0])[0][:, 1:5]
         return _Moved(boxes, cls, pts, counts)
-    polys, before, sources = [], [], []
+    clipped, matrices, before = [], [], []
     for tile, rows, pts, off in tiles:
         h, w = tile.src_hw
         crop = tile.crop
@@ -547,22 +579,33 @@ def _polygon_image(image: ImageParams, get: GeometryLabels, recipe: Recipe, task
                 pre[i], poly[i] = _aligned_visible(poly[i], crop, poly.shape[1])
         else:
             _clip_points(px, crop[:2], crop[2:])
-            poly = px.reshape(len(rows), -1, 2) if ultralytics else resample_polygons(px, off, SEGMENT_POINTS, False)
-        m = _point_matrix(tile, image.out_hw, letterboxed and not ultralytics)
-        polys.append(_apply(m, poly.reshape(-1, 2)).reshape(poly.shape))
-        before.append(pre * image.candidate_scale)
-        sources.append((tile, pre, poly))
+        clipped.append(px)
+        matrices.append(_point_matrix(tile, image.out_hw, letterboxed and not ultralytics))
+        before.append(pre)
+    counts = [len(rows) for _, rows, _, _ in tiles]
+    if ultralytics:  # resampled when loaded: one point count per image
+        poly = np.concatenate(clipped).reshape(sum(counts), -1, 2)
+        x, y = poly[..., 0], poly[..., 1]
+    else:  # all tiles' polygons in one pass
+        sizes = np.concatenate([np.diff(off) for _, _, _, off in tiles])
+        x, y = _resampled_planes(np.concatenate(clipped), np.concatenate(([0], np.cumsum(sizes))), SEGMENT_POINTS, False)
+    pre_all = np.concatenate(before, 0)
+    matrix = np.repeat(np.stack(matrices), counts, 0)
     if image.copy_paste is not None:
-        chosen = paste_selection(_canvas_boxes([(tile, pre) for tile, pre, _ in sources]), image.copy_paste)
+        chosen = paste_selection(_canvas_boxes([(tile, pre) for (tile, _, _, _), pre in zip(tiles, before)]),
+                                 image.copy_paste)
         canvas_w = float(image.copy_paste.canvas_hw[1])
-        for k, r in _owners([len(pre) for _, pre, _ in sources], chosen):
-            tile, pre, poly = sources[k]
-            polys.append(_apply(_mirror(tile, canvas_w), poly[r]).reshape(1, -1, 2))
-            before.append(pre[r:r + 1] * image.candidate_scale)
+        owner = np.repeat(np.arange(len(tiles)), counts)[chosen]
+        mirror = {k: _mirror(tiles[k][0], canvas_w) for k in set(owner.tolist())}  # one per tile
+        mirrors = [mirror[k] for k in owner.tolist()]
+        x, y = np.concatenate((x, x[chosen])), np.concatenate((y, y[chosen]))
+        matrix = np.concatenate([matrix] + [m[None] for m in mirrors])
+        pre_all = np.concatenate((pre_all, pre_all[chosen]))
         cls = np.concatenate((cls, cls[chosen]))
-    poly = np.concatenate(polys, 0)
+    x, y = _apply_planes(matrix, x, y)
+    poly = np.stack((x, y), -1)
     if not ultralytics:
-        boxes = _inside_vertex_boxes(poly, ow, oh)
+        boxes = _inside_vertex_boxes(x, y, ow, oh)
     else:
         boxes = _clipped_extent_boxes(poly, ow, oh)
         if task == "obb":  # preserve_obb: a box crossing the border becomes its visible part, in its direction
@@ -571,7 +614,7 @@ def _polygon_image(image: ImageParams, get: GeometryLabels, recipe: Recipe, task
                 boxes[i], poly[i] = _aligned_visible(poly[i], (0, 0, ow, oh), poly.shape[1])
         else:  # the polygon clipped to its box (inside the output: Instances.clip then changes nothing)
             _clip_points(poly, boxes[:, None, :2], boxes[:, None, 2:])
-    before_all = np.concatenate(before, 0)
+    before_all = pre_all * image.candidate_scale
     keep = box_candidates(before_all, boxes, area_thr=SEGMENT_AREA_THR)
     if ultralytics:
         keep &= _shown(before_all)

@@ -29,29 +29,38 @@ def polygon_mask(poly: np.ndarray, out_hw: tuple[int, int], mask_ratio: int) -> 
     """uint8 [h // mask_ratio, w // mask_ratio] mask of one polygon ``[k, 2]`` in output pixels (1 inside; all 0
     for a polygon without points)."""
     h, w = out_hw
+    out = np.zeros((h // mask_ratio, w // mask_ratio), np.uint8)
+    block, y0, x0 = _mask_block(poly, out_hw, mask_ratio)
+    out[y0:y0 + block.shape[0], x0:x0 + block.shape[1]] = block
+    return out
+
+
+def _mask_block(poly: np.ndarray, out_hw: tuple[int, int], mask_ratio: int) -> tuple[np.ndarray, int, int]:
+    """:func:`polygon_mask` as the part of it that can be non-zero: ``(block, y0, x0)``, the shrunk mask's pixels
+    ``[y0:y0 + block.shape[0], x0:x0 + block.shape[1]]`` (outside them it is 0; the block may be empty)."""
+    h, w = out_hw
     r = int(mask_ratio)
     if r < 1 or r > min(h, w):
         raise ValueError(f"mask_ratio must be in [1, {min(h, w)}] for output size {out_hw}, got {mask_ratio}")
     pts = np.asarray(poly).astype(np.int32).reshape(1, -1, 2)
     nh, nw = h // r, w // r
     if not pts.size:  # a row without points: no mask (YOLOv9's validation, one mask per instance)
-        return np.zeros((nh, nw), np.uint8)
+        return np.zeros((0, 0), np.uint8), 0, 0
     if h % r or w % r:  # not an integer shrink: the full image, as the references
         full = np.zeros((h, w), np.uint8)
         cv2.fillPoly(full, pts, 1)
-        return cv2.resize(full, (nw, nh))
-    out = np.zeros((nh, nw), np.uint8)
-    lo = pts[0].min(0)
-    hi = pts[0].max(0)
+        return cv2.resize(full, (nw, nh)), 0, 0
+    x, y, bw, bh = cv2.boundingRect(pts)  # the points' extent: x .. x + bw - 1, y .. y + bh - 1
+    if bw <= 0 or bh <= 0:  # an extent of 2**31 px or more wraps OpenCV's int: every block then
+        x, y, bw, bh = 0, 0, w, h
     # the blocks the polygon's pixels touch (fillPoly also draws the outline's pixels)
-    bx0, by0 = max(int(lo[0]) // r, 0), max(int(lo[1]) // r, 0)
-    bx1, by1 = min(int(hi[0]) // r + 1, nw), min(int(hi[1]) // r + 1, nh)
+    bx0, by0 = max(x // r, 0), max(y // r, 0)
+    bx1, by1 = min((x + bw - 1) // r + 1, nw), min((y + bh - 1) // r + 1, nh)
     if bx1 <= bx0 or by1 <= by0:
-        return out
+        return np.zeros((0, 0), np.uint8), 0, 0
     roi = np.zeros(((by1 - by0) * r, (bx1 - bx0) * r), np.uint8)
     cv2.fillPoly(roi, pts, 1, offset=(-bx0 * r, -by0 * r))
-    out[by0:by1, bx0:bx1] = roi if r == 1 else cv2.resize(roi, (bx1 - bx0, by1 - by0))
-    return out
+    return (roi if r == 1 else cv2.resize(roi, (bx1 - bx0, by1 - by0))), by0, bx0
 
 
 def image_masks(polygons: Sequence[np.ndarray], out_hw: tuple[int, int], mask_ratio: int, overlap: bool
@@ -66,15 +75,18 @@ def image_masks(polygons: Sequence[np.ndarray], out_hw: tuple[int, int], mask_ra
     """
     h, w = out_hw
     shape = (h // mask_ratio, w // mask_ratio)
-    masks = [polygon_mask(p, out_hw, mask_ratio) for p in polygons]
     if not overlap:
+        masks = [polygon_mask(p, out_hw, mask_ratio) for p in polygons]
         stack = np.stack(masks) if masks else np.zeros((0, *shape), np.uint8)
         return stack, np.arange(len(masks))
-    order = np.argsort(-np.array([m.sum(dtype=np.int64) for m in masks], np.int64))
-    merged = np.zeros(shape, np.int32 if len(masks) > 255 else np.uint8)
+    blocks = [_mask_block(p, out_hw, mask_ratio) for p in polygons]  # each instance's non-zero part only
+    order = np.argsort(-np.array([b.sum(dtype=np.int64) for b, _, _ in blocks], np.int64))
+    merged = np.zeros(shape, np.int32 if len(blocks) > 255 else np.uint8)
     for rank, k in enumerate(order.tolist()):
+        block, y0, x0 = blocks[k]
+        under = merged[y0:y0 + block.shape[0], x0:x0 + block.shape[1]]
         # a running maximum: the rank exceeds every earlier value, so it is "drawn over" them
-        np.maximum(merged, masks[k].astype(merged.dtype) * (rank + 1), out=merged)
+        np.maximum(under, block.astype(merged.dtype) * (rank + 1), out=under)
     return merged, order
 
 

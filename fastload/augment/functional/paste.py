@@ -29,17 +29,16 @@ def _canvas_mask(outlines: Sequence[np.ndarray], canvas_hw: tuple[int, int], fli
     pts = [np.asarray(p).astype(np.int32).reshape(-1, 2) for p in outlines if len(p)]
     if not pts:
         return None
-    lo = np.min([p.min(0) for p in pts], 0)
-    hi = np.max([p.max(0) for p in pts], 0)
-    x0, y0 = max(int(lo[0]), 0), max(int(lo[1]), 0)
-    x1, y1 = min(int(hi[0]) + 1, cw), min(int(hi[1]) + 1, ch)
+    x, y, w, h = cv2.boundingRect(np.concatenate(pts))  # their extent (canvas px: no int overflow)
+    x0, y0 = max(x, 0), max(y, 0)
+    x1, y1 = min(x + w, cw), min(y + h, ch)
     if x1 <= x0 or y1 <= y0:
         return None
     mask = np.zeros((y1 - y0, x1 - x0), np.uint8)
     for p in pts:
         cv2.fillPoly(mask, [p], 255, offset=(-x0, -y0))
     if flip_fill:
-        return np.ascontiguousarray(mask[:, ::-1]), Rect(cw - x1, y0, cw - x0, y1)
+        return cv2.flip(mask, 1), Rect(cw - x1, y0, cw - x0, y1)
     return mask, Rect(x0, y0, x1, y1)
 
 
@@ -78,9 +77,9 @@ def paste_mirrored(out: np.ndarray, image: ImageParams, outlines: Sequence[np.nd
     flipped = cv2.flip(drawn, 1)
     roi = out[rect.y0:rect.y1, rect.x0:rect.x1]
     cv2.copyTo(flipped, cv2.compare(alpha, 255, cv2.CMP_EQ), roi)
-    edge = np.flatnonzero(cv2.inRange(alpha, 1, 254))  # along the outline, a blend (a thin band, pixel by pixel)
-    if len(edge):
-        rows, cols = np.divmod(edge, size[0])
+    edge = cv2.findNonZero(cv2.inRange(alpha, 1, 254))  # along the outline, a blend (a thin band, pixel by pixel)
+    if edge is not None:
+        cols, rows = edge.reshape(-1, 2).T
         a = alpha[rows, cols][:, None].astype(np.uint16)
         roi[rows, cols] = ((roi[rows, cols] * (255 - a) + flipped[rows, cols] * a + 127) // 255).astype(np.uint8)
     return rect
