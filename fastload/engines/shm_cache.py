@@ -248,7 +248,8 @@ class DecodeCache:
             built.append(seg)
 
         try:
-            shm.acquire(segment, build, info={"what": "decoded-image cache", "images": len(base_hw), "imgsz": int(imgsz)})
+            shm.acquire(segment, build,
+                        info={"what": "decoded-image cache", "images": len(base_hw), "imgsz": int(imgsz)})
         except _NoRoom as e:
             warnings.warn(f"fastload: {e}; the loader decodes every read (decode_cache_mb=0 silences this)")
             return None
@@ -493,7 +494,8 @@ class SharedDecodeCache(DecodeCache):
 
     def stats(self) -> dict[str, Any]:
         """The machine-wide state: ``decode_cache_segment``, ``_slots`` (images with a place),
-        ``_filled`` (images held now), ``_images`` (in the store), ``_bytes`` (reserved), ``_policy``."""
+        ``_filled`` (images held now), ``_images`` (in the store), ``_bytes`` (of pixels), ``_reserved`` (of those
+        reserved so far), ``_policy``."""
         return {"decode_cache_segment": str(self.segment), "decode_cache_slots": self.slots,
                 "decode_cache_filled": len(self), "decode_cache_images": self.n,
                 "decode_cache_bytes": self.nbytes, "decode_cache_reserved": self._reserved_bytes(),
