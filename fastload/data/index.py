@@ -21,6 +21,8 @@ mtime (ns) as they are now, ``nc``, the verify mode and the sources. An open che
   paths come from the cache as one blob), and its size and mtime (ns) must be those cached. So a file
   rewritten in place or touched (its folder's listing does not change) is noticed too.
 
+The listings and the stats are tasks of one pool, so a folder of a million names is listed beside the stats.
+
 When a listing differs, the split is listed and stat'ed in full and compared with the cache: a file added that
 is no image (a README beside the images) keeps the cache, refreshed; any difference in the image paths or the
 stats means a rescan. What is not noticed: a file rewritten with the same size and its mtime put back
@@ -29,7 +31,10 @@ sources and single image files are always listed in full (from the list), then s
 
 A rescan runs in forked processes (threads for small sets) with a progress bar on a terminal. It
 holds a lock file beside the cache, so concurrent builds of one split -- the ranks of a DDP job on one
-node, or on nodes sharing the file system -- scan once: the others wait and read the cache.
+node, or on nodes sharing the file system -- scan once: the others wait and read the cache. The ranks of
+one torchrun launch on a node (:func:`node_launch`) also check a valid cache once: the first to take the lock
+checks it and writes its verdict beside the lock (``.checked``); the others take a verdict of their launch on
+the same cache file at most ``_SHARED_CHECK_S`` old instead of checking, and read the cache at once.
 """
 from __future__ import annotations
 
