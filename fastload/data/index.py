@@ -57,7 +57,7 @@ import zipfile
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Iterator, Literal, Sequence
+from typing import Callable, Iterable, Iterator, Literal, Sequence
 
 try:
     import fcntl
@@ -411,30 +411,62 @@ def _file_id(st: os.stat_result) -> list[int]:
     return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns]
 
 
-def _read_cache(path: Path, meta: str) -> tuple[dict[str, np.ndarray], list[int]] | None:
-    """Every array of the cache file at ``path`` when it was made by this version for these settings and sources
-    (``meta``), and the :func:`_file_id` of the file read; else None."""
+_CHECK_KEYS = ("listings", "stats", "files", "label_files")  # the arrays a check reads before it starts
+
+
+@contextlib.contextmanager
+def _opened_cache(path: Path, meta: str) -> Iterator[tuple[np.lib.npyio.NpzFile, list[int]] | None]:
+    """The cache file at ``path`` open for reading (its arrays read on access) and its :func:`_file_id`, when it was
+    made by this version for these settings and sources (``meta``); else None."""
     try:
-        if not path.is_file():
-            return None
-        with open(path, "rb") as f, np.load(f, allow_pickle=False) as z:
-            if str(z["version"]) != CACHE_VERSION or str(z["meta"]) != meta:
-                return None
-            return {k: z[k] for k in z.files}, _file_id(os.fstat(f.fileno()))
+        f = open(path, "rb")
+    except OSError:  # no cache there (or unreadable)
+        f = None
+    if f is None:
+        yield None
+        return
+    with f:
+        try:
+            z = np.load(f, allow_pickle=False)
+            fresh = str(z["version"]) == CACHE_VERSION and str(z["meta"]) == meta
+            file_id = _file_id(os.fstat(f.fileno()))
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
+            fresh = False
+        yield (z, file_id) if fresh else None
+
+
+def _read_arrays(z: np.lib.npyio.NpzFile, keys: Iterable[str], into: dict[str, np.ndarray]) -> bool:
+    """Read the arrays ``keys`` of an :func:`_opened_cache` into ``into``; False when the file is unreadable."""
+    try:
+        into.update((k, z[k]) for k in keys)
+        return True
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
-        return None
+        return False
 
 
-def _still_valid(cached: dict[str, np.ndarray], files: PathList, workers: int) -> bool:
+def _read_cache(path: Path, meta: str) -> dict[str, np.ndarray] | None:
+    """Every array of the cache file at ``path`` (:func:`_opened_cache`), else None."""
+    arrays: dict[str, np.ndarray] = {}
+    with _opened_cache(path, meta) as got:
+        return arrays if got is not None and _read_arrays(got[0], got[0].files, arrays) else None
+
+
+def _still_valid(cached: dict[str, np.ndarray], files: PathList, workers: int,
+                 meanwhile: Callable[[], bool] = lambda: True) -> bool:
     """True when every folder the cached scan listed lists the same names now (:func:`_digest_now`) and every cached
-    image (``files``) and existing label file has its cached size and mtime now. The listings and the stats are
-    tasks of one pool (:func:`_stat_paths`), so the listing of a large folder runs beside the stats; a label file
-    the cache says is missing still is when its folder lists the same names."""
+    image (``files``) and existing label file has its cached size and mtime now, and ``meanwhile()`` (run in this
+    process while the pool works: the rest of the cache is read) is True. The listings and the stats are tasks of
+    one pool (:func:`_stat_paths`), so the listing of a large folder runs beside the stats; a label file the cache
+    says is missing still is when its folder lists the same names."""
     listings = json.loads(str(cached["listings"]))
     stats = cached["stats"]
     label_files = PathList(cached["label_files"].tobytes())
     has_label = stats[:, 2] >= 0
-    (im_now, label_now), digests = _stat_paths([(files, None), (label_files, has_label)], workers, list(listings))
+    done: list[bool] = []
+    (im_now, label_now), digests = _stat_paths([(files, None), (label_files, has_label)], workers, list(listings),
+                                               lambda: done.append(meanwhile()))
+    if not all(done):
+        return False
     return (digests == list(listings.values()) and np.array_equal(im_now, stats[:, :2])
             and np.array_equal(label_now, stats[:, 2:]))
 
@@ -615,12 +647,13 @@ def _digests_now(folders: list[str]) -> list[str]:
     return [_digest_now(f) for f in folders]
 
 
-def _stat_paths(lists: list[tuple[PathList, np.ndarray | None]], workers: int,
-                folders: Sequence[str] = ()) -> tuple[list[np.ndarray], list[str]]:
+def _stat_paths(lists: list[tuple[PathList, np.ndarray | None]], workers: int, folders: Sequence[str] = (),
+                meanwhile: Callable[[], object] | None = None) -> tuple[list[np.ndarray], list[str]]:
     """``int64 [n, 2]``: (size, mtime in ns) of each path of each (paths, mask) in ``lists``, ``-1`` where there is
     no file or where the bool mask (None: every path) is False; and the :func:`_digest_now` of each of ``folders``.
     In parts, by ``workers`` processes when there are many (:func:`_pool`); the folders are listed first, in one
-    task per worker (each a share of them), so that a folder of a million names is listed beside the stats."""
+    task per worker (each a share of them), so that a folder of a million names is listed beside the stats.
+    ``meanwhile()`` runs in this process once every task is sent."""
     job = next(_stat_job_ids)
     _STAT_JOBS[job] = lists
     tasks = [(which, a, min(a + _STAT_CHUNK, len(paths)))
@@ -629,7 +662,10 @@ def _stat_paths(lists: list[tuple[PathList, np.ndarray | None]], workers: int,
     try:
         with _pool(workers, len(tasks) + len(shares)) as pool:  # forked after _STAT_JOBS has the job
             listed = [pool.submit(_digests_now, share) for share in shares]
-            parts = list(pool.map(_stat_range, itertools.repeat(job), *zip(*tasks))) if tasks else []
+            stated = pool.map(_stat_range, itertools.repeat(job), *zip(*tasks)) if tasks else iter(())
+            if meanwhile is not None:
+                meanwhile()
+            parts = list(stated)
             by_share = [f.result() for f in listed]
     finally:
         del _STAT_JOBS[job]
@@ -746,17 +782,22 @@ def build_index(
             held.close()
             lock = None
         for path in sorted(candidates or (), key=lambda p: vouched is None or p != vouched[0]) if cache else ():
-            got = _read_cache(path, meta)
-            if got is None:
-                continue
-            cached, file_id = got
-            files = PathList(cached["files"].tobytes())
-            shared = vouched is not None and (path, file_id) == vouched
-            if shared or _still_valid(cached, files, workers):
-                if lock is not None and launch:
-                    _vouch(lock, launch, path)
-                report.cache_hit, report.cache_path, report.checked_by_another_rank = True, str(path), shared
-                return _to_index(cached, files, cached["stats"][:, 0], report, cfg)
+            with _opened_cache(path, meta) as got:
+                cached: dict[str, np.ndarray] = {}
+                if got is None or not _read_arrays(got[0], _CHECK_KEYS, cached):
+                    continue
+                z, file_id = got
+                files = PathList(cached["files"].tobytes())
+                shared = vouched is not None and (path, file_id) == vouched
+
+                def read_rest() -> bool:  # the result arrays, read while the check runs
+                    return _read_arrays(z, [k for k in z.files if k not in cached], cached)
+
+                if read_rest() if shared else _still_valid(cached, files, workers, read_rest):
+                    if lock is not None and launch:
+                        _vouch(lock, launch, path)
+                    report.cache_hit, report.cache_path, report.checked_by_another_rank = True, str(path), shared
+                    return _to_index(cached, files, cached["stats"][:, 0], report, cfg)
 
         listings: dict[str, str] = {}  # every folder listed: its listing digest, taken before any file is stat'ed
         listed = list_images(sources, cfg.origin, split, listings)
@@ -785,10 +826,10 @@ def build_index(
         with _scan_lock(candidates) as lock:
             hit = arrays = None
             for path in candidates:
-                got = _read_cache(path, meta)
-                if got is not None and got[0]["files"].tobytes() == im_files.blob \
-                        and np.array_equal(got[0]["stats"], stats):
-                    hit, arrays = path, got[0]
+                cached = _read_cache(path, meta)
+                if cached is not None and cached["files"].tobytes() == im_files.blob \
+                        and np.array_equal(cached["stats"], stats):
+                    hit, arrays = path, cached
                     break
             # written after a scan, and after a hit whose listings changed (a file that is no image added beside them)
             if hit is None or any(str(arrays[k]) != str(v) for k, v in found.items()):
