@@ -512,7 +512,7 @@ _SHARED_CHECK_S = 60.0  # how long one rank's verdict on a cache stands for the 
 
 def node_launch() -> str | None:
     """What the ranks of one DDP launch on this node have in common, and nothing else does: the host, the parent
-    process (torchrun's agent, which starts them) and its start time, and torchrun's run id and restart count;
+    process (torchrun's agent, which starts them) and its start time, and torchrun's run id, restart count and port;
     None unless torchrun's ``LOCAL_WORLD_SIZE`` says this node runs several ranks (or the parent is gone)."""
     try:
         if int(os.environ.get("LOCAL_WORLD_SIZE", "1")) <= 1:
@@ -527,7 +527,7 @@ def node_launch() -> str | None:
             started = f.read().rsplit(b")", 1)[-1].split()[19].decode()  # field 22: start time since boot
     except (OSError, IndexError):
         started = "?"
-    env = ":".join(os.environ.get(k, "") for k in ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT"))
+    env = ":".join(os.environ.get(k, "") for k in ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "MASTER_PORT"))
     return f"{socket.gethostname()}:{parent}:{started}:{env}"
 
 
