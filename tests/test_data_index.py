@@ -333,6 +333,28 @@ def test_ranks_of_one_launch_share_one_check_of_a_valid_cache(tmp_path, monkeypa
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")  # a restarted launch checks and sees the change
     assert rank()[:2] == (False, False)
     assert rank() == (True, True, 0)  # the verdict after its scan stands for its other ranks
+    # a rank that finds the lock taken (another rank checking) reads the cache while it waits, and uses what it read
+    import fcntl
+    import threading
+    import time
+
+    cache = Path(build_index(y, "train", progress=False).report.cache_path)
+    lock = Path(str(cache) + ".lock")
+    index_mod._verdicts_path(lock).unlink()
+    opened = []
+    real_open = index_mod._opened_cache
+    monkeypatch.setattr(index_mod, "_opened_cache", lambda *a: opened.append(1) or real_open(*a))
+    fd = os.open(lock, os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # "the other rank"
+    got = []
+    waiting = threading.Thread(target=lambda: got.append(rank()))
+    waiting.start()
+    while not opened:  # it found the lock taken and reads the cache
+        time.sleep(0.001)
+    index_mod._vouch(lock, index_mod.node_launch(), cache)  # its verdict, then it lets the lock go
+    os.close(fd)
+    waiting.join(10)
+    assert got == [(True, True, 0)] and len(opened) == 1  # the cache was read once, while waiting
     monkeypatch.setattr(index_mod, "_SHARED_CHECK_S", 0.0)  # an old verdict is not taken
     assert rank() == (True, False, 1)
     monkeypatch.delenv("LOCAL_WORLD_SIZE")

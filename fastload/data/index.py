@@ -475,9 +475,10 @@ _held_locks = threading.local()  # .paths: the lock files this thread holds (a b
 
 
 @contextlib.contextmanager
-def _scan_lock(paths: tuple[Path, Path]) -> Iterator[Path | None]:
+def _scan_lock(paths: tuple[Path, Path], while_waiting: Callable[[], object] | None = None) -> Iterator[Path | None]:
     """Hold an exclusive lock beside the first cache location we may write and yield the lock file's path (None:
-    no lock, neither is writable). Taken again by the thread that holds it, it is held already: nothing happens."""
+    no lock, neither is writable). Taken again by the thread that holds it, it is held already: nothing happens.
+    ``while_waiting()`` runs when another process holds the lock, before this one waits for it."""
     held = _held_locks.__dict__.setdefault("paths", set())
     fd = lock = None
     for target in paths:
@@ -498,7 +499,11 @@ def _scan_lock(paths: tuple[Path, Path]) -> Iterator[Path | None]:
         return
     try:
         if fcntl is not None:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | (fcntl.LOCK_NB if while_waiting is not None else 0))
+            except BlockingIOError:
+                while_waiting()  # type: ignore[misc]  # LOCK_NB only with it
+                fcntl.flock(fd, fcntl.LOCK_EX)
         held.add(lock)
         yield lock
     finally:
@@ -773,14 +778,28 @@ def build_index(
     # folder sources: the cache sits by their labels folder, and is checked before any path is listed
     candidates = _cache_candidates(Path(_label_root(sources[0])), tag) if all(s.is_dir() for s in sources) else None
     # under torchrun, the ranks of one launch on a node check once: the first to take the lock checks (and scans if
-    # need be, holding the lock), the others find its verdict when they get the lock, and read the cache at once
+    # need be, holding the lock); the others read the cache while they wait, and take its verdict when they get it
     launch = node_launch() if cache and candidates else None
     with contextlib.ExitStack() as held:
-        lock = held.enter_context(_scan_lock(candidates)) if launch else None  # type: ignore[arg-type]
+        read: list[tuple[Path, list[int], dict[str, np.ndarray]]] = []
+
+        def read_while_waiting() -> None:
+            for path in candidates or ():
+                arrays: dict[str, np.ndarray] = {}
+                with _opened_cache(path, meta) as got:
+                    if got is not None and _read_arrays(got[0], got[0].files, arrays):
+                        read.append((path, got[1], arrays))
+                        return
+
+        lock = held.enter_context(_scan_lock(candidates, read_while_waiting)) if launch else None  # type: ignore
         vouched = _vouched(lock, launch) if lock and launch else None
         if vouched is not None:
             held.close()
             lock = None
+            if read and read[0][:2] == vouched:  # what it read while waiting is what the verdict is for
+                path, _, cached = read[0]
+                report.cache_hit, report.cache_path, report.checked_by_another_rank = True, str(path), True
+                return _to_index(cached, PathList(cached["files"].tobytes()), cached["stats"][:, 0], report, cfg)
         for path in sorted(candidates or (), key=lambda p: vouched is None or p != vouched[0]) if cache else ():
             with _opened_cache(path, meta) as got:
                 cached: dict[str, np.ndarray] = {}
