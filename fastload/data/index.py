@@ -33,8 +33,9 @@ A rescan runs in forked processes (threads for small sets) with a progress bar o
 holds a lock file beside the cache, so concurrent builds of one split -- the ranks of a DDP job on one
 node, or on nodes sharing the file system -- scan once: the others wait and read the cache. The ranks of
 one torchrun launch on a node (:func:`node_launch`) also check a valid cache once: the first to take the lock
-checks it and writes its verdict beside the lock (``.checked``); the others take a verdict of their launch on
-the same cache file at most ``_SHARED_CHECK_S`` old instead of checking, and read the cache at once.
+checks it and writes its verdict beside the lock (``.checked``); the others read the cache while they wait for
+the lock, then take a verdict of their launch on the file they read, at most ``_SHARED_CHECK_S`` old, instead of
+checking.
 """
 from __future__ import annotations
 
