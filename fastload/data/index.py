@@ -49,8 +49,8 @@ import logging
 import multiprocessing
 import operator
 import os
-import sys
 import socket
+import sys
 import tempfile
 import threading
 import time

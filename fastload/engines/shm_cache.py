@@ -32,7 +32,8 @@ rest by a thread of the process that made it, in parts of ``RESERVE_NOW``, so th
 gigabytes of pages to be zeroed when it opens. A file ``reserved`` in the segment (an int64, mapped by every user)
 says how far ``cache.bin`` is reserved; a process writes an image only into bytes below it (one beyond it is
 decoded and not kept, as one without a place). Another process filling the filesystem meanwhile stops the
-reservation (a warning): the cache keeps the images of the part reserved.
+reservation (a warning): the cache keeps the images of the part reserved; so does the maker's close before the
+reservation is done (its users go on with the part reserved).
 
 Publication (correct on weakly ordered CPUs such as aarch64, not only on x86; the reasoning is in
 docs/design.md, "Shared memory and CPU memory order"): every image's byte range is known in advance
