@@ -282,11 +282,13 @@ print("ready", flush=True)
 while not os.path.exists(sys.argv[2]):
     time.sleep(0.01)
 idx = ix.build_index(sys.argv[1], "train", progress=False)
-print(json.dumps({"scans": len(scans), "hit": idx.report.cache_hit, "n": len(idx)}))
+print(json.dumps({"scans": len(scans), "hit": idx.report.cache_hit, "n": len(idx),
+                  "shared": idx.report.checked_by_another_rank}))
 """
 
 
 def test_ranks_of_one_node_scan_once(tmp_path):
+    """Two ranks of one torchrun launch at once: one scans, the other waits and takes its verdict on the cache."""
     import json
     import subprocess
     import sys
@@ -294,7 +296,7 @@ def test_ranks_of_one_node_scan_once(tmp_path):
     y = make_synthetic_dataset(tmp_path / "ds", n_train=6, n_val=0, seed=7)
     go = tmp_path / "go"
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
-    procs = [subprocess.Popen([sys.executable, "-c", _RANK, str(y), str(go)], env=dict(env, LOCAL_RANK=str(r)),
+    procs = [subprocess.Popen([sys.executable, "-c", _RANK, str(y), str(go)], env=dict(env, LOCAL_RANK=str(r), LOCAL_WORLD_SIZE="2"),
                               stdout=subprocess.PIPE, text=True) for r in (0, 1)]
     for p in procs:
         assert p.stdout.readline().strip() == "ready"
@@ -302,4 +304,58 @@ def test_ranks_of_one_node_scan_once(tmp_path):
     results = [json.loads(p.communicate(timeout=120)[0]) for p in procs]
     assert all(p.returncode == 0 for p in procs)
     assert sorted(r["scans"] for r in results) == [0, 1] and sorted(r["hit"] for r in results) == [False, True]
+    assert sorted(r["shared"] for r in results) == [False, True]  # the waiting rank took the scanning rank's verdict
     assert {r["n"] for r in results} == {6}
+
+
+def test_ranks_of_one_launch_share_one_check_of_a_valid_cache(tmp_path, monkeypatch):
+    """Under torchrun (LOCAL_WORLD_SIZE > 1) a rank takes the verdict of another rank of its launch on its node (the
+    same parent process) for the same cache file, made within the window; another launch, an old verdict, or a
+    rewritten cache file mean a check of its own, which notices a changed file."""
+    import fastload.data.index as index_mod
+
+    y = make_synthetic_dataset(tmp_path / "ds", n_train=4, n_val=0, seed=9)
+    build_index(y, "train", progress=False)  # the cache, made outside any launch: no verdict
+    checks = []
+    real = index_mod._still_valid
+    monkeypatch.setattr(index_mod, "_still_valid", lambda *a: checks.append(1) or real(*a))
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+
+    def rank() -> tuple[bool, bool, int]:
+        checks.clear()
+        rep = build_index(y, "train", progress=False).report
+        return rep.cache_hit, rep.checked_by_another_rank, len(checks)
+
+    assert rank() == (True, False, 1)  # the first rank checks and records its verdict
+    assert rank() == (True, True, 0)  # the second takes it
+    label = y.parent / "labels" / "train" / "train_00001.txt"
+    label.write_text("1 0.5 0.5 0.2 0.2\n")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")  # a restarted launch checks and sees the change
+    assert rank()[:2] == (False, False)
+    assert rank() == (True, True, 0)  # the verdict after its scan stands for its other ranks
+    # a rank that finds the lock taken (another rank checking) reads the cache while it waits, and uses what it read
+    import fcntl
+    import threading
+    import time
+
+    cache = Path(build_index(y, "train", progress=False).report.cache_path)
+    lock = Path(str(cache) + ".lock")
+    index_mod._verdicts_path(lock).unlink()
+    opened = []
+    real_open = index_mod._opened_cache
+    monkeypatch.setattr(index_mod, "_opened_cache", lambda *a: opened.append(1) or real_open(*a))
+    fd = os.open(lock, os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # "the other rank"
+    got = []
+    waiting = threading.Thread(target=lambda: got.append(rank()))
+    waiting.start()
+    while not opened:  # it found the lock taken and reads the cache
+        time.sleep(0.001)
+    index_mod._vouch(lock, index_mod.node_launch(), cache)  # its verdict, then it lets the lock go
+    os.close(fd)
+    waiting.join(10)
+    assert got == [(True, True, 0)] and len(opened) == 1  # the cache was read once, while waiting
+    monkeypatch.setattr(index_mod, "_SHARED_CHECK_S", 0.0)  # an old verdict is not taken
+    assert rank() == (True, False, 1)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")
+    assert index_mod.node_launch() is None and rank() == (True, False, 1)

@@ -10,6 +10,7 @@ cache while a writer dies holding claims.
 """
 from __future__ import annotations
 
+import errno
 import json
 import multiprocessing as mp
 import os
@@ -200,6 +201,57 @@ def test_published_entry_is_never_rewritten_and_failed_loads_leave_it_unpublishe
         assert not b._flags[1]
     finally:
         a.close()
+        b.close()
+
+
+@pytest.mark.usefixtures("shm_root")
+def test_pixels_are_reserved_by_a_thread_and_only_reserved_bytes_are_written(monkeypatch):
+    """The segment is made with its first RESERVE_NOW bytes of pixels reserved, the rest by a thread of its maker;
+    an image beyond what is reserved is decoded and not kept (no write into pages a full /dev/shm would refuse
+    with a SIGBUS); a filesystem that fills meanwhile stops the reservation with a warning, the cache keeps working."""
+    import threading
+
+    store = PatternStore(12)
+    part = 3 * IMGSZ * IMGSZ * 3  # room for two images at least
+    monkeypatch.setattr(shm_cache, "RESERVE_NOW", part)
+    gate, real = threading.Event(), os.posix_fallocate
+
+    def slow(fd: int, offset: int, length: int) -> None:
+        if threading.current_thread().name == "fastload-reserve":
+            assert gate.wait(10)
+        real(fd, offset, length)
+
+    monkeypatch.setattr(os, "posix_fallocate", slow)
+    a = open_cache(store)
+    try:
+        st = a.stats()
+        assert st["decode_cache_reserved"] == part < st["decode_cache_bytes"]
+        last = len(store) - 1
+        assert np.array_equal(a.get(last, lambda i: expected(store, i)), expected(store, last))
+        assert not a._flags[last] and len(a) == 0  # beyond the reserved bytes: decoded, not kept
+        gate.set()
+        a._reserving[0].join(10)
+        assert a.stats()["decode_cache_reserved"] == st["decode_cache_bytes"]
+        a.get(last, lambda i: expected(store, i))
+        assert a._flags[last] and len(a) == 1
+    finally:
+        a.close()
+
+    def full(fd: int, offset: int, length: int) -> None:
+        if threading.current_thread().name == "fastload-reserve":
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real(fd, offset, length)
+
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    with pytest.warns(UserWarning, match=r"cannot reserve the rest of the decoded-image cache .*No space left"):
+        b = open_cache(store)
+        b._reserving[0].join(10)
+    try:
+        assert b.stats()["decode_cache_reserved"] == part
+        for i in range(len(store)):
+            b.get(i, lambda k: expected(store, k))
+        assert 0 < len(b) < len(store) and not b._flags[len(store) - 1]  # what fits the reserved part is kept
+    finally:
         b.close()
 
 

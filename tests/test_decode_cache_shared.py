@@ -160,7 +160,7 @@ def test_killed_users_segment_is_removed_by_cleanup_or_the_next_user(synth_yaml,
     sets = [make_synthetic_dataset(tmp_path / name, n_train=6, n_val=1, nc=2, seed=k, max_size=120)
             for k, name in enumerate(("other", "third"))]
     (a, seg_a), (b, seg_b), (c, seg_c) = _start_users(synth_yaml, synth_yaml, sets[0])
-    assert len(os.listdir(seg_a)) == 2  # cache.bin, meta.json
+    assert sorted(os.listdir(seg_a)) == ["cache.bin", "meta.json", "reserved"]
     assert seg_a == seg_b != seg_c and Path(seg_a).is_dir() and Path(seg_c).is_dir()  # one segment per dataset
     _kill(a)
     _kill(b)

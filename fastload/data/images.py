@@ -484,13 +484,17 @@ def loaded_shapes(hw: np.ndarray, imgsz: int, rule: LoadRule = "yolov9") -> np.n
     """:func:`loaded_shape` of every row of ``int [n, 2]`` (h0, w0) at once: ``int64 [n, 2]``, the same values
     (the same float64 products, truncated or rounded up)."""
     hw = np.asarray(hw, np.int64).reshape(-1, 2)
-    long = hw.max(axis=1, initial=1)[:, None]
-    r = imgsz / long
+    long = np.maximum(hw[:, 0], hw[:, 1])
+    np.maximum(long, 1, out=long)
+    prod = hw * (imgsz / long)[:, None]  # in place from here: a million rows are read at every loader open
     if check_load_rule(rule) == "ultralytics":
-        out = np.minimum(np.ceil(hw * r), imgsz).astype(np.int64)
+        np.minimum(np.ceil(prod, out=prod), imgsz, out=prod)
     else:
-        out = np.maximum(1, np.trunc(hw * r)).astype(np.int64)
-    return np.where(long == imgsz, hw, out)
+        np.maximum(np.trunc(prod, out=prod), 1, out=prod)
+    out = prod.astype(np.int64)
+    same = long == imgsz
+    out[same] = hw[same]
+    return out
 
 
 def resize_to(img: np.ndarray, hw: tuple[int, int], *, enlarge: bool | None = None,

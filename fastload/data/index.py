@@ -21,6 +21,8 @@ mtime (ns) as they are now, ``nc``, the verify mode and the sources. An open che
   paths come from the cache as one blob), and its size and mtime (ns) must be those cached. So a file
   rewritten in place or touched (its folder's listing does not change) is noticed too.
 
+The listings and the stats are tasks of one pool, so a folder of a million names is listed beside the stats.
+
 When a listing differs, the split is listed and stat'ed in full and compared with the cache: a file added that
 is no image (a README beside the images) keeps the cache, refreshed; any difference in the image paths or the
 stats means a rescan. What is not noticed: a file rewritten with the same size and its mtime put back
@@ -29,7 +31,11 @@ sources and single image files are always listed in full (from the list), then s
 
 A rescan runs in forked processes (threads for small sets) with a progress bar on a terminal. It
 holds a lock file beside the cache, so concurrent builds of one split -- the ranks of a DDP job on one
-node, or on nodes sharing the file system -- scan once: the others wait and read the cache.
+node, or on nodes sharing the file system -- scan once: the others wait and read the cache. The ranks of
+one torchrun launch on a node (:func:`node_launch`) also check a valid cache once: the first to take the lock
+checks it and writes its verdict beside the lock (``.checked``); the others read the cache while they wait for
+the lock, then take a verdict of their launch on the file they read, at most ``_SHARED_CHECK_S`` old, instead of
+checking.
 """
 from __future__ import annotations
 
@@ -43,13 +49,16 @@ import logging
 import multiprocessing
 import operator
 import os
+import socket
 import sys
 import tempfile
+import threading
+import time
 import zipfile
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Iterator, Literal, Sequence
+from typing import Callable, Iterable, Iterator, Literal, Sequence
 
 try:
     import fcntl
@@ -117,6 +126,7 @@ class ScanReport:
     problems: list[Problem] = field(default_factory=list)
     cache_hit: bool = False
     cache_path: str | None = None
+    checked_by_another_rank: bool = False  # a hit another rank of this DDP launch on this node checked (node_launch)
 
     def summary(self) -> str:
         """One line: the counts and where the cache is."""
@@ -397,58 +407,174 @@ def _cache_candidates(label_dir: Path, tag: str) -> tuple[Path, Path]:
     return beside, user_cache_dir() / f"{digest}-{name}"
 
 
-def _read_cache(path: Path, meta: str) -> dict[str, np.ndarray] | None:
-    """Every array of the cache file at ``path`` when it was made by this version for these settings and sources
-    (``meta``), else None."""
-    try:
-        if not path.is_file():
-            return None
-        with np.load(path, allow_pickle=False) as z:
-            if str(z["version"]) != CACHE_VERSION or str(z["meta"]) != meta:
-                return None
-            return {k: z[k] for k in z.files}
-    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
-        return None
+def _file_id(st: os.stat_result) -> list[int]:
+    """What tells one version of a file from another: device, inode, size, mtime (ns)."""
+    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns]
 
 
-def _still_listed(cached: dict[str, np.ndarray]) -> bool:
-    """True when every folder the cached scan listed lists the same names now (:func:`_digest_now`)."""
-    listings = json.loads(str(cached["listings"]))
-    return all(_digest_now(folder) == digest for folder, digest in listings.items())
-
-
-def _still_stated(cached: dict[str, np.ndarray], files: PathList, workers: int) -> bool:
-    """True when every cached image (``files``) and label file has its cached size and mtime now (the folders are
-    listed as they were: :func:`_still_listed`, so a label file the cache says is missing still is)."""
-    stats = cached["stats"]
-    label_files = PathList(cached["label_files"].tobytes())
-    has_label = stats[:, 2] >= 0
-    im_now, label_now = _stat_paths([(files, None), (label_files, has_label)], workers)
-    return np.array_equal(im_now, stats[:, :2]) and np.array_equal(label_now, stats[:, 2:])
+_CHECK_KEYS = ("listings", "stats", "files", "label_files")  # the arrays a check reads before it starts
 
 
 @contextlib.contextmanager
-def _scan_lock(paths: tuple[Path, Path]) -> Iterator[None]:
-    """Hold an exclusive lock beside the first cache location we may write (no lock where neither is writable)."""
-    fd = None
+def _opened_cache(path: Path, meta: str) -> Iterator[tuple[np.lib.npyio.NpzFile, list[int]] | None]:
+    """The cache file at ``path`` open for reading (its arrays read on access) and its :func:`_file_id`, when it was
+    made by this version for these settings and sources (``meta``); else None."""
+    try:
+        f = open(path, "rb")
+    except OSError:  # no cache there (or unreadable)
+        f = None
+    if f is None:
+        yield None
+        return
+    with f:
+        try:
+            z = np.load(f, allow_pickle=False)
+            fresh = str(z["version"]) == CACHE_VERSION and str(z["meta"]) == meta
+            file_id = _file_id(os.fstat(f.fileno()))
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
+            fresh = False
+        yield (z, file_id) if fresh else None
+
+
+def _read_arrays(z: np.lib.npyio.NpzFile, keys: Iterable[str], into: dict[str, np.ndarray]) -> bool:
+    """Read the arrays ``keys`` of an :func:`_opened_cache` into ``into``; False when the file is unreadable."""
+    try:
+        into.update((k, z[k]) for k in keys)
+        return True
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
+        return False
+
+
+def _read_cache(path: Path, meta: str) -> dict[str, np.ndarray] | None:
+    """Every array of the cache file at ``path`` (:func:`_opened_cache`), else None."""
+    arrays: dict[str, np.ndarray] = {}
+    with _opened_cache(path, meta) as got:
+        return arrays if got is not None and _read_arrays(got[0], got[0].files, arrays) else None
+
+
+def _still_valid(cached: dict[str, np.ndarray], files: PathList, workers: int,
+                 meanwhile: Callable[[], bool] = lambda: True) -> bool:
+    """True when every folder the cached scan listed lists the same names now (:func:`_digest_now`) and every cached
+    image (``files``) and existing label file has its cached size and mtime now, and ``meanwhile()`` (run in this
+    process while the pool works: the rest of the cache is read) is True. The listings and the stats are tasks of
+    one pool (:func:`_stat_paths`), so the listing of a large folder runs beside the stats; a label file the cache
+    says is missing still is when its folder lists the same names."""
+    listings = json.loads(str(cached["listings"]))
+    stats = cached["stats"]
+    label_files = PathList(cached["label_files"].tobytes())
+    has_label = stats[:, 2] >= 0
+    done: list[bool] = []
+    (im_now, label_now), digests = _stat_paths([(files, None), (label_files, has_label)], workers, list(listings),
+                                               lambda: done.append(meanwhile()))
+    if not all(done):
+        return False
+    return (digests == list(listings.values()) and np.array_equal(im_now, stats[:, :2])
+            and np.array_equal(label_now, stats[:, 2:]))
+
+
+_held_locks = threading.local()  # .paths: the lock files this thread holds (a build holds one from check to write)
+
+
+@contextlib.contextmanager
+def _scan_lock(paths: tuple[Path, Path], while_waiting: Callable[[], object] | None = None) -> Iterator[Path | None]:
+    """Hold an exclusive lock beside the first cache location we may write and yield the lock file's path (None:
+    no lock, neither is writable). Taken again by the thread that holds it, it is held already: nothing happens.
+    ``while_waiting()`` runs when another process holds the lock, before this one waits for it."""
+    held = _held_locks.__dict__.setdefault("paths", set())
+    fd = lock = None
     for target in paths:
         if _read_only(target.parent):
             continue
+        lock = Path(str(target) + ".lock")
+        if lock in held:
+            yield lock
+            return
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(str(target) + ".lock", os.O_RDWR | os.O_CREAT, 0o666)
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
             break
         except OSError:
             continue
     if fd is None:
-        yield
+        yield None
         return
     try:
         if fcntl is not None:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | (fcntl.LOCK_NB if while_waiting is not None else 0))
+            except BlockingIOError:
+                while_waiting()  # type: ignore[misc]  # LOCK_NB only with it
+                fcntl.flock(fd, fcntl.LOCK_EX)
+        held.add(lock)
+        yield lock
     finally:
+        held.discard(lock)
         os.close(fd)  # closing releases the lock
+
+
+# ----------------------------------------------------------------------------- one check per node
+_SHARED_CHECK_S = 60.0  # how long one rank's verdict on a cache stands for the other ranks of its launch
+
+
+def node_launch() -> str | None:
+    """What the ranks of one DDP launch on this node have in common, and nothing else does: the host, the parent
+    process (torchrun's agent, which starts them) and its start time, and torchrun's run id, restart count and port;
+    None unless torchrun's ``LOCAL_WORLD_SIZE`` says this node runs several ranks (or the parent is gone)."""
+    try:
+        if int(os.environ.get("LOCAL_WORLD_SIZE", "1")) <= 1:
+            return None
+    except ValueError:
+        return None
+    parent = os.getppid()
+    if parent <= 1:  # orphaned: no launch to share with
+        return None
+    try:
+        with open(f"/proc/{parent}/stat", "rb") as f:
+            started = f.read().rsplit(b")", 1)[-1].split()[19].decode()  # field 22: start time since boot
+    except (OSError, IndexError):
+        started = "?"
+    env = ":".join(os.environ.get(k, "") for k in ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "MASTER_PORT"))
+    return f"{socket.gethostname()}:{parent}:{started}:{env}"
+
+
+def _verdicts_path(lock: Path) -> Path:
+    return lock.with_name(lock.name[: -len(".lock")] + ".checked")
+
+
+def _verdicts(lock: Path) -> dict[str, list]:
+    """``{launch: [cache path, its file id, when checked]}`` of the verdicts file beside ``lock`` ({} if none)."""
+    try:
+        got = json.loads(_verdicts_path(lock).read_text())
+        return got if isinstance(got, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _vouched(lock: Path, launch: str) -> tuple[Path, list[int]] | None:
+    """(cache path, file id) that a rank of ``launch`` found valid in the last :data:`_SHARED_CHECK_S`, else None."""
+    got = _verdicts(lock).get(launch)
+    try:
+        path, file_id, at = got  # type: ignore[misc]
+        fresh = 0 <= time.time() - float(at) < _SHARED_CHECK_S
+    except (TypeError, ValueError):
+        return None
+    return (Path(path), [int(v) for v in file_id]) if fresh else None
+
+
+def _vouch(lock: Path, launch: str, path: Path) -> None:
+    """Record (holding ``lock``) that the cache at ``path``, as it is now, is valid for the ranks of ``launch``;
+    verdicts older than :data:`_SHARED_CHECK_S` are dropped. Best effort: a rank that finds none checks itself."""
+    now = time.time()
+    kept = {k: v for k, v in _verdicts(lock).items()
+            if isinstance(v, list) and len(v) == 3 and isinstance(v[2], (int, float)) and now - v[2] < _SHARED_CHECK_S}
+    try:
+        kept[launch] = [str(path), _file_id(os.stat(path)), now]
+        target = _verdicts_path(lock)
+        tmp = target.with_name(f"{target.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(kept))
+        os.replace(tmp, target)
+    except OSError:
+        pass
 
 
 def _read_only(folder: Path) -> bool:
@@ -522,24 +648,39 @@ def _stat_range(job: int, which: int, start: int, stop: int) -> np.ndarray:
     return out
 
 
-def _stat_paths(lists: list[tuple[PathList, np.ndarray | None]], workers: int) -> list[np.ndarray]:
+def _digests_now(folders: list[str]) -> list[str]:
+    """:func:`_digest_now` of each folder."""
+    return [_digest_now(f) for f in folders]
+
+
+def _stat_paths(lists: list[tuple[PathList, np.ndarray | None]], workers: int, folders: Sequence[str] = (),
+                meanwhile: Callable[[], object] | None = None) -> tuple[list[np.ndarray], list[str]]:
     """``int64 [n, 2]``: (size, mtime in ns) of each path of each (paths, mask) in ``lists``, ``-1`` where there is
-    no file or where the bool mask (None: every path) is False; in parts, by ``workers`` processes when there
-    are many (:func:`_pool`)."""
+    no file or where the bool mask (None: every path) is False; and the :func:`_digest_now` of each of ``folders``.
+    In parts, by ``workers`` processes when there are many (:func:`_pool`); the folders are listed first, in one
+    task per worker (each a share of them), so that a folder of a million names is listed beside the stats.
+    ``meanwhile()`` runs in this process once every task is sent."""
     job = next(_stat_job_ids)
     _STAT_JOBS[job] = lists
     tasks = [(which, a, min(a + _STAT_CHUNK, len(paths)))
              for which, (paths, _) in enumerate(lists) for a in range(0, len(paths), _STAT_CHUNK)]
+    shares = [list(folders[k :: workers]) for k in range(min(workers, len(folders)))]
     try:
-        with _pool(workers, len(tasks)) as pool:  # forked after _STAT_JOBS has the job
-            parts = list(pool.map(_stat_range, itertools.repeat(job), *zip(*tasks))) if tasks else []
+        with _pool(workers, len(tasks) + len(shares)) as pool:  # forked after _STAT_JOBS has the job
+            listed = [pool.submit(_digests_now, share) for share in shares]
+            stated = pool.map(_stat_range, itertools.repeat(job), *zip(*tasks)) if tasks else iter(())
+            if meanwhile is not None:
+                meanwhile()
+            parts = list(stated)
+            by_share = [f.result() for f in listed]
     finally:
         del _STAT_JOBS[job]
+    digests = [by_share[k % len(shares)][k // len(shares)] for k in range(len(folders))]
     out = []
     for which, (paths, _) in enumerate(lists):
         mine = [part for (w, _, _), part in zip(tasks, parts) if w == which]
         out.append(np.concatenate(mine) if mine else np.zeros((0, 2), np.int64))
-    return out
+    return out, digests
 
 
 def _by_folder(paths: Sequence[str]) -> dict[str, tuple[list[int], list[str]]]:
@@ -637,52 +778,90 @@ def build_index(
     report = ScanReport(split=split)
     # folder sources: the cache sits by their labels folder, and is checked before any path is listed
     candidates = _cache_candidates(Path(_label_root(sources[0])), tag) if all(s.is_dir() for s in sources) else None
-    for path in candidates if cache and candidates else ():
-        cached = _read_cache(path, meta)
-        if cached is None or not _still_listed(cached):
-            continue
-        files = PathList(cached["files"].tobytes())
-        if _still_stated(cached, files, workers):
-            report.cache_hit, report.cache_path = True, str(path)
-            return _to_index(cached, files, cached["stats"][:, 0], report, cfg)
+    # under torchrun, the ranks of one launch on a node check once: the first to take the lock checks (and scans if
+    # need be, holding the lock); the others read the cache while they wait, and take its verdict when they get it
+    launch = node_launch() if cache and candidates else None
+    with contextlib.ExitStack() as held:
+        read: list[tuple[Path, list[int], dict[str, np.ndarray]]] = []
 
-    listings: dict[str, str] = {}  # every folder listed: its listing digest, taken before any of its files is stat'ed
-    listed = list_images(sources, cfg.origin, split, listings)
-    if not listed:
-        where = ", ".join(map(str, sources))
-        raise DataConfigError(f"{cfg.origin}: '{split}' has no images ({where}; suffixes {', '.join(IMG_FORMATS)})")
-    unique = list(dict.fromkeys(listed))  # listed is sorted: duplicates dropped, the order kept
-    label_list = label_paths(unique)
-    found_labels = _list_labels(sources, list(listings), listings)
-    im_files, label_files = PathList.from_paths(unique), PathList.from_paths(label_list)
-    stats = np.concatenate(_stat_paths([(im_files, None), (label_files, None)], workers), 1)
-    found = {
-        "listings": np.array(json.dumps(listings)),
-        "listed_twice": np.array(len(listed) - len(unique)),
-        "orphans": np.array(json.dumps(_orphan_labels(found_labels, _by_folder(label_list)))),
-    }
-    if candidates is None:
-        candidates = _cache_candidates(Path(label_list[0]).parent, tag)
+        def read_while_waiting() -> None:
+            for path in candidates or ():
+                arrays: dict[str, np.ndarray] = {}
+                with _opened_cache(path, meta) as got:
+                    if got is not None and _read_arrays(got[0], got[0].files, arrays):
+                        read.append((path, got[1], arrays))
+                        return
 
-    def scan() -> dict[str, np.ndarray]:
-        return _scan(im_files, label_files, stats, cfg.nc, verify, workers, progress, split, cfg.kpt_shape)
+        lock = held.enter_context(_scan_lock(candidates, read_while_waiting)) if launch else None  # type: ignore
+        vouched = _vouched(lock, launch) if lock and launch else None
+        if vouched is not None:
+            held.close()
+            lock = None
+            if read and read[0][:2] == vouched:  # what it read while waiting is what the verdict is for
+                path, _, cached = read[0]
+                report.cache_hit, report.cache_path, report.checked_by_another_rank = True, str(path), True
+                return _to_index(cached, PathList(cached["files"].tobytes()), cached["stats"][:, 0], report, cfg)
+        for path in sorted(candidates or (), key=lambda p: vouched is None or p != vouched[0]) if cache else ():
+            with _opened_cache(path, meta) as got:
+                cached: dict[str, np.ndarray] = {}
+                if got is None or not _read_arrays(got[0], _CHECK_KEYS, cached):
+                    continue
+                z, file_id = got
+                files = PathList(cached["files"].tobytes())
+                shared = vouched is not None and (path, file_id) == vouched
 
-    if not cache:
-        return _to_index({**scan(), **found}, im_files, stats[:, 0], report, cfg)
-    with _scan_lock(candidates):  # one scan per node (or shared file system): the other ranks wait, then read it
-        hit = arrays = None
-        for path in candidates:
-            cached = _read_cache(path, meta)
-            if cached is not None and cached["files"].tobytes() == im_files.blob and np.array_equal(cached["stats"], stats):
-                hit, arrays = path, cached
-                break
-        # written after a scan, and after a hit whose listings changed (a file that is no image added beside them)
-        if hit is None or any(str(arrays[k]) != str(v) for k, v in found.items()):
-            arrays = {**(scan() if arrays is None else {k: arrays[k] for k in _SCAN_KEYS}), **found}
-            written = _save_cache(candidates, {**arrays, "version": np.array(CACHE_VERSION), "meta": np.array(meta),
-                                               "files": np.frombuffer(im_files.blob, np.uint8),
-                                               "label_files": np.frombuffer(label_files.blob, np.uint8), "stats": stats})
-            report.cache_path = str(written) if written else None
+                def read_rest() -> bool:  # the result arrays, read while the check runs
+                    return _read_arrays(z, [k for k in z.files if k not in cached], cached)
+
+                if read_rest() if shared else _still_valid(cached, files, workers, read_rest):
+                    if lock is not None and launch:
+                        _vouch(lock, launch, path)
+                    report.cache_hit, report.cache_path, report.checked_by_another_rank = True, str(path), shared
+                    return _to_index(cached, files, cached["stats"][:, 0], report, cfg)
+
+        listings: dict[str, str] = {}  # every folder listed: its listing digest, taken before any file is stat'ed
+        listed = list_images(sources, cfg.origin, split, listings)
+        if not listed:
+            where = ", ".join(map(str, sources))
+            raise DataConfigError(f"{cfg.origin}: '{split}' has no images ({where}; suffixes {', '.join(IMG_FORMATS)})")
+        unique = list(dict.fromkeys(listed))  # listed is sorted: duplicates dropped, the order kept
+        label_list = label_paths(unique)
+        found_labels = _list_labels(sources, list(listings), listings)
+        im_files, label_files = PathList.from_paths(unique), PathList.from_paths(label_list)
+        stats = np.concatenate(_stat_paths([(im_files, None), (label_files, None)], workers)[0], 1)
+        found = {
+            "listings": np.array(json.dumps(listings)),
+            "listed_twice": np.array(len(listed) - len(unique)),
+            "orphans": np.array(json.dumps(_orphan_labels(found_labels, _by_folder(label_list)))),
+        }
+        if candidates is None:
+            candidates = _cache_candidates(Path(label_list[0]).parent, tag)
+
+        def scan() -> dict[str, np.ndarray]:
+            return _scan(im_files, label_files, stats, cfg.nc, verify, workers, progress, split, cfg.kpt_shape)
+
+        if not cache:
+            return _to_index({**scan(), **found}, im_files, stats[:, 0], report, cfg)
+        # one scan per node (or shared file system): the other processes wait, then read it (held already by a rank)
+        with _scan_lock(candidates) as lock:
+            hit = arrays = None
+            for path in candidates:
+                cached = _read_cache(path, meta)
+                if cached is not None and cached["files"].tobytes() == im_files.blob \
+                        and np.array_equal(cached["stats"], stats):
+                    hit, arrays = path, cached
+                    break
+            # written after a scan, and after a hit whose listings changed (a file that is no image added beside them)
+            if hit is None or any(str(arrays[k]) != str(v) for k, v in found.items()):
+                arrays = {**(scan() if arrays is None else {k: arrays[k] for k in _SCAN_KEYS}), **found}
+                written = _save_cache(candidates, {**arrays, "version": np.array(CACHE_VERSION), "meta": np.array(meta),
+                                                   "files": np.frombuffer(im_files.blob, np.uint8),
+                                                   "label_files": np.frombuffer(label_files.blob, np.uint8),
+                                                   "stats": stats})
+                report.cache_path = str(written) if written else None
+            valid = report.cache_path or hit
+            if lock is not None and launch and valid:
+                _vouch(lock, launch, Path(valid))
     if hit is not None:
         report.cache_hit, report.cache_path = True, str(hit)
     return _to_index(arrays, im_files, stats[:, 0], report, cfg)

@@ -144,7 +144,7 @@ class CPUEngine(Engine):
     :meth:`stats` adds ``decode_cache_hits`` and ``decode_cache_misses`` (this loader's reads, summed
     over the workers' latest reports), the machine-wide state of the decoded cache when there is one
     (``decode_cache_segment``, ``decode_cache_slots``, ``decode_cache_filled``, ``decode_cache_images``,
-    ``decode_cache_bytes``, ``decode_cache_policy``) and ``early_batches_used`` /
+    ``decode_cache_bytes``, ``decode_cache_reserved``, ``decode_cache_policy``) and ``early_batches_used`` /
     ``early_batches_dropped`` (batches of the next epoch rendered before it was asked for: used, or
     dropped after a wrong guess). ``batches_copied`` (every engine has it) counts the batches delivered as
     copies because the caller held ``keep`` batches already.

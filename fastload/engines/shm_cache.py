@@ -25,8 +25,15 @@ of its name): ``"first"`` (:class:`SharedDecodeCache`): the layout is fixed: ima
 epoch order: once full, a new image takes the entry of the one decoded longest ago, so the images of the
 recent part of the epoch order are held (what ``partners="recent"`` draws from). ``stats()`` says how many
 images have a place (``decode_cache_slots``) and how many are held now (``decode_cache_filled``). The whole
-segment is reserved up front (``posix_fallocate``), so a full ``/dev/shm`` shows at start (the
-engine then runs without the cache, with a warning) rather than as a SIGBUS in a worker.
+segment's bytes are reserved (``posix_fallocate``) before any process writes them, so a full ``/dev/shm`` shows as
+a warning rather than as a SIGBUS in a worker: the bookkeeping and the first ``RESERVE_NOW`` bytes of pixels when
+the segment is made (a filesystem without room for them: the engine runs without the cache, with a warning), the
+rest by a thread of the process that made it, in parts of ``RESERVE_NOW``, so that a loader does not wait for
+gigabytes of pages to be zeroed when it opens. A file ``reserved`` in the segment (an int64, mapped by every user)
+says how far ``cache.bin`` is reserved; a process writes an image only into bytes below it (one beyond it is
+decoded and not kept, as one without a place). Another process filling the filesystem meanwhile stops the
+reservation (a warning): the cache keeps the images of the part reserved; so does the maker's close before the
+reservation is done (its users go on with the part reserved).
 
 Publication (correct on weakly ordered CPUs such as aarch64, not only on x86; the reasoning is in
 docs/design.md, "Shared memory and CPU memory order"): every image's byte range is known in advance
@@ -64,6 +71,7 @@ import os
 import re
 import struct
 import sys
+import threading
 import warnings
 from pathlib import Path
 from typing import Any, Callable, Literal, get_args
@@ -84,6 +92,9 @@ LAYOUT_VERSION = 1
 _PAGE = 4096
 _DATA = "cache.bin"
 _META = shm.COMMIT_FILE
+_RESERVED = "reserved"  # int64: bytes of cache.bin reserved so far (written only by the reserving thread)
+#: pixel bytes reserved when a segment is made, and the part the reserving thread reserves at a time
+RESERVE_NOW = 64 << 20
 #: What a decoded cache keeps when the dataset does not fit (:mod:`fastload.engines.shm_cache`): ``"first"``: the first
 #: images of the store that fit; ``"latest"``: the latest decoded, turning over in epoch order.
 CacheKeep = Literal["first", "latest"]
@@ -203,6 +214,14 @@ class DecodeCache:
         finally:
             os.close(fd)
         self._buf = np.frombuffer(self._mmap, np.uint8)
+        fd = os.open(self.segment / _RESERVED, os.O_RDWR)
+        try:
+            self._reserved_map: mmap.mmap | None = mmap.mmap(fd, 8, flags=mmap.MAP_SHARED)
+        finally:
+            os.close(fd)
+        self._reserved_to = np.frombuffer(self._reserved_map, np.int64)
+        self._size = size
+        self._reserving: tuple[threading.Thread, threading.Event] | None = None
         self.hits = 0
         self.misses = 0
         self._open = True
@@ -223,17 +242,53 @@ class DecodeCache:
         base, base_idx = _root_store(store)
         base_hw = loaded_shapes(base.shapes, imgsz, load_rule)
         segment = segment_path(store, imgsz, recipe, cls.KEEP)
+        built = []
+
+        def build(seg: Path) -> None:
+            cls._build(seg, base_hw, int(budget), imgsz, recipe)
+            built.append(seg)
+
         try:
-            shm.acquire(segment, lambda seg: cls._build(seg, base_hw, int(budget), imgsz, recipe),
+            shm.acquire(segment, build,
                         info={"what": "decoded-image cache", "images": len(base_hw), "imgsz": int(imgsz)})
         except _NoRoom as e:
             warnings.warn(f"fastload: {e}; the loader decodes every read (decode_cache_mb=0 silences this)")
             return None
         try:
-            return cls(segment, base_hw, base_idx)
+            cache = cls(segment, base_hw, base_idx)
         except BaseException:
             shm.release(segment)
             raise
+        if built and cache._reserved_to[0] < cache._size:
+            stop = threading.Event()
+            thread = threading.Thread(target=cache._reserve_rest, args=(stop,), name="fastload-reserve", daemon=True)
+            thread.start()
+            cache._reserving = (thread, stop)
+        return cache
+
+    def _reserve_rest(self, stop: threading.Event) -> None:
+        """Reserve the rest of ``cache.bin`` in parts of :data:`RESERVE_NOW`, raising ``reserved`` after each (the
+        thread of the process that made the segment; ``stop``: it is being closed)."""
+        fd = os.open(self._data, os.O_RDWR | os.O_CLOEXEC)
+        try:
+            at = int(self._reserved_to[0])
+            while at < self._size and not stop.is_set():
+                part = min(RESERVE_NOW, self._size - at)
+                try:
+                    os.posix_fallocate(fd, at, part)
+                except OSError as e:
+                    warnings.warn(f"fastload: cannot reserve the rest of the decoded-image cache {self.segment} "
+                                  f"({fmt_bytes(self._size - at)}: {e.strerror or e}); it keeps the images of the "
+                                  f"{fmt_bytes(at)} reserved")
+                    return
+                at += part
+                self._reserved_to[0] = at  # after the reservation: a writer that sees it writes reserved pages
+        finally:
+            os.close(fd)
+
+    def _reserved(self, end: int) -> bool:
+        """Whether ``cache.bin`` is reserved up to byte ``end`` (a writer writes only below that)."""
+        return end <= self._reserved_to[0]
 
     @staticmethod
     def _build(segment: Path, hw: np.ndarray, budget: int, imgsz: int, recipe: str) -> None:
@@ -282,13 +337,23 @@ class DecodeCache:
         if not self._open:
             return
         self._open = False
+        if self._reserving is not None:
+            thread, stop = self._reserving
+            stop.set()
+            thread.join()
         self._release_views()
         self._buf = np.zeros(0, np.uint8)
         self._mmap = None  # unmapped when the last view of it is gone
+        self._reserved_to = np.zeros(1, np.int64)
+        self._reserved_map = None
         shm.release(self.segment)
 
     def _release_views(self) -> None:
         """Drop this object's numpy views of the mapping (before it is unmapped)."""
+
+    def _reserved_bytes(self) -> int:
+        """Pixel bytes reserved so far (all of ``nbytes`` once the reservation is done)."""
+        return max(0, int(self._reserved_to[0]) - self._pix_start) if self._open else 0
 
 
 def _capacity(segment: Path, budget: int, need: int, head: int, smallest: int) -> int:
@@ -306,11 +371,15 @@ def _capacity(segment: Path, budget: int, need: int, head: int, smallest: int) -
     return capacity
 
 
-def _reserve(segment: Path, nbytes: int, meta: dict[str, Any]) -> None:
+def _reserve(segment: Path, nbytes: int, pixels_at: int, meta: dict[str, Any]) -> None:
+    """Make the segment's ``cache.bin`` of ``nbytes`` with its bookkeeping (``pixels_at`` bytes) and the first
+    :data:`RESERVE_NOW` bytes of pixels reserved (all of it where the platform cannot reserve), and ``reserved``."""
+    now = min(nbytes, pixels_at + RESERVE_NOW) if hasattr(os, "posix_fallocate") else nbytes
     try:
-        shm.build_reserved(segment, _DATA, nbytes, meta)
+        shm.build_reserved(segment, _DATA, nbytes, meta, reserve=now,
+                           files={_RESERVED: np.array([now], np.int64).tobytes()})
     except OSError as e:
-        raise _NoRoom(f"cannot reserve {fmt_bytes(nbytes)} for a decoded-image cache in "
+        raise _NoRoom(f"cannot reserve {fmt_bytes(now)} for a decoded-image cache in "
                       f"{segment.parent}: {e.strerror or e}") from e
 
 
@@ -354,7 +423,7 @@ class SharedDecodeCache(DecodeCache):
         sizes = hw[:, 0] * hw[:, 1] * 3
         capacity = _capacity(segment, budget, int(sizes.sum()), pixels_at, int(sizes.min()) if n else 0)
         slots, _, nbytes = _layout(hw, capacity)
-        _reserve(segment, pixels_at + nbytes, {
+        _reserve(segment, pixels_at + nbytes, pixels_at, {
             "layout": LAYOUT_VERSION, "n": n, "imgsz": int(imgsz), "recipe": recipe, "capacity": capacity,
             "slots": slots, "pixels_at": pixels_at, "pixel_bytes": nbytes, "policy": POLICY})
 
@@ -381,6 +450,10 @@ class SharedDecodeCache(DecodeCache):
         if self._known[b] or self._confirm(b):
             self.hits += 1
             return self._readonly(b)
+        h, w = (int(v) for v in self._hw[b])
+        if not self._reserved(self._pix_start + int(self._offsets[b]) + h * w * 3):  # not yet: decoded, not kept
+            self.misses += 1
+            return load(i)
         fd = self._lock_entry(b, exclusive=True)
         if fd is None:  # another process is writing or confirming it: decode a copy rather than wait
             self.misses += 1
@@ -422,10 +495,12 @@ class SharedDecodeCache(DecodeCache):
 
     def stats(self) -> dict[str, Any]:
         """The machine-wide state: ``decode_cache_segment``, ``_slots`` (images with a place),
-        ``_filled`` (images held now), ``_images`` (in the store), ``_bytes`` (reserved), ``_policy``."""
+        ``_filled`` (images held now), ``_images`` (in the store), ``_bytes`` (of pixels), ``_reserved`` (of those
+        reserved so far), ``_policy``."""
         return {"decode_cache_segment": str(self.segment), "decode_cache_slots": self.slots,
                 "decode_cache_filled": len(self), "decode_cache_images": self.n,
-                "decode_cache_bytes": self.nbytes, "decode_cache_policy": POLICY}
+                "decode_cache_bytes": self.nbytes, "decode_cache_reserved": self._reserved_bytes(),
+                "decode_cache_policy": POLICY}
 
     def _release_views(self) -> None:
         self._flags = np.zeros(0, np.uint8)
@@ -484,7 +559,7 @@ class TurnoverDecodeCache(DecodeCache):
         pixels_at = -(-(_HEADERS_AT + 4 * (slots + n)) // _PAGE) * _PAGE
         capacity = _capacity(segment, budget, n * slot_bytes, pixels_at, slot_bytes)
         slots = turnover_slots(hw, capacity)[0]
-        _reserve(segment, pixels_at + slots * slot_bytes, {
+        _reserve(segment, pixels_at + slots * slot_bytes, pixels_at, {
             "layout": LAYOUT_VERSION, "keep": TurnoverDecodeCache.KEEP, "n": n, "imgsz": int(imgsz), "recipe": recipe,
             "capacity": capacity, "slots": slots, "slot_bytes": slot_bytes, "pixels_at": pixels_at,
             "policy": TURNOVER_POLICY})
@@ -522,7 +597,9 @@ class TurnoverDecodeCache(DecodeCache):
         img = load(i)
         self.misses += 1
         if self.slots:
-            self._put(self._next_slot(), b, img)
+            s = self._next_slot()
+            if self._reserved(self._pix_start + (s + 1) * self.slot_bytes):  # not yet: decoded, not kept
+                self._put(s, b, img)
         return img
 
     def _next_slot(self) -> int:
@@ -561,7 +638,8 @@ class TurnoverDecodeCache(DecodeCache):
         """As :meth:`SharedDecodeCache.stats` (``_slots``: slots of the ring; ``_filled``: slots holding an image)."""
         return {"decode_cache_segment": str(self.segment), "decode_cache_slots": self.slots,
                 "decode_cache_filled": len(self), "decode_cache_images": self.n,
-                "decode_cache_bytes": self.nbytes, "decode_cache_policy": TURNOVER_POLICY}
+                "decode_cache_bytes": self.nbytes, "decode_cache_reserved": self._reserved_bytes(),
+                "decode_cache_policy": TURNOVER_POLICY}
 
     def _release_views(self) -> None:
         self.release()

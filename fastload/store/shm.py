@@ -159,23 +159,28 @@ def _remove_tree(segment: Path) -> None:
         shutil.rmtree(p, ignore_errors=True)
 
 
-def build_reserved(segment: Path, data_name: str, nbytes: int, meta: dict[str, Any]) -> None:
-    """Create ``segment`` as a folder holding ``data_name`` (``nbytes``, reserved now) and the commit marker
-    (``meta``), via a temporary sibling and a rename: a :func:`acquire` build for segments that processes
-    fill after they open them. Raises OSError when the filesystem cannot reserve the bytes (a full
-    ``/dev/shm`` fails here, not as a SIGBUS in a later write); nothing is left behind then."""
+def build_reserved(segment: Path, data_name: str, nbytes: int, meta: dict[str, Any], *,
+                   reserve: int | None = None, files: dict[str, bytes] | None = None) -> None:
+    """Create ``segment`` as a folder holding ``data_name`` (``nbytes``, its first ``reserve`` bytes reserved now,
+    None: all), ``files`` (name: content) and the commit marker (``meta``), via a temporary sibling and a rename: a
+    :func:`acquire` build for segments that processes fill after they open them. Raises OSError when the
+    filesystem cannot reserve the bytes (a full ``/dev/shm`` fails here, not as a SIGBUS in a later write); nothing
+    is left behind then. Bytes not reserved now must be reserved (:func:`os.posix_fallocate`) before any process
+    writes them."""
     tmp = segment.with_name(segment.name + f".partial-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
         fd = os.open(tmp / data_name, os.O_RDWR | os.O_CREAT, 0o666)
         try:
-            if hasattr(os, "posix_fallocate"):
-                os.posix_fallocate(fd, 0, nbytes)
-            else:  # macOS: no reservation
-                os.ftruncate(fd, nbytes)
+            now = nbytes if reserve is None else min(int(reserve), nbytes)
+            if hasattr(os, "posix_fallocate") and now > 0:
+                os.posix_fallocate(fd, 0, now)
+            os.ftruncate(fd, nbytes)  # macOS: no reservation
         finally:
             os.close(fd)
+        for name, content in (files or {}).items():
+            (tmp / name).write_bytes(content)
         (tmp / COMMIT_FILE).write_text(json.dumps(meta))
         os.rename(tmp, segment)
     except BaseException:
