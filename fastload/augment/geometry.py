@@ -266,18 +266,23 @@ def _clipped_extent_boxes(poly: np.ndarray, w: float, h: float) -> np.ndarray:
     p = poly[crossing]
     x, y = p[..., 0], p[..., 1]
     ext = _masked_extent(x, y, (x >= 0) & (y >= 0) & (x <= w) & (y <= h))
-    nxt = np.roll(p, -1, 1)
-    for axis, bound, lim in ((0, 0.0, h), (0, w, h), (1, 0.0, w), (1, h, w)):
-        a, b = p[..., axis], nxt[..., axis]
-        # only the edges with the border line between their ends can cross it (the others fail the t test below)
-        row, k = np.nonzero((np.minimum(a, b) <= bound) & (np.maximum(a, b) >= bound))
-        start, delta = p[row, k], nxt[row, k] - p[row, k]
+    c_lo, c_hi = lo[crossing], hi[crossing]
+    for axis, bound, lim, reach in ((0, 0.0, h, c_lo[:, 0] <= 0), (0, w, h, c_hi[:, 0] >= w),
+                                    (1, 0.0, w, c_lo[:, 1] <= 0), (1, h, w, c_hi[:, 1] >= h)):
+        # only the polygons reaching the border line have edges with it between their ends, and only those edges
+        # can cross it (the others fail the t test below)
+        sub = np.flatnonzero(reach)
+        a = p[sub, :, axis]
+        below, above = a <= bound, a >= bound
+        row, k = np.nonzero((below | np.roll(below, -1, 1)) & (above | np.roll(above, -1, 1)))
+        start = p[sub[row], k]
+        delta = p[sub[row], (k + 1) % p.shape[1]] - start
         with np.errstate(divide="ignore", invalid="ignore"):  # an edge along the border crosses nowhere
             t = (bound - start[:, axis]) / delta[:, axis]
             cross = start + t[:, None] * delta
         other = cross[:, 1 - axis]
         ok = (t >= 0) & (t <= 1) & (other >= 0) & (other <= lim)
-        _extend(ext, row[ok], cross[ok])
+        _extend(ext, sub[row[ok]], cross[ok])
     for corner in ((0.0, 0.0), (w, 0.0), (0.0, h), (w, h)):
         near = np.flatnonzero(((lo[crossing] <= corner) & (hi[crossing] >= corner)).all(1))
         inside = near[_contains(p[near], *corner)]
@@ -545,12 +550,13 @@ def paste_outlines(image: ImageParams, get: GeometryLabels) -> tuple[list[np.nda
     return outlines, yolov9
 
 
-def _polygon_image(image: ImageParams, get: GeometryLabels, recipe: Recipe, task: Task, letterboxed: bool) -> _Moved:
+def _polygon_image(image: ImageParams, get: GeometryLabels, recipe: Recipe, task: Task, letterboxed: bool
+                   ) -> _Moved | _Warped:
     """Segments or oriented boxes of one composed image through its tiles (module docstring); ``letterboxed``:
     the image is a YOLOv9 letterbox (a training sample without mosaic). Copy-paste: the pasted instances, mirrored
     across the canvas, follow the image's own (YOLOv9 appends them to its labels before its random perspective,
-    Ultralytics to its instances)."""
-    oh, ow = image.out_hw
+    Ultralytics to its instances). An ``"ultralytics"`` training image's instances come back warped, for
+    :func:`_boxed`."""
     train = image.candidate_scale is not None
     ultralytics = recipe == "ultralytics"
     if image.copy_paste is not None and (task != "segment" or image.copy_paste.recipe != recipe):
@@ -603,8 +609,23 @@ def _polygon_image(image: ImageParams, get: GeometryLabels, recipe: Recipe, task
         pre_all = np.concatenate((pre_all, pre_all[chosen]))
         cls = np.concatenate((cls, cls[chosen]))
     x, y = _apply_planes(matrix, x, y)
+    before = pre_all * image.candidate_scale
+    if ultralytics:
+        return _Warped(x, y, before, cls)
+    # YOLOv9's polygons boxed image by image, while their 1000-point planes are in cache (batch-wide costs more)
+    boxes, poly, keep = _boxes_kept(x, y, before, image.out_hw, recipe, task)
+    kept = poly[keep]
+    return _Moved(boxes[keep], cls[keep], kept.reshape(-1, 2), np.full(len(kept), poly.shape[1], np.int64))
+
+
+def _boxes_kept(x: np.ndarray, y: np.ndarray, before: np.ndarray, out_hw: tuple[int, int], recipe: Recipe, task: Task
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(boxes [k, 4], polygons [k, n, 2], keep bool [k])`` of polygons warped to the output (points ``x``, ``y``
+    [k, n], label boxes ``before`` scaled for the candidate filter): their boxes (module docstring), the polygons as
+    the recipe leaves them, and the instances its filters keep."""
+    oh, ow = out_hw
     poly = np.stack((x, y), -1)
-    if not ultralytics:
+    if recipe == "yolov9":
         boxes = _inside_vertex_boxes(x, y, ow, oh)
     else:
         boxes = _clipped_extent_boxes(poly, ow, oh)
@@ -614,12 +635,42 @@ def _polygon_image(image: ImageParams, get: GeometryLabels, recipe: Recipe, task
                 boxes[i], poly[i] = _aligned_visible(poly[i], (0, 0, ow, oh), poly.shape[1])
         else:  # the polygon clipped to its box (inside the output: Instances.clip then changes nothing)
             _clip_points(poly, boxes[:, None, :2], boxes[:, None, 2:])
-    before_all = pre_all * image.candidate_scale
-    keep = box_candidates(before_all, boxes, area_thr=SEGMENT_AREA_THR)
-    if ultralytics:
-        keep &= _shown(before_all)
-    kept = poly[keep]
-    return _Moved(boxes[keep], cls[keep], kept.reshape(-1, 2), np.full(len(kept), poly.shape[1], np.int64))
+    keep = box_candidates(before, boxes, area_thr=SEGMENT_AREA_THR)
+    if recipe == "ultralytics":
+        keep &= _shown(before)
+    return boxes, poly, keep
+
+
+@dataclass
+class _Warped:
+    """One composed ``"ultralytics"`` training image's polygons warped to the output, before their boxes and the
+    candidate filter: the points' output px as planes ``x``, ``y`` [k, n], the label boxes before (xyxy, scaled for
+    the filter), the classes."""
+
+    x: np.ndarray
+    y: np.ndarray
+    before: np.ndarray
+    cls: np.ndarray
+
+
+def _boxed(images: Sequence[_Moved | _Warped], out_hw: tuple[int, int], recipe: Recipe, task: Task) -> list[_Moved]:
+    """``images`` with each :class:`_Warped` one given its boxes and filtered (:func:`_boxes_kept`), in one pass for
+    all the images of a batch with as many points per instance (the per-call cost of the many small array
+    operations is most of it for Ultralytics' polygons)."""
+    out = [image if isinstance(image, _Moved) else None for image in images]
+    groups: dict[int, list[tuple[int, _Warped]]] = {}
+    for i, image in enumerate(images):
+        if isinstance(image, _Warped):
+            groups.setdefault(image.x.shape[1], []).append((i, image))
+    for n, members in groups.items():
+        boxes, poly, keep = _boxes_kept(np.concatenate([w.x for _, w in members], 0),
+                                        np.concatenate([w.y for _, w in members], 0),
+                                        np.concatenate([w.before for _, w in members], 0), out_hw, recipe, task)
+        ends = np.cumsum([len(w.x) for _, w in members]).tolist()
+        for (i, w), a, b in zip(members, [0] + ends[:-1], ends):
+            k = keep[a:b]
+            out[i] = _Moved(boxes[a:b][k], w.cls[k], poly[a:b][k].reshape(-1, 2), np.full(int(k.sum()), n, np.int64))
+    return [m for m in out if m is not None]
 
 
 def _shown(boxes: np.ndarray) -> np.ndarray:
@@ -704,7 +755,8 @@ def transform_geometry(records: Sequence[SampleParams], get_geometry: GeometryLa
     else:
         # a YOLOv9 record without mosaic is a letterbox (its mixup partner, when it has one, is a mosaic)
         letterboxed = [not p.mosaic and k == 0 for p in records for k in range(1 if p.mixup is None else 2)]
-        moved = [_polygon_image(image, get_geometry, recipe, task, lb) for image, lb in zip(images, letterboxed)]
+        warped = [_polygon_image(image, get_geometry, recipe, task, lb) for image, lb in zip(images, letterboxed)]
+        moved = _boxed(warped, out_hw, recipe, task)
     owner = np.repeat(np.asarray(owners, np.intp), [len(m.cls) for m in moved])
     xyxy = np.concatenate([m.boxes for m in moved], 0)
     cls = np.concatenate([m.cls for m in moved])
