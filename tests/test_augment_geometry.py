@@ -14,7 +14,7 @@ import cv2
 import numpy as np
 import pytest
 
-from fastload.augment.geometry import Geometry, obb_xywhr, transform_geometry
+from fastload.augment.geometry import Geometry, LoadedPolygons, obb_xywhr, resample_polygons, transform_geometry
 from fastload.augment.masks import batch_masks, polygon_mask
 from fastload.augment.params import ParamSampler, SampleParams
 from official_helpers import UPSTREAM
@@ -245,6 +245,40 @@ def test_batch_order_flips_and_refusals():
     np.testing.assert_allclose(kp[:, 1, 0], IMGSZ - plain[:, 2, 0])  # left and right swap through flip_idx
     with pytest.raises(ValueError, match="no pose task"):
         transform_geometry(records, labels.__getitem__, "yolov9", "pose")
+
+
+@pytest.mark.parametrize("task", ["segment", "pose", "obb"])
+def test_a_batch_moves_as_its_records_alone_and_the_memo_changes_nothing(task):
+    """A batch's images are moved together (one pass for all their tiles and instances): each sample's instances are
+    the ones it gets alone; the memo of resampled polygons (kept between batches, evicting beyond its bound) gives
+    the same batches."""
+    shapes, labels = _world(task, 3)
+    sampler = ParamSampler(shapes, {**AUG_HYP, "mosaic": 0.7, "mixup": 0.4}, IMGSZ, seed=2, recipe="ultralytics")
+    records = sampler.sample_batch(0, range(N_IMAGES))
+    alone = [transform_geometry([rec], labels.__getitem__, "ultralytics", task) for rec in records]
+    memo = LoadedPolygons(max_bytes=3_000)  # about one image's polygons: later ones evict earlier ones
+    for _ in range(2):
+        geo = transform_geometry(records, labels.__getitem__, "ultralytics", task, memo)
+        for k, one in enumerate(alone):
+            mine = geo.targets[:, 0] == k
+            np.testing.assert_array_equal(geo.targets[mine, 1:], one.targets[:, 1:])
+            polygons = geo.polygons()
+            np.testing.assert_array_equal(np.concatenate([polygons[i] for i in np.flatnonzero(mine)] or [one.points]),
+                                          one.points)
+    assert len(memo._entries) < N_IMAGES
+
+
+def test_loaded_polygons_are_resampled_once():
+    rng = np.random.default_rng(1)
+    points = rng.uniform(0, 1, (9, 2)).astype(np.float32)
+    offsets = np.array([0, 4, 9])
+    memo = LoadedPolygons()
+    first = memo.resampled(7, points, offsets, 50)
+    again = memo.resampled(7, points, offsets, 50)
+    assert first[0] is again[0] and not first[0].flags.writeable
+    poly = resample_polygons(points, offsets, 50, True)
+    np.testing.assert_array_equal(first[0], poly.reshape(-1, 2))
+    np.testing.assert_array_equal(first[1], np.concatenate((poly.min(1), poly.max(1)), 1))
 
 
 def _random_polygons(rng: np.random.Generator, k: int, n: int, size: float) -> np.ndarray:

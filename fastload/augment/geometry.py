@@ -40,6 +40,7 @@ path the polygons its mask is filled from.
 from __future__ import annotations
 
 import functools
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable, Iterator, Literal, Sequence, get_args
 
@@ -51,6 +52,7 @@ from fastload.augment.params import CopyPaste, ImageParams, Recipe, SampleParams
 
 __all__ = [
     "GeometryLabels",
+    "LoadedPolygons",
     "Task",
     "TASKS",
     "Geometry",
@@ -213,6 +215,37 @@ def resample_polygon(poly: np.ndarray, n: int, keep_vertices: bool) -> np.ndarra
     return resample_polygons(poly, np.array([0, len(poly)]), n, keep_vertices)[0]
 
 
+class LoadedPolygons:
+    """A bounded memo of each image's polygons resampled as Ultralytics' dataset resamples them when loaded
+    (:func:`resample_polygons` with ``keep_vertices``), for ONE labels source: a pure function of an image's labels
+    and the point count, which every tile the image fills (a mosaic draws each image about four times an epoch)
+    would otherwise compute again. Least recently used entries go beyond ``max_bytes``."""
+
+    def __init__(self, max_bytes: int = 64 << 20) -> None:
+        self.max_bytes = int(max_bytes)
+        self._entries: OrderedDict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = OrderedDict()
+        self._bytes = 0
+
+    def resampled(self, src: int, points: np.ndarray, offsets: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(points float32 [k * n, 2], extent float32 [k, 4])``: image ``src``'s polygons ``points`` / ``offsets``
+        resampled to ``n`` points each, and each one's ``(x0, y0, x1, y1)`` (read-only: shared between calls)."""
+        key = (int(src), int(n))
+        got = self._entries.get(key)
+        if got is not None:
+            self._entries.move_to_end(key)
+            return got
+        poly = resample_polygons(points, offsets, n, True)
+        got = (poly.reshape(-1, 2), np.concatenate(_extent(poly), 1))
+        for a in got:
+            a.setflags(write=False)
+        self._entries[key] = got
+        self._bytes += got[0].nbytes + got[1].nbytes
+        while self._bytes > self.max_bytes and len(self._entries) > 1:
+            old = self._entries.popitem(last=False)[1]
+            self._bytes -= old[0].nbytes + old[1].nbytes
+        return got
+
+
 def _extent(poly: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``(lo, hi)`` [k, 2]: each polygon's smallest and largest x and y (``poly`` [k, n, 2]; one reduction per
     coordinate: numpy reduces the middle axis of a [k, n, 2] array some fifty times slower)."""
@@ -322,9 +355,11 @@ def _aligned_visible(poly: np.ndarray, rect: tuple[float, float, float, float], 
     return box, resample_polygon(corners @ basis.T, n, True).astype(np.float64)
 
 
-def _scaled(pts: np.ndarray, w: float, h: float) -> np.ndarray:
+def _scaled(pts: np.ndarray, w: float | np.ndarray, h: float | np.ndarray) -> np.ndarray:
     """float64 ``pts * (w, h)`` for points [..., 2], one coordinate at a time (numpy runs element-wise operations
-    against a trailing axis of 2 several times slower)."""
+    against a trailing axis of 2 several times slower); ``w``, ``h``: a loaded shape's Python ints (float32 points
+    give float32 products), or float32 arrays broadcasting against ``pts[..., 0]`` (a shape per row: the same
+    products)."""
     out = np.empty(pts.shape)
     np.multiply(pts[..., 0], w, out=out[..., 0])
     np.multiply(pts[..., 1], h, out=out[..., 1])
@@ -397,16 +432,24 @@ def _edge_matrix(tile: TileParams) -> np.ndarray:
     return _EDGE_OUT @ (tile.matrix if tile.box_matrix is None else tile.box_matrix) @ _EDGE_IN
 
 
-def _loaded_boxes(rows: np.ndarray, hw: tuple[int, int], crop: Sequence[int]) -> np.ndarray:
-    """[n, 4] xyxy label boxes in loaded pixels clipped to the crop (the candidate filter's boxes before)."""
-    h, w = hw
+def _loaded_boxes(rows: np.ndarray, hw: tuple[int, int] | np.ndarray, crop: Sequence[int] | np.ndarray
+                  ) -> np.ndarray:
+    """[n, 4] xyxy label boxes in loaded pixels clipped to the crop (the candidate filter's boxes before); ``hw``
+    and ``crop``: the loaded shape ``(h, w)`` and crop ``(x0, y0, x1, y1)`` of the rows' tile, or float64 arrays
+    [n, 2] and [n, 4] of each row's (the same arithmetic)."""
+    if isinstance(hw, np.ndarray):
+        scale, lo, hi = hw[:, [1, 0, 1, 0]], crop[:, [0, 1, 0, 1]], crop[:, [2, 3, 2, 3]]  # type: ignore[call-overload]
+    else:  # one tile's (the cheaper small arrays)
+        h, w = hw
+        scale = np.array((w, h, w, h), np.float64)
+        lo, hi = np.array(crop[:2] * 2, np.float64), np.array(crop[2:] * 2, np.float64)
     centre, half = rows[:, 1:3], rows[:, 3:5] / 2
     xy = np.empty((len(rows), 4))  # the corners in the rows' dtype, then float64
     np.subtract(centre, half, out=xy[:, :2])
     np.add(centre, half, out=xy[:, 2:])
-    xy *= np.array((w, h, w, h), np.float64)
-    np.maximum(xy, np.array(crop[:2] * 2, np.float64), out=xy)  # np.clip's values, without its wrapper's cost
-    return np.minimum(xy, np.array(crop[2:] * 2, np.float64), out=xy)
+    xy *= scale
+    np.maximum(xy, lo, out=xy)  # np.clip's values, without its wrapper's cost
+    return np.minimum(xy, hi, out=xy)
 
 
 # ----------------------------------------------------------------------------------------- per image
@@ -441,19 +484,20 @@ def _point_matrix(tile: TileParams, out_hw: tuple[int, int], letterboxed: bool) 
     return perspective @ np.array([[fit.r, 0.0, fit.pad[0]], [0.0, fit.r, fit.pad[1]], [0.0, 0.0, 1.0]])
 
 
-def _image_tiles(image: ImageParams, get: GeometryLabels, recipe: Recipe, task: Task
-                 ) -> list[tuple[TileParams, np.ndarray, np.ndarray, np.ndarray]]:
+def _image_tiles(image: ImageParams, get: GeometryLabels, recipe: Recipe, task: Task, loaded: LoadedPolygons
+                 ) -> tuple[list[tuple[TileParams, np.ndarray, np.ndarray, np.ndarray]], list[np.ndarray | None]]:
     """``(tile, rows, points, offsets)`` of each labelled tile of ``image``, normalised (a row without points keeps
-    none: YOLOv9's validation only); ``"ultralytics"``: every polygon resampled as its dataset resamples it when
-    loaded."""
+    none: YOLOv9's validation only), and each one's polygon extents ``[n, 4]`` (None: ``"yolov9"``);
+    ``"ultralytics"``: every polygon resampled as its dataset resamples it when loaded (through ``loaded``)."""
     pointless = recipe == "yolov9" and image.candidate_scale is None
     tiles = [(tile, rows, *_tile_polygons(rows, points, offsets, tile.src, pointless))
              for tile, rows, points, offsets in _labelled_tiles(image, get)]
-    if tiles and recipe == "ultralytics":
-        n = _loaded_points(tiles, task)
-        tiles = [(tile, rows, resample_polygons(pts, off, n, True).reshape(-1, 2), np.arange(len(rows) + 1) * n)
-                 for tile, rows, pts, off in tiles]
-    return tiles
+    if not tiles or recipe != "ultralytics":
+        return tiles, [None] * len(tiles)
+    n = _loaded_points(tiles, task)
+    resampled = [loaded.resampled(tile.src, pts, off, n) for tile, _, pts, off in tiles]
+    return ([(tile, rows, pts, np.arange(len(rows) + 1) * n) for (tile, rows, _, _), (pts, _) in zip(tiles, resampled)],
+            [extent for _, extent in resampled])
 
 
 def _loaded_points(tiles: Sequence[tuple[TileParams, np.ndarray, np.ndarray, np.ndarray]], task: Task) -> int:
@@ -550,8 +594,50 @@ def paste_outlines(image: ImageParams, get: GeometryLabels) -> tuple[list[np.nda
     return outlines, yolov9
 
 
-def _polygon_image(image: ImageParams, get: GeometryLabels, recipe: Recipe, task: Task, letterboxed: bool
-                   ) -> _Moved | _Warped:
+def _per_row(values: Sequence, counts: Sequence[int]) -> np.ndarray:
+    """float64 ``values`` (one per tile) repeated for each of the tile's ``counts`` rows."""
+    return np.repeat(np.asarray(values, np.float64), counts, axis=0)
+
+
+def _may_reach(extent: np.ndarray, hw: np.ndarray, crop: np.ndarray, m: np.ndarray, out_hw: tuple[int, int]
+               ) -> np.ndarray:
+    """bool [n]: the polygons of normalised ``extent`` [n, 4] (loaded shape ``hw``, crop and matrix ``m`` per row)
+    whose points clipped to the crop may land in the output: the warped corners of their clipped extent reach it,
+    with a pixel to spare for rounding (any, through a matrix with a perspective row). The others lie wholly outside:
+    Ultralytics gives them an empty box, which its candidate filter drops."""
+    box = np.clip(extent * hw[:, [1, 0, 1, 0]], crop[:, [0, 1, 0, 1]], crop[:, [2, 3, 2, 3]])
+    wx, wy = _apply_planes(m, box[:, [0, 2, 2, 0]], box[:, [1, 1, 3, 3]])
+    oh, ow = out_hw
+    perspective = (m[:, 2, 0] != 0.0) | (m[:, 2, 1] != 0.0) | (m[:, 2, 2] != 1.0)
+    return perspective | ((wx.max(1) >= -1) & (wy.max(1) >= -1) & (wx.min(1) <= ow + 1) & (wy.min(1) <= oh + 1))
+
+
+def _ultralytics_segments(image: ImageParams, get: GeometryLabels, loaded: LoadedPolygons) -> _Moved | _Warped:
+    """:func:`_polygon_image` of an ``"ultralytics"`` segment training image without copy-paste, in one pass for all
+    its tiles (each row with its tile's loaded shape, crop and matrix: the same arithmetic); only the instances that
+    can stay are moved: the others, without area in their tile or warped wholly out of the output, are dropped by its
+    filters whatever their points (the same batch, less work)."""
+    tiles, extents = _image_tiles(image, get, "ultralytics", "segment", loaded)
+    if not tiles:
+        return _Moved(np.zeros((0, 4)), np.zeros(0), np.zeros((0, 2)), np.zeros(0, np.int64))
+    n = int(tiles[0][3][1])
+    counts = [len(rows) for _, rows, _, _ in tiles]
+    hw = _per_row([tile.src_hw for tile, _, _, _ in tiles], counts)
+    crop = _per_row([tile.crop for tile, _, _, _ in tiles], counts)
+    m = _per_row([tile.matrix for tile, _, _, _ in tiles], counts)
+    rows = np.concatenate([r for _, r, _, _ in tiles], 0)
+    pre = _loaded_boxes(rows, hw, crop)
+    chosen = np.flatnonzero(_shown(pre) & _may_reach(np.concatenate(extents, 0), hw, crop, m, image.out_hw))
+    pts = np.concatenate([p for _, _, p, _ in tiles], 0).reshape(-1, n, 2)[chosen]
+    size = hw[chosen, :, None].astype(np.float32)  # [k, (h, w), 1]
+    px = _scaled(pts, size[:, 1], size[:, 0])
+    _clip_points(px, crop[chosen, None, :2], crop[chosen, None, 2:])
+    x, y = _apply_planes(m[chosen], px[..., 0], px[..., 1])
+    return _Warped(x, y, pre[chosen] * image.candidate_scale, rows[chosen, 0].astype(np.float64))
+
+
+def _polygon_image(image: ImageParams, get: GeometryLabels, recipe: Recipe, task: Task, letterboxed: bool,
+                   loaded: LoadedPolygons) -> _Moved | _Warped:
     """Segments or oriented boxes of one composed image through its tiles (module docstring); ``letterboxed``:
     the image is a YOLOv9 letterbox (a training sample without mosaic). Copy-paste: the pasted instances, mirrored
     across the canvas, follow the image's own (YOLOv9 appends them to its labels before its random perspective,
@@ -562,7 +648,7 @@ def _polygon_image(image: ImageParams, get: GeometryLabels, recipe: Recipe, task
     if image.copy_paste is not None and (task != "segment" or image.copy_paste.recipe != recipe):
         raise ValueError(f"a record with {image.copy_paste.recipe}'s copy-paste moved as {recipe}'s {task} labels: "
                          f"copy-paste applies to the segment task of the sampler's own recipe")
-    tiles = _image_tiles(image, get, recipe, task)
+    tiles, _ = _image_tiles(image, get, recipe, task, loaded)
     if not tiles:
         return _Moved(np.zeros((0, 4)), np.zeros(0), np.zeros((0, 2)), np.zeros(0, np.int64))
     cls = np.concatenate([rows[:, 0] for _, rows, _, _ in tiles]).astype(np.float64)
@@ -736,9 +822,10 @@ def _keypoint_image(image: ImageParams, get: GeometryLabels) -> _Moved:
 
 # ----------------------------------------------------------------------------------------- the batch
 def transform_geometry(records: Sequence[SampleParams], get_geometry: GeometryLabels, recipe: Recipe,
-                       task: Task) -> Geometry:
+                       task: Task, loaded: LoadedPolygons | None = None) -> Geometry:
     """The boxes and points of a batch of records (one output size) for ``task`` with ``recipe``'s semantics
-    (module docstring). ``"yolov9"`` has only the segment task (its repository has no pose or obb loader)."""
+    (module docstring). ``"yolov9"`` has only the segment task (its repository has no pose or obb loader).
+    ``loaded``: a memo of ``get_geometry``'s resampled polygons kept between batches (None: one for this call)."""
     if task not in TASKS:
         raise ValueError(f"task must be one of {', '.join(TASKS)}, got {task!r}")
     if recipe == "yolov9" and task != "segment":
@@ -755,7 +842,11 @@ def transform_geometry(records: Sequence[SampleParams], get_geometry: GeometryLa
     else:
         # a YOLOv9 record without mosaic is a letterbox (its mixup partner, when it has one, is a mosaic)
         letterboxed = [not p.mosaic and k == 0 for p in records for k in range(1 if p.mixup is None else 2)]
-        warped = [_polygon_image(image, get_geometry, recipe, task, lb) for image, lb in zip(images, letterboxed)]
+        loaded = LoadedPolygons() if loaded is None else loaded
+        warped = [_ultralytics_segments(image, get_geometry, loaded)
+                  if recipe == "ultralytics" and task == "segment" and image.candidate_scale is not None
+                  and image.copy_paste is None else _polygon_image(image, get_geometry, recipe, task, lb, loaded)
+                  for image, lb in zip(images, letterboxed)]
         moved = _boxed(warped, out_hw, recipe, task)
     owner = np.repeat(np.asarray(owners, np.intp), [len(m.cls) for m in moved])
     xyxy = np.concatenate([m.boxes for m in moved], 0)

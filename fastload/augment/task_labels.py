@@ -16,7 +16,7 @@ from typing import Sequence
 import numpy as np
 
 from fastload.augment.boxes import batch_targets
-from fastload.augment.geometry import obb_xywhr, transform_geometry
+from fastload.augment.geometry import LoadedPolygons, obb_xywhr, transform_geometry
 from fastload.augment.masks import batch_masks
 from fastload.augment.params import Recipe, SampleParams
 from fastload.data.labels import FlatLabels
@@ -43,9 +43,10 @@ class TaskLabels:
     kpt_count: int = 0
     flip_idx: tuple[int, ...] | None = None
 
-    def batch(self, records: Sequence[SampleParams], labels: FlatLabels, recipe: Recipe
-              ) -> tuple[np.ndarray, np.ndarray | None]:
-        """``(targets, extra)`` of one batch of ``records`` (one output size), read from ``labels`` (loader indices).
+    def batch(self, records: Sequence[SampleParams], labels: FlatLabels, recipe: Recipe,
+              loaded: LoadedPolygons | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+        """``(targets, extra)`` of one batch of ``records`` (one output size), read from ``labels`` (loader indices);
+        ``loaded``: the memo of ``labels``' resampled polygons the caller keeps between batches (None: none kept).
 
         ``targets``: float32 [N, 6] ``(position in the batch, cls, xc, yc, w, h)`` normalised to the output.
         ``extra``: None for ``"detect"``; ``"segment"``: the masks (:class:`~fastload.engines.base.SegmentBatch`;
@@ -55,7 +56,7 @@ class TaskLabels:
         """
         if self.task == "detect":
             return batch_targets(records, labels), None
-        geometry = transform_geometry(records, labels.image, recipe, self.task)  # type: ignore[arg-type]
+        geometry = transform_geometry(records, labels.image, recipe, self.task, loaded)  # type: ignore[arg-type]
         h, w = geometry.out_hw
         if self.task == "segment":
             masks, order = batch_masks(geometry, len(records), self.mask_ratio, self.overlap_mask)

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
+from fastload.augment.geometry import LoadedPolygons
 from fastload.augment.functional.tiles import AxisKernel, check_axis_kernel
 from fastload.augment.params import ParamSampler, image_of
 from fastload.augment.pipeline import render_sample
@@ -107,6 +108,7 @@ class BatchRenderer:
         self._rule = {} if sampler.load_rule == "yolov9" else {"rule": sampler.load_rule}  # (the same)
         self.labels = FlatLabels.from_arrays(store.labels)  # (a view's already are: no copy)
         self.task_labels = task_labels
+        self.loaded_polygons = LoadedPolygons()  # of self.labels, kept between batches
         self._scratch: np.ndarray | None = None
         self.decodes = 0  # encoded images this process decoded (cache misses included, hits not)
         self.damaged = DamagedRecords(strict)
@@ -174,7 +176,7 @@ class BatchRenderer:
         gains = None
         if not self.hsv_in_worker:
             gains = np.array([p.hsv_gain for p in params], np.float32).reshape(-1, 3)
-        targets, extra = self.task_labels.batch(params, self.labels, self.sampler.recipe)
+        targets, extra = self.task_labels.batch(params, self.labels, self.sampler.recipe, self.loaded_polygons)
         return SlotResult((h, w), targets, extra, [p.shapes for p in params], gains,
                           np.array([p.index for p in params], np.int64), sum(p.attempt > 0 for p in params),
                           self.damaged.take_found())
