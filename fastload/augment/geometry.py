@@ -375,11 +375,6 @@ def _clip_points(pts: np.ndarray, lo: np.ndarray | Sequence[float], hi: np.ndarr
         np.minimum(pts[..., axis], hi[..., axis], out=pts[..., axis])
 
 
-def _apply(m: np.ndarray, pts: np.ndarray) -> np.ndarray:
-    """``pts`` [k, 2] through the 3x3 matrix ``m`` (:func:`_apply_planes` of one)."""
-    return np.stack(_apply_planes(m[None], pts[None, :, 0], pts[None, :, 1]), -1)[0]
-
-
 def _apply_planes(m: np.ndarray, x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Points ``x``, ``y`` [k, n], row ``i`` through the 3x3 matrix ``m[i]`` (perspective divide for the matrices
     with a perspective row), as the planes ``(x, y)``; written out per coordinate, several times faster than a
@@ -772,52 +767,79 @@ def _one_keypoint_count(counts: set[int]) -> None:
                          f"one per dataset)")
 
 
-def _keypoint_image(image: ImageParams, get: GeometryLabels) -> _Moved:
-    """Pose instances of one composed image through its tiles: boxes as Ultralytics moves them (corners clipped to
-    the tile, through the matrix, their extent clipped to the output, its candidate filter with ``area_thr=0.1``),
-    keypoints through the same matrix; leaving the tile or the output hides a keypoint (visibility 0), which is
-    then clipped (``Instances.clip``). Validation: the letterbox only, in Ultralytics' float32 arithmetic."""
-    oh, ow = image.out_hw
-    train = image.candidate_scale is not None
-    kps, cls, boxes, before = [], [], [], []
+def _keypoint_tiles(image: ImageParams, get: GeometryLabels) -> list[tuple[TileParams, np.ndarray, np.ndarray]]:
+    """``(tile, rows, keypoints [n, K, 3])`` of each labelled tile of ``image``."""
+    tiles = []
     for tile, rows, points, offsets in _labelled_tiles(image, get):
         counts = np.diff(offsets)
         if points.ndim != 2 or points.shape[1] != 3 or len(set(counts.tolist())) != 1 or counts[0] < 1:
             raise ValueError(f"labels of image {tile.src}: keypoints must be [n * K, 3] with K per row, got "
                              f"{points.shape} for rows of {sorted(set(counts.tolist()))} points")
-        h, w = tile.src_hw
-        kp = points.reshape(len(rows), int(counts[0]), 3)
-        vis = kp[..., 2].astype(np.float64)
-        cls.append(rows[:, 0])
-        if not train:
-            xy = _letterbox_points(kp[..., :2].reshape(-1, 2).astype(np.float32), (h, w), _edge_matrix(tile),
-                                   "ultralytics").reshape(kp.shape[:2] + (2,))
-            kps.append(np.concatenate((xy, vis[..., None]), -1))
-            continue
-        x0, y0, x1, y1 = tile.crop
-        xy = _scaled(kp[..., :2], w, h)
-        vis[(xy[..., 0] < x0) | (xy[..., 0] > x1) | (xy[..., 1] < y0) | (xy[..., 1] > y1)] = 0.0
-        _clip_points(xy, (x0, y0), (x1, y1))
-        xy = _apply(tile.matrix, xy.reshape(-1, 2)).reshape(xy.shape)
-        vis[(xy[..., 0] < 0) | (xy[..., 0] > ow) | (xy[..., 1] < 0) | (xy[..., 1] > oh)] = 0.0
-        _clip_points(xy, (0, 0), (ow, oh))
-        kps.append(np.concatenate((xy, vis[..., None]), -1))
-        pre = _loaded_boxes(rows, (h, w), tile.crop)
-        corners = _apply(tile.matrix, pre[:, [0, 1, 2, 1, 2, 3, 0, 3]].reshape(-1, 2)).reshape(-1, 4, 2)
-        moved = np.concatenate(_extent(corners), 1)
-        boxes.append(np.clip(moved, 0, (ow, oh, ow, oh)))
-        before.append(pre)
-    if not kps:
+        tiles.append((tile, rows, points.reshape(len(rows), int(counts[0]), 3)))
+    return tiles
+
+
+def _keypoint_letterbox(image: ImageParams, get: GeometryLabels) -> _Moved:
+    """Pose instances of one validation letterbox, in Ultralytics' float32 arithmetic."""
+    tiles = _keypoint_tiles(image, get)
+    if not tiles:
         return _Moved(np.zeros((0, 4)), np.zeros(0), np.zeros((0, 3)), np.zeros(0, np.int64))
-    _one_keypoint_count({k.shape[1] for k in kps})
-    kp_all, cls_all = np.concatenate(kps, 0), np.concatenate(cls).astype(np.float64)
-    if not train:
-        box_v = moved_boxes([image], [0], lambda i: get(i)[0])[0][:, 1:5]
-        return _Moved(box_v, cls_all, kp_all.reshape(-1, 3), np.full(len(kp_all), kp_all.shape[1], np.int64))
-    pre_all, moved_all = np.concatenate(before, 0), np.concatenate(boxes, 0)
-    keep = box_candidates(pre_all * image.candidate_scale, moved_all) & _shown(pre_all)
-    kept = kp_all[keep]
-    return _Moved(moved_all[keep], cls_all[keep], kept.reshape(-1, 3), np.full(len(kept), kp_all.shape[1], np.int64))
+    _one_keypoint_count({kp.shape[1] for _, _, kp in tiles})
+    kps = []
+    for tile, _, kp in tiles:
+        xy = _letterbox_points(kp[..., :2].reshape(-1, 2).astype(np.float32), tile.src_hw,  # type: ignore[arg-type]
+                               _edge_matrix(tile), "ultralytics").reshape(kp.shape[:2] + (2,))
+        kps.append(np.concatenate((xy, kp[..., 2:].astype(np.float64)), -1))
+    kp_all = np.concatenate(kps, 0)
+    cls = np.concatenate([rows[:, 0] for _, rows, _ in tiles]).astype(np.float64)
+    boxes = moved_boxes([image], [0], lambda i: get(i)[0])[0][:, 1:5]
+    return _Moved(boxes, cls, kp_all.reshape(-1, 3), np.full(len(kp_all), kp_all.shape[1], np.int64))
+
+
+def _keypoint_images(images: Sequence[ImageParams], get: GeometryLabels) -> list[_Moved]:
+    """Pose instances of composed images of one output size through their tiles: boxes as Ultralytics moves them
+    (corners clipped to the tile, through the matrix, their extent clipped to the output, its candidate filter with
+    ``area_thr=0.1``), keypoints through the same matrix; leaving the tile or the output hides a keypoint
+    (visibility 0), which is then clipped (``Instances.clip``). Training images in one pass for all their tiles, each
+    row with its tile's loaded shape, crop and matrix (the per-call cost of many small array operations is most of a
+    tile's; the same arithmetic); validation: the letterbox only (:func:`_keypoint_letterbox`)."""
+    empty = _Moved(np.zeros((0, 4)), np.zeros(0), np.zeros((0, 3)), np.zeros(0, np.int64))
+    out = [empty if image.candidate_scale is not None else _keypoint_letterbox(image, get) for image in images]
+    tiles = [(i, *t) for i, image in enumerate(images) if image.candidate_scale is not None
+             for t in _keypoint_tiles(image, get)]
+    if not tiles:
+        return out
+    _one_keypoint_count({kp.shape[1] for *_, kp in tiles})
+    oh, ow = images[0].out_hw
+    counts = [len(rows) for _, _, rows, _ in tiles]
+    hw = _per_row([tile.src_hw for _, tile, _, _ in tiles], counts)
+    crop = _per_row([tile.crop for _, tile, _, _ in tiles], counts)
+    m = _per_row([tile.matrix for _, tile, _, _ in tiles], counts)
+    rows = np.concatenate([r for _, _, r, _ in tiles], 0)
+    kp = np.concatenate([k for *_, k in tiles], 0)
+    vis = kp[..., 2].astype(np.float64)
+    size = hw[:, :, None].astype(np.float32)  # [n, (h, w), 1]
+    xy = _scaled(kp[..., :2], size[:, 1], size[:, 0])
+    lo, hi = crop[:, None, :2], crop[:, None, 2:]
+    vis[(xy < lo).any(-1) | (xy > hi).any(-1)] = 0.0
+    _clip_points(xy, lo, hi)
+    x, y = _apply_planes(m, xy[..., 0], xy[..., 1])
+    vis[(x < 0) | (x > ow) | (y < 0) | (y > oh)] = 0.0
+    np.clip(x, 0, ow, out=x)
+    np.clip(y, 0, oh, out=y)
+    kp_all = np.stack((x, y, vis), -1)
+    pre = _loaded_boxes(rows, hw, crop)
+    cx, cy = _apply_planes(m, pre[:, [0, 2, 2, 0]], pre[:, [1, 1, 3, 3]])  # the box's corners
+    moved = np.clip(np.stack((cx.min(1), cy.min(1), cx.max(1), cy.max(1)), 1), 0, (ow, oh, ow, oh))
+    scale = _per_row([images[i].candidate_scale for i, *_ in tiles], counts)
+    keep = box_candidates(pre * scale[:, None], moved) & _shown(pre)
+    cls = rows[:, 0].astype(np.float64)
+    owner = np.repeat([i for i, *_ in tiles], counts)
+    k = kp_all.shape[1]
+    for i in dict.fromkeys(i for i, *_ in tiles):
+        mine = keep & (owner == i)
+        out[i] = _Moved(moved[mine], cls[mine], kp_all[mine].reshape(-1, 3), np.full(int(mine.sum()), k, np.int64))
+    return out
 
 
 # ----------------------------------------------------------------------------------------- the batch
@@ -837,7 +859,7 @@ def transform_geometry(records: Sequence[SampleParams], get_geometry: GeometryLa
     images, owners = batch_images(records)
     out_hw = images[0].out_hw
     if task == "pose":
-        moved = [_keypoint_image(image, get_geometry) for image in images]
+        moved = _keypoint_images(images, get_geometry)
         _one_keypoint_count({int(m.counts[0]) for m in moved if len(m.counts)})
     else:
         # a YOLOv9 record without mosaic is a letterbox (its mixup partner, when it has one, is a mosaic)
