@@ -34,11 +34,13 @@ def _canvas_mask(outlines: Sequence[np.ndarray], canvas_hw: tuple[int, int], fli
     x1, y1 = min(x + w, cw), min(y + h, ch)
     if x1 <= x0 or y1 <= y0:
         return None
-    mask = np.zeros((y1 - y0, x1 - x0), np.uint8)
+    # reused buffers: a fresh array of up to a whole 2s x 2s canvas costs its page faults on every paste
+    mask = scratch("paste_mask", (y1 - y0, x1 - x0))
+    mask.fill(0)
     for p in pts:
         cv2.fillPoly(mask, [p], 255, offset=(-x0, -y0))
     if flip_fill:
-        return cv2.flip(mask, 1), Rect(cw - x1, y0, cw - x0, y1)
+        return cv2.flip(mask, 1, dst=scratch("paste_mask_flip", mask.shape)), Rect(cw - x1, y0, cw - x0, y1)
     return mask, Rect(x0, y0, x1, y1)
 
 
@@ -61,11 +63,12 @@ def paste_mirrored(out: np.ndarray, image: ImageParams, outlines: Sequence[np.nd
     size = (rect.x1 - rect.x0, rect.y1 - rect.y0)
     to_rect = translation(-rect.x0, -rect.y0)
     local = to_rect @ warp @ translation(region.x0, region.y0)
+    alpha = scratch("paste_alpha", (size[1], size[0]))
     if ref.is_affine:
-        alpha = cv2.warpAffine(mask, local[:2], size, flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_CONSTANT)
+        cv2.warpAffine(mask, local[:2], size, dst=alpha, flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_CONSTANT)
     else:
-        alpha = cv2.warpPerspective(mask, local, size, flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_CONSTANT)
-    if not alpha.any():
+        cv2.warpPerspective(mask, local, size, dst=alpha, flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_CONSTANT)
+    if not cv2.hasNonZero(alpha):
         return None
     # The mirrored tiles are drawn flipped back (x -> width - 1 - x on both sides of the canvas flip), so that an
     # axis-aligned warp keeps the fast axis-aligned kernels; the drawing is then read mirrored.
@@ -73,11 +76,14 @@ def paste_mirrored(out: np.ndarray, image: ImageParams, outlines: Sequence[np.nd
     back = _flip_x(size[0] - 1.0) @ to_rect @ warp @ canvas_flip
     unflipped = ImageParams(tuple(TileParams(t.src, t.crop, back @ translation(*t.offset), t.src_hw)  # type: ignore[misc]
                                   for t in image.tiles), (size[1], size[0]), image.fill)
-    drawn, _ = render_image_bbox(unflipped, get_image, scratch("paste", (size[1], size[0], 3)), axis_kernel=axis_kernel)
-    flipped = cv2.flip(drawn, 1)
+    # only the tiles under the mask are drawn: drawn column x is read at flipped column size[0] - 1 - x
+    drawn, _ = render_image_bbox(unflipped, get_image, scratch("paste", (size[1], size[0], 3)), axis_kernel=axis_kernel,
+                                 unread=lambda r: not cv2.hasNonZero(alpha[r.y0:r.y1, size[0] - r.x1:size[0] - r.x0]))
+    flipped = cv2.flip(drawn, 1, dst=scratch("paste_flip", drawn.shape))
     roi = out[rect.y0:rect.y1, rect.x0:rect.x1]
-    cv2.copyTo(flipped, cv2.compare(alpha, 255, cv2.CMP_EQ), roi)
-    edge = cv2.findNonZero(cv2.inRange(alpha, 1, 254))  # along the outline, a blend (a thin band, pixel by pixel)
+    cv2.copyTo(flipped, cv2.compare(alpha, 255, cv2.CMP_EQ, dst=scratch("paste_inside", alpha.shape)), roi)
+    # along the outline, a blend (a thin band, pixel by pixel)
+    edge = cv2.findNonZero(cv2.inRange(alpha, 1, 254, dst=scratch("paste_edge", alpha.shape)))
     if edge is not None:
         cols, rows = edge.reshape(-1, 2).T
         a = alpha[rows, cols][:, None].astype(np.uint16)

@@ -101,7 +101,8 @@ def render_image(
 
 
 def render_image_bbox(
-    image: ImageParams, get_image: Callable[[int], np.ndarray], out: np.ndarray | None = None, *, axis_kernel: str | None = None
+    image: ImageParams, get_image: Callable[[int], np.ndarray], out: np.ndarray | None = None, *,
+    axis_kernel: str | None = None, unread: Callable[[Rect], bool] | None = None
 ) -> tuple[np.ndarray, Rect | None]:
     """:func:`render_image`, also returning the bounding rectangle of the pixels any tile wrote
     (None: no tile drew anything). Every pixel outside it is ``image.fill``, which lets later
@@ -109,6 +110,10 @@ def render_image_bbox(
 
     When every tile is axis-aligned (opaque rectangles: the scratch-high case) only the pixels
     no tile covers are filled, after drawing, instead of filling the whole output first.
+
+    ``unread(rect)``: True when the caller never reads the output rectangle ``rect``; a tile that would
+    write only there is not drawn, and its pixels are left undefined (copy-paste reads its drawing only
+    under the pasted mask). Every other tile is drawn exactly as without it.
     """
     kernel = check_axis_kernel(axis_kernel)
     out = _check_out(out, image.out_hw)
@@ -126,7 +131,10 @@ def render_image_bbox(
     box: Rect | None = None
     rects = []
     for tile, src, plan in jobs:
-        rect = _draw(out, src, tile, plan)
+        if plan.rect is not None and unread is not None and unread(plan.rect):
+            rect = plan.rect  # counted as drawn, so that it is not filled either
+        else:
+            rect = _draw(out, src, tile, plan)
         box = union_rect(box, rect)
         if rect is not None:
             rects.append(rect)
