@@ -623,15 +623,14 @@ class ParamSampler:
         ss = np.random.SeedSequence([self.seed, int(epoch), int(sample_id), int(attempt)], spawn_key=_PASTE_STREAM)
         return np.random.Generator(np.random.PCG64(ss))
 
-    def _pasted(self, image: ImageParams, offsets: Sequence[tuple[int, int]], canvas_hw: tuple[int, int],
-                paste_rng: np.random.Generator | None) -> ImageParams:
-        """``image`` with its copy-paste (:class:`CopyPaste`) and its tiles' canvas ``offsets``."""
+    def _pasted(self, image: ImageParams, canvas_hw: tuple[int, int], paste_rng: np.random.Generator | None
+                ) -> ImageParams:
+        """``image`` (its tiles made with their canvas offsets) with its copy-paste (:class:`CopyPaste`)."""
         keys = None
         if self.recipe == "yolov9":
             rows = int(sum(int(self.instances[t.src]) for t in image.tiles))  # type: ignore[index]  # set with copy_paste
             keys = paste_rng.random(rows).tolist()  # type: ignore[union-attr]
-        tiles = tuple(dataclasses.replace(t, offset=o) for t, o in zip(image.tiles, offsets))
-        return dataclasses.replace(image, tiles=tiles, copy_paste=CopyPaste(self.copy_paste, canvas_hw, self.recipe, keys))
+        return dataclasses.replace(image, copy_paste=CopyPaste(self.copy_paste, canvas_hw, self.recipe, keys))
 
     def _sample_id(self, index: int) -> int:
         sample_id = int(index)
@@ -756,10 +755,12 @@ class ParamSampler:
         out = canvas - 2 * (s // 2) if self.recipe == "yolov9" else s
         m, scale = self._perspective(rng, (canvas, canvas), (out, out))
         shown = [(int(src), shape, crop, offset) for src, shape, (crop, offset) in zip(srcs, hw, placements) if crop is not None]
-        image = ImageParams(tuple(TileParams(src, crop, m @ translation(*offset), shape) for src, shape, crop, offset in shown),
-                            (out, out), 114, scale)
+        # the canvas offsets only where copy-paste reads them: made once here, not replaced into copies of the tiles
+        image = ImageParams(tuple(TileParams(src, crop, m @ translation(*offset), shape,
+                                             offset=offset if self.copy_paste else None)
+                                  for src, shape, crop, offset in shown), (out, out), 114, scale)
         if self.copy_paste:
-            image = self._pasted(image, [offset for *_, offset in shown], (canvas, canvas), paste_rng)
+            image = self._pasted(image, (canvas, canvas), paste_rng)
         return image
 
     def _out_hw(self, shape_of: int) -> tuple[int, int]:
@@ -777,9 +778,10 @@ class ParamSampler:
         m, scale = self._perspective(rng, hw, out_hw)
         h0, w0 = (int(v) for v in self.orig_shapes[index])
         shapes = ((h0, w0), ((hw[0] / h0, hw[1] / w0), (0.0, 0.0)))
-        image = ImageParams((TileParams(index, (0, 0, hw[1], hw[0]), m, hw),), out_hw, 114, scale)
+        image = ImageParams((TileParams(index, (0, 0, hw[1], hw[0]), m, hw, offset=(0, 0) if self.copy_paste else None),),
+                            out_hw, 114, scale)
         if self.copy_paste:  # Ultralytics' CopyPaste runs on every training image, its loaded image the canvas
-            image = self._pasted(image, [(0, 0)], hw, None)
+            image = self._pasted(image, hw, None)
         return image, shapes
 
     def _letterbox(self, rng: np.random.Generator, index: int, shape_of: int) -> tuple[ImageParams, Any]:
