@@ -81,13 +81,15 @@ def paste_mirrored(out: np.ndarray, image: ImageParams, outlines: Sequence[np.nd
                                  unread=lambda r: not cv2.hasNonZero(alpha[r.y0:r.y1, size[0] - r.x1:size[0] - r.x0]))
     flipped = cv2.flip(drawn, 1, dst=scratch("paste_flip", drawn.shape))
     roi = out[rect.y0:rect.y1, rect.x0:rect.x1]
-    cv2.copyTo(flipped, cv2.compare(alpha, 255, cv2.CMP_EQ, dst=scratch("paste_inside", alpha.shape)), roi)
-    # along the outline, a blend (a thin band, pixel by pixel)
+    # along the outline, a blend (a thin band, pixel by pixel) of the pixels there before the copy below
     edge = cv2.findNonZero(cv2.inRange(alpha, 1, 254, dst=scratch("paste_edge", alpha.shape)))
     if edge is not None:
         cols, rows = edge.reshape(-1, 2).T
+        under = roi[rows, cols]
+    cv2.copyTo(flipped, alpha, roi)  # wherever the mask is not 0: the band is blended over it next
+    if edge is not None:
         a = alpha[rows, cols][:, None].astype(np.uint16)
-        roi[rows, cols] = ((roi[rows, cols] * (255 - a) + flipped[rows, cols] * a + 127) // 255).astype(np.uint8)
+        roi[rows, cols] = ((under * (255 - a) + flipped[rows, cols] * a + 127) // 255).astype(np.uint8)
     return rect
 
 
