@@ -318,17 +318,18 @@ def test_ctrl_c_in_the_consumer_and_close_leave_nothing_running(stores, cpu_refe
 
 
 def test_a_store_an_actor_cannot_open_is_one_clear_error(stores, tmp_path):
+    # one actor each: every actor opens the store itself and reports the same error (a process saved per start)
     missing = tmp_path / "not-staged-here"
     with pytest.raises(StoreError, match=rf"render actor on node {re.escape(socket.gethostname())}.*cannot open the "
                                          rf"disk store at {re.escape(str(missing))}: no store at"):
         fastload.loader(stores, imgsz=IMGSZ, batch_size=BATCH, store="disk", engine="ray",
-                        engine_options={"store_path": str(missing)})
+                        engine_options={"store_path": str(missing), "actors": 1})
     from fastload.data.config import load_data_config
 
     lmdb_dir = load_data_config(stores).stores["train"]["lmdb"]
     with pytest.raises(StoreError, match="holds 24 encoded samples, the loader's disk store 24 decoded ones"):
         fastload.loader(stores, imgsz=IMGSZ, batch_size=BATCH, store="disk", engine="ray",
-                        engine_options={"store_path": str(lmdb_dir)})
+                        engine_options={"store_path": str(lmdb_dir), "actors": 1})
     with pytest.raises(fastload.EngineOptionError, match="store_path does not apply to store='files'"):
         fastload.loader(stores, imgsz=IMGSZ, batch_size=BATCH, store="files", engine="ray",
                         engine_options={"store_path": str(lmdb_dir)})
