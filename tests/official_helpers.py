@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -67,6 +68,20 @@ def copy_upstream(dst: Path, *, switch_import: Sequence[str] = (), src: Path | N
     return dst
 
 
+def thin_config(checkout: Path, config: str) -> str:
+    """``config`` (an official model yaml of the checkout) with each RepNCSPELAN4 at one RepNCSP repeat instead of
+    three, written beside it as ``NAME-thin.yaml`` (a user's own config); returns its path relative to the checkout.
+
+    Fewer layers, the same structure and heads: the official trainers deep-copy the model for the EMA and pickle it
+    whole in every checkpoint, which for yolov9-t's 1219 layers costs more CPU than its 2 epochs at --img 64."""
+    src = checkout / config
+    text = re.sub(r"(RepNCSPELAN4, \[\d+, \d+, \d+), 3\]", r"\1, 1]", src.read_text())
+    assert text != src.read_text(), f"{config}: no RepNCSPELAN4 with 3 repeats"
+    dst = src.with_name(src.stem + "-thin.yaml")
+    dst.write_text(text)
+    return str(dst.relative_to(checkout))
+
+
 def coco_subset(coco_root: Path, dst: Path, n: int) -> Path:
     """A data.yaml over the first ``n`` coco128 images (linked) and their labels (copied: the official
     loader writes its labels.cache beside them); train and val are the same images, as in coco128."""
@@ -112,6 +127,9 @@ class Run:
     argv: list[str]
     cwd: Path
     env: dict[str, str]
+    # mostly waits (torchrun's ranks fail at once, then it polls every few seconds): run_all starts it at once,
+    # beside the ``parallel`` others, instead of letting it hold one of their places
+    waits: bool = False
     proc: subprocess.Popen | PreloadedProcess | None = None
     log_path: Path | None = None
     returncode: int | None = None
@@ -148,13 +166,18 @@ class Run:
 def run_all(stages: Sequence[Sequence[Run]], logs: Path, *, parallel: int = 2, timeout: float = 400,
             server: PreloadedPython | None = None) -> None:
     """Run the stages one after the other, the runs of a stage ``parallel`` at a time (forked from ``server``
-    where given); a run still going after ``timeout`` seconds is killed (its exit status then says so)."""
+    where given), those that mostly wait (``Run.waits``) at once beside them; a run still going after ``timeout``
+    seconds is killed (its exit status then says so)."""
     logs.mkdir(parents=True, exist_ok=True)
     for stage in stages:
         pending = list(stage)
         running: list[Run] = []
         while pending or running:
-            while pending and len(running) < parallel:
+            for run in [r for r in pending if r.waits]:
+                pending.remove(run)
+                run.start(logs, server)
+                running.append(run)
+            while pending and sum(not r.waits for r in running) < parallel:
                 run = pending.pop(0)
                 run.start(logs, server)
                 running.append(run)

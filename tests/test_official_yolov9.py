@@ -3,12 +3,14 @@
 A temporary copy of the official repository gets the README's one-line switch in train_dual.py,
 train.py, val_dual.py and val.py; a second, unmodified copy runs through the no-edit launcher
 (``python -m fastload.compat.yolov9``, and under torchrun). Eight coco128 images at --img 64,
-batch 4, the smallest models. Every run writes fastload's batch log (one JSON line per batch the
-trainer received), from which the tests read what happened inside (mosaic or not, which images).
+batch 4, the smallest models thinned (one RepNCSP repeat in each RepNCSPELAN4: official_helpers.thin_config).
+Every run writes fastload's batch log (one JSON line per batch the trainer received), from which the tests
+read what happened inside (mosaic or not, which images).
 
-All runs start once for the module, two at a time (two cores), forked from one interpreter that has
-imported torch & co. (tests/preloaded.py; torchrun's ranks too, through PYTHON_EXEC), validation runs after
-the training runs whose weights they load. Skipped only where ../shared is absent.
+All runs start once for the module, two at a time (two cores; the torchrun run, which mostly waits, beside
+them), forked from one interpreter that has imported torch & co. (tests/preloaded.py; torchrun's ranks too,
+through PYTHON_EXEC), validation runs after the training runs whose weights they load. Skipped only where
+../shared is absent.
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from official_helpers import Run, coco_subset, copy_upstream, official_env, python, run_all
+from official_helpers import Run, coco_subset, copy_upstream, official_env, python, run_all, thin_config
 
 pytestmark = pytest.mark.slow
 
@@ -39,14 +41,17 @@ def runs(coco128_yaml, tmp_path_factory, preloaded_python):
     shm.mkdir()
     project = tmp / "runs"
 
-    def run(name: str, cwd: Path, argv: list[str], **env: str) -> Run:
+    def run(name: str, cwd: Path, argv: list[str], waits: bool = False, **env: str) -> Run:
         batch_log = str(tmp / f"{name}.jsonl")
-        return Run(name, argv, cwd, official_env(tmp, FASTLOAD_BATCH_LOG=batch_log, FASTLOAD_SHM_DIR=str(shm), **env))
+        return Run(name, argv, cwd, official_env(tmp, FASTLOAD_BATCH_LOG=batch_log, FASTLOAD_SHM_DIR=str(shm), **env),
+                   waits=waits)
 
     def train(name: str, *extra: str) -> list[str]:
         return ["--data", data, "--project", str(project), "--name", name, "--exist-ok", *COMMON, *extra]
 
-    dual = ["--cfg", "models/detect/yolov9-t.yaml"]
+    for copy in (edited, stock):  # the smallest models, thinned, written into both copies as a user's config
+        yolov9_t, gelan_t = (thin_config(copy, f"models/detect/{name}.yaml") for name in ("yolov9-t", "gelan-t"))
+    dual = ["--cfg", yolov9_t]
     training = [
         run("dual", edited, [python(), "train_dual.py", *train("dual", *dual, "--epochs", "2", "--close-mosaic", "1",
                                                                 "--workers", "2")]),
@@ -55,14 +60,15 @@ def runs(coco128_yaml, tmp_path_factory, preloaded_python):
                                        "--cache", "ram", "--image-weights", "--seed", "3"),
                                 "--fastload-workers", "1", "--fastload-batch-log", str(tmp / "launcher_flag.jsonl")]),
         # --rect at --img 128: at 64 every coco128 aspect rounds to a 64x64 rect batch
-        run("gelan", edited, [python(), "train.py", *train("gelan", "--cfg", "models/detect/gelan-t.yaml", "--epochs", "1",
+        run("gelan", edited, [python(), "train.py", *train("gelan", "--cfg", gelan_t, "--epochs", "1",
                                                             "--workers", "1", "--noval", "--rect", "--img", "128")]),
         # --monitor-interval 5: the first rank to fail its CUDA assertion has torchrun stop the other; polling every
         # 5 s (not 0.1) lets rank 0 print its options (print_args) and fail on its own first
         run("torchrun", stock, [python(), "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                                 "--monitor-interval", "5", "-m", "fastload.compat.yolov9", "train_dual.py",
                                 *train("ddp", *dual, "--epochs", "1", "--workers", "1"), "--fastload-workers", "0"],
-                PYTHON_EXEC=preloaded_python.python),  # the ranks forked too (tests/preloaded.py)
+                # the ranks forked too (tests/preloaded.py); mostly the 5 s wait, so started beside the trainers
+                waits=True, PYTHON_EXEC=preloaded_python.python),
     ]
     weights = {name: str(project / name / "weights" / "best.pt") for name in ("dual", "gelan")}
     validation = [

@@ -1,8 +1,9 @@
 """One Ultralytics run for tests/test_compat_ultralytics.py, in its own process (Ultralytics keeps global
 settings and callbacks): ``python ultralytics_run.py DATA_YAML OUT_DIR``.
 
-Trains yolov9t (built from its yaml, no weights) for 2 epochs with ``close_mosaic=1``, ``cache="ram"`` and
-rect validation through :class:`FastloadTrainer`, whose first batch fails as out of GPU memory would (Ultralytics
+Trains yolov9t (built from its yaml, no weights; thinned to one RepNCSP repeat in each RepNCSPELAN4, written to
+OUT_DIR as a user's own config: the trainer deep-copies and saves the model each epoch) for 2 epochs with
+``close_mosaic=1``, ``cache="ram"`` and rect validation through :class:`FastloadTrainer`, whose first batch fails as out of GPU memory would (Ultralytics
 retries the epoch at half the batch with new loaders), draws its label plot (from ``dataset.labels``), then
 validates the run's best.pt twice, with Ultralytics' own validation loader and with
 :class:`FastloadValidator`, and writes ``OUT_DIR/summary.json``.
@@ -11,6 +12,7 @@ The environment (set by the test) keeps it offline: YOLO_OFFLINE, YOLO_CONFIG_DI
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -19,6 +21,7 @@ import torch
 
 def main(data: str, out: Path) -> None:
     torch.set_num_threads(1)
+    import ultralytics
     from ultralytics import YOLO
 
     from fastload.compat.ultralytics import FastloadTrainer, FastloadValidator
@@ -42,7 +45,11 @@ def main(data: str, out: Path) -> None:
             return super().preprocess_batch(batch)
 
     common = {"data": data, "imgsz": 64, "device": "cpu", "workers": 0, "verbose": False}
-    model = YOLO("yolov9t.yaml")
+    config = Path(ultralytics.__file__).parent / "cfg" / "models" / "v9" / "yolov9t.yaml"
+    thin = re.sub(r"(RepNCSPELAN4, \[\d+, \d+, \d+), 3\]", r"\1, 1]", config.read_text())
+    assert thin.count(", 1]] #") == 7, "yolov9t.yaml: expected 7 RepNCSPELAN4 with 3 repeats"
+    (out / "yolov9t-thin.yaml").write_text(thin)
+    model = YOLO(str(out / "yolov9t-thin.yaml"))
     stores: dict[str, str] = {}
     closed_after_epoch_1: list[bool] = []
 
