@@ -62,12 +62,13 @@ def runs(coco128_yaml, tmp_path_factory, preloaded_python):
         # --rect at --img 128: at 64 every coco128 aspect rounds to a 64x64 rect batch
         run("gelan", edited, [python(), "train.py", *train("gelan", "--cfg", gelan_t, "--epochs", "1",
                                                             "--workers", "1", "--noval", "--rect", "--img", "128")]),
-        # --monitor-interval 5: the first rank to fail its CUDA assertion has torchrun stop the other; polling every
-        # 5 s (not 0.1) lets rank 0 print its options (print_args) and fail on its own first
+        # --monitor-interval 10: the first rank to fail its CUDA assertion has torchrun stop the other; polling every
+        # 10 s (not 0.1) lets rank 0 print its options (print_args) and fail on its own first, even while the two
+        # trainers started beside it hold both cores
         run("torchrun", stock, [python(), "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                                "--monitor-interval", "5", "-m", "fastload.compat.yolov9", "train_dual.py",
+                                "--monitor-interval", "10", "-m", "fastload.compat.yolov9", "train_dual.py",
                                 *train("ddp", *dual, "--epochs", "1", "--workers", "1"), "--fastload-workers", "0"],
-                # the ranks forked too (tests/preloaded.py); mostly the 5 s wait, so started beside the trainers
+                # the ranks forked too (tests/preloaded.py); mostly the 10 s wait, so started beside the trainers
                 waits=True, PYTHON_EXEC=preloaded_python.python),
     ]
     weights = {name: str(project / name / "weights" / "best.pt") for name in ("dual", "gelan")}
