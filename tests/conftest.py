@@ -4,12 +4,19 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
 from store_helpers import isolated_shm
+
+# Bytecode is cached even where the environment says not to (PYTHONDONTWRITEBYTECODE, as on CI's machine): the
+# suite starts about a hundred interpreters (its workers, the official scripts, trainers, CLI runs), and each
+# would otherwise compile fastload, yolov9 and the rewritten test modules from source again.
+sys.dont_write_bytecode = False
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
 REPO = Path(__file__).resolve().parents[1]
 COCO128 = Path(os.environ.get("FASTLOAD_COCO128", REPO.parent / "shared" / "datasets" / "coco128"))
