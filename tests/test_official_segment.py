@@ -54,18 +54,23 @@ def _iou(a: np.ndarray, b: np.ndarray) -> float:
     return 1.0 if union == 0 else float(np.logical_and(a, b).sum() / union)
 
 
+def _both_loaders(yolov9, images, kw: dict) -> tuple[list, list]:
+    """The batches of fastload's ``create_dataloader`` and of the official one, as segment/val.py calls them."""
+    official = list(yolov9.dl.create_dataloader(images, IMGSZ, BATCH, 32, False, **kw)[0])
+    ours, _ = create_dataloader(images, IMGSZ, BATCH, 32, False, **kw, num_workers=0, device=None)
+    try:
+        return list(ours), official
+    finally:
+        ours.close()
+
+
 @pytest.mark.parametrize("rect", [True, False], ids=["rect", "square"])
 @pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "per-instance"])
 def test_validation_batches_identical_to_official(yolov9, images, rect, overlap):
     # as segment/val.py calls it
     kw = dict(pad=0.5 if rect else 0.0, rect=rect, workers=0, prefix="", mask_downsample_ratio=RATIO,
               overlap_mask=overlap)
-    official = list(yolov9.dl.create_dataloader(images, IMGSZ, BATCH, 32, False, **kw)[0])
-    ours, _ = create_dataloader(images, IMGSZ, BATCH, 32, False, **kw, num_workers=0, device=None)
-    try:
-        got = list(ours)
-    finally:
-        ours.close()
+    got, official = _both_loaders(yolov9, images, kw)
     assert len(got) == len(official) == 2
     _assert_same_batches(got, official)
 
@@ -130,12 +135,7 @@ def test_box_rows_keep_their_boxes_with_empty_masks_where_the_official_loader_do
     image's boxes with all-zero masks (float32: the batch's masks are promoted); fastload's batches are the same."""
     images, label = box_row_images
     kw = dict(pad=0.0, rect=False, workers=0, prefix="", mask_downsample_ratio=RATIO, overlap_mask=False)
-    official = list(yolov9.dl.create_dataloader(images, IMGSZ, BATCH, 32, False, **kw)[0])
-    ours, _ = create_dataloader(images, IMGSZ, BATCH, 32, False, **kw, num_workers=0, device=None)
-    try:
-        got = list(ours)
-    finally:
-        ours.close()
+    got, official = _both_loaders(yolov9, images, kw)
     _assert_same_batches(got, official)
     (batch,) = got
     k = [Path(p).stem for p in batch.paths].index(label.stem)
