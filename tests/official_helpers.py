@@ -68,14 +68,20 @@ def copy_upstream(dst: Path, *, switch_import: Sequence[str] = (), src: Path | N
     return dst
 
 
-def thin_config(checkout: Path, config: str) -> str:
-    """``config`` (an official model yaml of the checkout) with each RepNCSPELAN4 at one RepNCSP repeat instead of
-    three, written beside it as ``NAME-thin.yaml`` (a user's own config); returns its path relative to the checkout.
+def thinned(model_yaml: str) -> str:
+    """A YOLOv9/GELAN model yaml's text with each RepNCSPELAN4 at one RepNCSP repeat instead of three.
 
-    Fewer layers, the same structure and heads: the official trainers deep-copy the model for the EMA and pickle it
-    whole in every checkpoint, which for yolov9-t's 1219 layers costs more CPU than its 2 epochs at --img 64."""
+    Fewer layers, the same structure and heads: the trainers (official and Ultralytics') deep-copy the model for the
+    EMA and pickle it whole in every checkpoint, which for yolov9-t's 1219 layers costs more CPU than its 2 epochs
+    at --img 64."""
+    return re.sub(r"(RepNCSPELAN4, \[\d+, \d+, \d+), 3\]", r"\1, 1]", model_yaml)
+
+
+def thin_config(checkout: Path, config: str) -> str:
+    """``config`` (an official model yaml of the checkout) :func:`thinned`, written beside it as ``NAME-thin.yaml``
+    (a user's own config); returns its path relative to the checkout."""
     src = checkout / config
-    text = re.sub(r"(RepNCSPELAN4, \[\d+, \d+, \d+), 3\]", r"\1, 1]", src.read_text())
+    text = thinned(src.read_text())
     assert text != src.read_text(), f"{config}: no RepNCSPELAN4 with 3 repeats"
     dst = src.with_name(src.stem + "-thin.yaml")
     dst.write_text(text)

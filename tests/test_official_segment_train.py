@@ -14,14 +14,14 @@ import ast
 import csv
 import json
 import math
-import re
 from pathlib import Path
 
 import pytest
 import yaml
 
 from fastload.data.synthetic import make_synthetic_dataset
-from official_helpers import (SEGMENT_README_IMPORT, Run, copy_upstream, official_env, python, run_all)
+from official_helpers import (SEGMENT_README_IMPORT, Run, copy_upstream, official_env, python, run_all,
+                              thinned)
 
 pytestmark = pytest.mark.slow
 
@@ -35,8 +35,7 @@ def _with_head(checkout: Path, detect_config: str, detect_head: str, head: list[
     """``config`` written into the checkout: ``detect_config``'s layers, each RepNCSPELAN4 with one RepNCSP repeat
     instead of three (fewer layers: the trainers deep-copy and save the model every epoch), and its one
     ``detect_head`` line replaced by ``head`` (a segment head and any layers it needs), as a user's config would be."""
-    lines = [re.sub(r"(RepNCSPELAN4, \[\d+, \d+, \d+), 3\]", r"\1, 1]", line)
-             for line in (checkout / detect_config).read_text().splitlines()]
+    lines = thinned((checkout / detect_config).read_text()).splitlines()
     hits = [k for k, line in enumerate(lines) if detect_head in line]
     assert len(hits) == 1, f"{detect_config}: expected one {detect_head!r} head"
     lines[hits[0]:hits[0] + 1] = head
