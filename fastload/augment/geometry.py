@@ -317,7 +317,7 @@ def _clipped_extent_boxes(poly: np.ndarray, w: float, h: float) -> np.ndarray:
         ok = (t >= 0) & (t <= 1) & (other >= 0) & (other <= lim)
         _extend(ext, sub[row[ok]], cross[ok])
     for corner in ((0.0, 0.0), (w, 0.0), (0.0, h), (w, h)):
-        near = np.flatnonzero(((lo[crossing] <= corner) & (hi[crossing] >= corner)).all(1))
+        near = np.flatnonzero(((c_lo <= corner) & (c_hi >= corner)).all(1))
         inside = near[_contains(p[near], *corner)]
         _extend(ext, inside, np.broadcast_to(np.array(corner), (len(inside), 2)))
     ext[np.isinf(ext).any(1)] = 0.0
