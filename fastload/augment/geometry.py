@@ -317,7 +317,7 @@ def _clipped_extent_boxes(poly: np.ndarray, w: float, h: float) -> np.ndarray:
         ok = (t >= 0) & (t <= 1) & (other >= 0) & (other <= lim)
         _extend(ext, sub[row[ok]], cross[ok])
     for corner in ((0.0, 0.0), (w, 0.0), (0.0, h), (w, h)):
-        near = np.flatnonzero(((lo[crossing] <= corner) & (hi[crossing] >= corner)).all(1))
+        near = np.flatnonzero(((c_lo <= corner) & (c_hi >= corner)).all(1))
         inside = near[_contains(p[near], *corner)]
         _extend(ext, inside, np.broadcast_to(np.array(corner), (len(inside), 2)))
     ext[np.isinf(ext).any(1)] = 0.0
@@ -594,6 +594,22 @@ def _per_row(values: Sequence, counts: Sequence[int]) -> np.ndarray:
     return np.repeat(np.asarray(values, np.float64), counts, axis=0)
 
 
+def _tile_rows(tiles: Sequence[tuple[TileParams, np.ndarray]]
+               ) -> tuple[list[int], np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``(counts, hw [n, 2], crop [n, 4], matrix [n, 3, 3], rows [n, ...])`` of labelled ``(tile, rows)`` pairs moved
+    in one pass: the rows of all, each with its tile's loaded shape, crop and matrix (float64; ``counts``: per tile)."""
+    counts = [len(rows) for _, rows in tiles]
+    return (counts, _per_row([tile.src_hw for tile, _ in tiles], counts), _per_row([tile.crop for tile, _ in tiles], counts),
+            _per_row([tile.matrix for tile, _ in tiles], counts), np.concatenate([rows for _, rows in tiles], 0))
+
+
+def _scaled_rows(pts: np.ndarray, hw: np.ndarray) -> np.ndarray:
+    """:func:`_scaled` of normalised points ``pts`` [n, k, 2] by each row's loaded shape ``hw`` [n, 2] (float32
+    products, as one tile's Python ints give)."""
+    size = hw[:, :, None].astype(np.float32)  # [n, (h, w), 1]
+    return _scaled(pts, size[:, 1], size[:, 0])
+
+
 def _may_reach(extent: np.ndarray, hw: np.ndarray, crop: np.ndarray, m: np.ndarray, out_hw: tuple[int, int]
                ) -> np.ndarray:
     """bool [n]: the polygons of normalised ``extent`` [n, 4] (loaded shape ``hw``, crop and matrix ``m`` per row)
@@ -616,16 +632,11 @@ def _ultralytics_segments(image: ImageParams, get: GeometryLabels, loaded: Loade
     if not tiles:
         return _Moved(np.zeros((0, 4)), np.zeros(0), np.zeros((0, 2)), np.zeros(0, np.int64))
     n = int(tiles[0][3][1])
-    counts = [len(rows) for _, rows, _, _ in tiles]
-    hw = _per_row([tile.src_hw for tile, _, _, _ in tiles], counts)
-    crop = _per_row([tile.crop for tile, _, _, _ in tiles], counts)
-    m = _per_row([tile.matrix for tile, _, _, _ in tiles], counts)
-    rows = np.concatenate([r for _, r, _, _ in tiles], 0)
+    _, hw, crop, m, rows = _tile_rows([(tile, rows) for tile, rows, _, _ in tiles])
     pre = _loaded_boxes(rows, hw, crop)
     chosen = np.flatnonzero(_shown(pre) & _may_reach(np.concatenate(extents, 0), hw, crop, m, image.out_hw))
     pts = np.concatenate([p for _, _, p, _ in tiles], 0).reshape(-1, n, 2)[chosen]
-    size = hw[chosen, :, None].astype(np.float32)  # [k, (h, w), 1]
-    px = _scaled(pts, size[:, 1], size[:, 0])
+    px = _scaled_rows(pts, hw[chosen])
     _clip_points(px, crop[chosen, None, :2], crop[chosen, None, 2:])
     x, y = _apply_planes(m[chosen], px[..., 0], px[..., 1])
     return _Warped(x, y, pre[chosen] * image.candidate_scale, rows[chosen, 0].astype(np.float64))
@@ -811,15 +822,10 @@ def _keypoint_images(images: Sequence[ImageParams], get: GeometryLabels) -> list
         return out
     _one_keypoint_count({kp.shape[1] for *_, kp in tiles})
     oh, ow = images[0].out_hw
-    counts = [len(rows) for _, _, rows, _ in tiles]
-    hw = _per_row([tile.src_hw for _, tile, _, _ in tiles], counts)
-    crop = _per_row([tile.crop for _, tile, _, _ in tiles], counts)
-    m = _per_row([tile.matrix for _, tile, _, _ in tiles], counts)
-    rows = np.concatenate([r for _, _, r, _ in tiles], 0)
+    counts, hw, crop, m, rows = _tile_rows([(tile, rows) for _, tile, rows, _ in tiles])
     kp = np.concatenate([k for *_, k in tiles], 0)
     vis = kp[..., 2].astype(np.float64)
-    size = hw[:, :, None].astype(np.float32)  # [n, (h, w), 1]
-    xy = _scaled(kp[..., :2], size[:, 1], size[:, 0])
+    xy = _scaled_rows(kp[..., :2], hw)
     lo, hi = crop[:, None, :2], crop[:, None, 2:]
     vis[(xy < lo).any(-1) | (xy > hi).any(-1)] = 0.0
     _clip_points(xy, lo, hi)
