@@ -445,11 +445,11 @@ def _read_arrays(z: np.lib.npyio.NpzFile, keys: Iterable[str], into: dict[str, n
         return False
 
 
-def _read_cache(path: Path, meta: str) -> dict[str, np.ndarray] | None:
-    """Every array of the cache file at ``path`` (:func:`_opened_cache`), else None."""
+def _read_cache(path: Path, meta: str) -> tuple[dict[str, np.ndarray], list[int]] | None:
+    """Every array of the cache file at ``path`` and its :func:`_file_id` (:func:`_opened_cache`), else None."""
     arrays: dict[str, np.ndarray] = {}
     with _opened_cache(path, meta) as got:
-        return arrays if got is not None and _read_arrays(got[0], got[0].files, arrays) else None
+        return (arrays, got[1]) if got is not None and _read_arrays(got[0], got[0].files, arrays) else None
 
 
 def _still_valid(cached: dict[str, np.ndarray], files: PathList, workers: int,
@@ -786,11 +786,10 @@ def build_index(
 
         def read_while_waiting() -> None:
             for path in candidates or ():
-                arrays: dict[str, np.ndarray] = {}
-                with _opened_cache(path, meta) as got:
-                    if got is not None and _read_arrays(got[0], got[0].files, arrays):
-                        read.append((path, got[1], arrays))
-                        return
+                got = _read_cache(path, meta)
+                if got is not None:
+                    read.append((path, got[1], got[0]))
+                    return
 
         lock = held.enter_context(_scan_lock(candidates, read_while_waiting)) if launch else None  # type: ignore
         vouched = _vouched(lock, launch) if lock and launch else None
@@ -846,10 +845,10 @@ def build_index(
         with _scan_lock(candidates) as lock:
             hit = arrays = None
             for path in candidates:
-                cached = _read_cache(path, meta)
-                if cached is not None and cached["files"].tobytes() == im_files.blob \
-                        and np.array_equal(cached["stats"], stats):
-                    hit, arrays = path, cached
+                got = _read_cache(path, meta)
+                if got is not None and got[0]["files"].tobytes() == im_files.blob \
+                        and np.array_equal(got[0]["stats"], stats):
+                    hit, arrays = path, got[0]
                     break
             # written after a scan, and after a hit whose listings changed (a file that is no image added beside them)
             if hit is None or any(str(arrays[k]) != str(v) for k, v in found.items()):

@@ -204,6 +204,7 @@ class DecodeCache:
     ``__init__``) and reads it (``get``)."""
 
     KEEP: str = "first"  # the budget policy this class implements (:data:`CacheKeep`), part of the segment's name
+    POLICY: str  # what the policy keeps, in words (``stats()``'s ``decode_cache_policy``)
 
     def _map(self, segment: Path, size: int) -> None:
         self.segment = Path(segment)
@@ -304,8 +305,13 @@ class DecodeCache:
         keeps them until then)."""
 
     def stats(self) -> dict[str, Any]:
-        """The machine-wide state (``decode_cache_*``)."""
-        raise NotImplementedError
+        """The machine-wide state: ``decode_cache_segment``, ``_slots`` (images with a place; the ring's slots),
+        ``_filled`` (images held now; slots holding an image), ``_images`` (in the store), ``_bytes`` (of pixels),
+        ``_reserved`` (of those reserved so far), ``_policy`` (the subclass's :attr:`POLICY`)."""
+        return {"decode_cache_segment": str(self.segment), "decode_cache_slots": self.slots,
+                "decode_cache_filled": len(self), "decode_cache_images": self.n,
+                "decode_cache_bytes": self.nbytes, "decode_cache_reserved": self._reserved_bytes(),
+                "decode_cache_policy": self.POLICY}
 
     def _check_meta(self, meta: dict[str, Any], **expected: Any) -> None:
         if meta.get("layout") != LAYOUT_VERSION or any(meta.get(k) != v for k, v in expected.items()):
@@ -400,6 +406,7 @@ class SharedDecodeCache(DecodeCache):
     """
 
     KEEP = "first"
+    POLICY = POLICY
 
     def __init__(self, segment: Path, base_hw: np.ndarray, base_idx: np.ndarray) -> None:
         self.segment = Path(segment)
@@ -493,15 +500,6 @@ class SharedDecodeCache(DecodeCache):
         out.flags.writeable = False
         return out
 
-    def stats(self) -> dict[str, Any]:
-        """The machine-wide state: ``decode_cache_segment``, ``_slots`` (images with a place),
-        ``_filled`` (images held now), ``_images`` (in the store), ``_bytes`` (of pixels), ``_reserved`` (of those
-        reserved so far), ``_policy``."""
-        return {"decode_cache_segment": str(self.segment), "decode_cache_slots": self.slots,
-                "decode_cache_filled": len(self), "decode_cache_images": self.n,
-                "decode_cache_bytes": self.nbytes, "decode_cache_reserved": self._reserved_bytes(),
-                "decode_cache_policy": POLICY}
-
     def _release_views(self) -> None:
         self._flags = np.zeros(0, np.uint8)
 
@@ -532,6 +530,7 @@ class TurnoverDecodeCache(DecodeCache):
     MAX_HELD = 64
 
     KEEP = "latest"
+    POLICY = TURNOVER_POLICY
 
     def __init__(self, segment: Path, base_hw: np.ndarray, base_idx: np.ndarray) -> None:
         self.segment = Path(segment)
@@ -633,13 +632,6 @@ class TurnoverDecodeCache(DecodeCache):
         held, self._held = self._held, []
         for fd in held:
             os.close(fd)
-
-    def stats(self) -> dict[str, Any]:
-        """As :meth:`SharedDecodeCache.stats` (``_slots``: slots of the ring; ``_filled``: slots holding an image)."""
-        return {"decode_cache_segment": str(self.segment), "decode_cache_slots": self.slots,
-                "decode_cache_filled": len(self), "decode_cache_images": self.n,
-                "decode_cache_bytes": self.nbytes, "decode_cache_reserved": self._reserved_bytes(),
-                "decode_cache_policy": TURNOVER_POLICY}
 
     def _release_views(self) -> None:
         self.release()
