@@ -174,9 +174,9 @@ def build_reserved(segment: Path, data_name: str, nbytes: int, meta: dict[str, A
         fd = os.open(tmp / data_name, os.O_RDWR | os.O_CREAT, 0o666)
         try:
             now = nbytes if reserve is None else min(int(reserve), nbytes)
-            if hasattr(os, "posix_fallocate") and now > 0:
+            if hasattr(os, "posix_fallocate") and now > 0:  # (macOS has none: the file is only sized)
                 os.posix_fallocate(fd, 0, now)
-            os.ftruncate(fd, nbytes)  # macOS: no reservation
+            os.ftruncate(fd, nbytes)  # the full size, reserved or not
         finally:
             os.close(fd)
         for name, content in (files or {}).items():
