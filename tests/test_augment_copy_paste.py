@@ -10,7 +10,7 @@ import cv2
 import numpy as np
 import pytest
 
-from fastload.augment.geometry import paste_selection, transform_geometry
+from fastload.augment.geometry import LoadedPolygons, move_record, paste_selection, transform_geometry
 from fastload.augment.masks import batch_masks
 from fastload.augment.params import CopyPaste, ParamSampler, SampleParams
 from fastload.augment.pipeline import render_sample
@@ -260,3 +260,27 @@ def test_mixup_partner_is_pasted_too():
         got = render_sample(rec, images.__getitem__, hsv=False, labels=labels.__getitem__)
         changed += int((got != render_sample(only_main, images.__getitem__, hsv=False, labels=labels.__getitem__)).any())
     assert changed >= 2
+
+
+@pytest.mark.parametrize("recipe", ["yolov9", "ultralytics"])
+def test_labels_moved_before_the_pixels_give_the_same_sample(recipe):
+    """The renderer's path (each record's labels moved first, the paste outlines taken from them, the batch assembled
+    from them) gives the pixels and labels of moving the labels apart, which the parity tests above check."""
+    shapes, labels = _world("segment", 3)
+    images = _images(shapes, 2)
+    hyp = {**PASTE_HYP, "mixup": 0.5, "mosaic": 0.7}
+    instances = _instances(labels) if recipe == "yolov9" else None
+    sampler = ParamSampler(shapes, hyp, IMGSZ, seed=8, recipe=recipe, copy_paste=0.9, instances=instances)
+    records = [sampler.sample(0, i) for i in range(N_IMAGES)]
+    assert sum(im is not None and im.copy_paste is not None for r in records for im in (r.image, r.mixup)) >= 4
+    loaded = LoadedPolygons()
+    moved = [move_record(r, labels.__getitem__, recipe, "segment", loaded) for r in records]
+    for r, m in zip(records, moved):
+        assert np.array_equal(render_sample(r, images.__getitem__, hsv=False, moved=m),
+                              render_sample(r, images.__getitem__, hsv=False, labels=labels.__getitem__))
+    got = transform_geometry(records, labels.__getitem__, recipe, "segment", moved_records=moved)
+    want = transform_geometry(records, labels.__getitem__, recipe, "segment")
+    assert np.array_equal(got.targets, want.targets) and np.array_equal(got.points, want.points)
+    assert np.array_equal(got.offsets, want.offsets) and len(got) > 0
+    with pytest.raises(ValueError, match="moved records for a batch"):
+        transform_geometry(records, labels.__getitem__, recipe, "segment", moved_records=moved[:-1])

@@ -34,8 +34,9 @@ on it except YOLOv9's validation with one mask per instance, which keeps its box
 module there; elsewhere it refuses such a row, and ``fastload.loader`` refuses the set up front).
 
 Copy-paste (segment, both recipes: :class:`~fastload.augment.params.CopyPaste`) appends the instances
-:func:`paste_selection` picks, mirrored across the canvas, before the warp; :func:`paste_outlines` gives the pixel
-path the polygons its mask is filled from.
+:func:`paste_selection` picks, mirrored across the canvas, before the warp; the polygons its pixel mask is filled from
+are found on the way (:func:`move_record` moves a record's labels before its pixels are drawn and keeps them;
+:func:`paste_outlines` moves one image's for them alone).
 """
 from __future__ import annotations
 
@@ -57,6 +58,8 @@ __all__ = [
     "TASKS",
     "Geometry",
     "transform_geometry",
+    "RecordGeometry",
+    "move_record",
     "resample_polygons",
     "resample_polygon",
     "obb_xywhr",
@@ -461,12 +464,19 @@ def _labelled_tiles(image: ImageParams, get: GeometryLabels) -> Iterator[tuple[T
 
 @dataclass
 class _Moved:
-    """One composed image's instances: boxes xyxy output px, classes, points output px [p, 2], points per instance."""
+    """One composed image's instances: boxes xyxy output px, classes, points output px [p, D], points per instance;
+    ``pasted``: copy-paste's outlines (:func:`_pasted_outlines`), found on the way."""
 
     boxes: np.ndarray
     cls: np.ndarray
     points: np.ndarray
     counts: np.ndarray
+    pasted: tuple[np.ndarray, ...] = ()
+
+    @staticmethod
+    def empty(dims: int = 2) -> "_Moved":
+        """An image without instances (points of ``dims`` coordinates)."""
+        return _Moved(np.zeros((0, 4)), np.zeros(0), np.zeros((0, dims)), np.zeros(0, np.int64))
 
 
 def _point_matrix(tile: TileParams, out_hw: tuple[int, int], letterboxed: bool) -> np.ndarray:
@@ -557,36 +567,13 @@ def _mirror(tile: TileParams, canvas_w: float) -> np.ndarray:
 def paste_outlines(image: ImageParams, get: GeometryLabels) -> tuple[list[np.ndarray], bool]:
     """The polygons, in canvas px, whose fill is the pixel mask of ``image``'s copy-paste (pixels inside it come from
     the canvas mirrored left-right), and whether that fill is mirrored after: YOLOv9 fills the pasted instances'
-    clipped polygons and flips the fill (True); Ultralytics fills their mirrored resampled polygons (False)."""
+    clipped polygons and flips the fill (True); Ultralytics fills their mirrored resampled polygons (False). Found by
+    moving the image's labels (:func:`move_record` gives them with the rest of a record's labels, at no extra cost)."""
     paste = image.copy_paste
     if paste is None:
         return [], False
-    tiles = list(_labelled_tiles(image, get))
-    if not tiles:
-        return [], False
-    boxes = _canvas_boxes([(tile, _loaded_boxes(rows, tile.src_hw, tile.crop)) for tile, rows, _, _ in tiles])
-    chosen = paste_selection(boxes, paste)
-    yolov9 = paste.recipe == "yolov9"
-    n = 0 if yolov9 else _loaded_points(tiles, "segment")
-    outlines = []
-    polygons = {}  # the polygons of the tiles pasted from (the label stage reads and checks every tile's)
-    for k, r in _owners([len(rows) for _, rows, _, _ in tiles], chosen):  # only the pasted ones resampled, clipped
-        if k not in polygons:
-            tile, rows, points, offsets = tiles[k]
-            polygons[k] = _tile_polygons(rows, points, offsets, tile.src, False)
-        tile = tiles[k][0]
-        pts, off = polygons[k]
-        poly = pts[off[r]:off[r + 1]]
-        if not yolov9:
-            poly = resample_polygon(poly, n, True)
-        h, w = tile.src_hw  # type: ignore[misc]  # checked by _labelled_tiles
-        px = _scaled(poly, w, h)
-        _clip_points(px, tile.crop[:2], tile.crop[2:])
-        px += tile.offset
-        if not yolov9:
-            px[:, 0] = paste.canvas_hw[1] - px[:, 0]
-        outlines.append(px)
-    return outlines, yolov9
+    moved = _polygon_image(image, get, paste.recipe, "segment", False, LoadedPolygons())
+    return list(moved.pasted), paste.recipe == "yolov9"
 
 
 def _per_row(values: Sequence, counts: Sequence[int]) -> np.ndarray:
@@ -630,7 +617,7 @@ def _ultralytics_segments(image: ImageParams, get: GeometryLabels, loaded: Loade
     filters whatever their points (the same batch, less work)."""
     tiles, extents = _image_tiles(image, get, "ultralytics", "segment", loaded)
     if not tiles:
-        return _Moved(np.zeros((0, 4)), np.zeros(0), np.zeros((0, 2)), np.zeros(0, np.int64))
+        return _Moved.empty()
     n = int(tiles[0][3][1])
     _, hw, crop, m, rows = _tile_rows([(tile, rows) for tile, rows, _, _ in tiles])
     pre = _loaded_boxes(rows, hw, crop)
@@ -656,7 +643,7 @@ def _polygon_image(image: ImageParams, get: GeometryLabels, recipe: Recipe, task
                          f"copy-paste applies to the segment task of the sampler's own recipe")
     tiles, _ = _image_tiles(image, get, recipe, task, loaded)
     if not tiles:
-        return _Moved(np.zeros((0, 4)), np.zeros(0), np.zeros((0, 2)), np.zeros(0, np.int64))
+        return _Moved.empty()
     cls = np.concatenate([rows[:, 0] for _, rows, _, _ in tiles]).astype(np.float64)
     if not train:  # validation letterbox: the reference's arithmetic, nothing clipped or filtered
         pts = np.concatenate([_letterbox_points(pts, tile.src_hw, _edge_matrix(tile), recipe)
@@ -700,14 +687,34 @@ def _polygon_image(image: ImageParams, get: GeometryLabels, recipe: Recipe, task
         matrix = np.concatenate([matrix] + [m[None] for m in mirrors])
         pre_all = np.concatenate((pre_all, pre_all[chosen]))
         cls = np.concatenate((cls, cls[chosen]))
+        pasted = _pasted_outlines(tiles, clipped, counts, chosen, image.copy_paste)
+    else:
+        pasted = ()
     x, y = _apply_planes(matrix, x, y)
     before = pre_all * image.candidate_scale
     if ultralytics:
-        return _Warped(x, y, before, cls)
+        return _Warped(x, y, before, cls, pasted)
     # YOLOv9's polygons boxed image by image, while their 1000-point planes are in cache (batch-wide costs more)
     boxes, poly, keep = _boxes_kept(x, y, before, image.out_hw, recipe, task)
     kept = poly[keep]
-    return _Moved(boxes[keep], cls[keep], kept.reshape(-1, 2), np.full(len(kept), poly.shape[1], np.int64))
+    return _Moved(boxes[keep], cls[keep], kept.reshape(-1, 2), np.full(len(kept), poly.shape[1], np.int64), pasted)
+
+
+def _pasted_outlines(tiles: Sequence[tuple[TileParams, np.ndarray, np.ndarray, np.ndarray]], clipped: Sequence[np.ndarray],
+                     counts: Sequence[int], chosen: np.ndarray, paste: CopyPaste) -> tuple[np.ndarray, ...]:
+    """The polygons, in canvas px, whose fill is the pixel mask of an image's copy-paste (pixels inside it come from
+    the canvas mirrored left-right), from its label path's tiles and points clipped to them (``clipped``, tile px, one
+    array per tile) and the instances pasted (``chosen``): YOLOv9 fills the pasted instances' clipped polygons and
+    flips the fill; Ultralytics fills their mirrored (resampled) polygons."""
+    outlines = []
+    for k, r in _owners(counts, chosen):
+        tile, _, _, offsets = tiles[k]
+        px = clipped[k][offsets[r]:offsets[r + 1]].copy()
+        px += tile.offset  # type: ignore[arg-type]  # set with copy_paste
+        if paste.recipe != "yolov9":
+            px[:, 0] = paste.canvas_hw[1] - px[:, 0]
+        outlines.append(px)
+    return tuple(outlines)
 
 
 def _boxes_kept(x: np.ndarray, y: np.ndarray, before: np.ndarray, out_hw: tuple[int, int], recipe: Recipe, task: Task
@@ -743,6 +750,7 @@ class _Warped:
     y: np.ndarray
     before: np.ndarray
     cls: np.ndarray
+    pasted: tuple[np.ndarray, ...] = ()
 
 
 def _boxed(images: Sequence[_Moved | _Warped], out_hw: tuple[int, int], recipe: Recipe, task: Task) -> list[_Moved]:
@@ -794,7 +802,7 @@ def _keypoint_letterbox(image: ImageParams, get: GeometryLabels) -> _Moved:
     """Pose instances of one validation letterbox, in Ultralytics' float32 arithmetic."""
     tiles = _keypoint_tiles(image, get)
     if not tiles:
-        return _Moved(np.zeros((0, 4)), np.zeros(0), np.zeros((0, 3)), np.zeros(0, np.int64))
+        return _Moved.empty(3)
     _one_keypoint_count({kp.shape[1] for _, _, kp in tiles})
     kps = []
     for tile, _, kp in tiles:
@@ -814,7 +822,7 @@ def _keypoint_images(images: Sequence[ImageParams], get: GeometryLabels) -> list
     (visibility 0), which is then clipped (``Instances.clip``). Training images in one pass for all their tiles, each
     row with its tile's loaded shape, crop and matrix (the per-call cost of many small array operations is most of a
     tile's; the same arithmetic); validation: the letterbox only (:func:`_keypoint_letterbox`)."""
-    empty = _Moved(np.zeros((0, 4)), np.zeros(0), np.zeros((0, 3)), np.zeros(0, np.int64))
+    empty = _Moved.empty(3)
     out = [empty if image.candidate_scale is not None else _keypoint_letterbox(image, get) for image in images]
     tiles = [(i, *t) for i, image in enumerate(images) if image.candidate_scale is not None
              for t in _keypoint_tiles(image, get)]
@@ -849,11 +857,43 @@ def _keypoint_images(images: Sequence[ImageParams], get: GeometryLabels) -> list
 
 
 # ----------------------------------------------------------------------------------------- the batch
+@dataclass(frozen=True)
+class RecordGeometry:
+    """One record's segments or oriented boxes moved image by image (its image, then its mixup partner's), before
+    the batch's boxes are assembled: what :func:`move_record` gives a renderer before it draws the sample, since the
+    copy-paste pixel mask is filled from outlines found on the way (:meth:`paste_outlines`), and what
+    :func:`transform_geometry` then assembles without moving anything again."""
+
+    images: tuple[_Moved | _Warped, ...]
+    recipe: Recipe
+
+    def paste_outlines(self, k: int) -> tuple[list[np.ndarray], bool]:
+        """:func:`paste_outlines` of the record's image ``k`` (0: its image, 1: its mixup partner)."""
+        return list(self.images[k].pasted), self.recipe == "yolov9"
+
+
+def move_record(record: SampleParams, get_geometry: GeometryLabels, recipe: Recipe, task: Task,
+                loaded: LoadedPolygons) -> RecordGeometry:
+    """The segments or oriented boxes of ``record``'s images moved (:class:`RecordGeometry`); arguments as
+    :func:`transform_geometry`'s (``loaded`` required)."""
+    if task not in ("segment", "obb"):
+        raise ValueError(f"move_record moves segments or oriented boxes, got task {task!r}")
+    images = (record.image,) if record.mixup is None else (record.image, record.mixup)
+    # a YOLOv9 record without mosaic is a letterbox (its mixup partner, when it has one, is a mosaic)
+    return RecordGeometry(tuple(
+        _ultralytics_segments(image, get_geometry, loaded)
+        if recipe == "ultralytics" and task == "segment" and image.candidate_scale is not None and image.copy_paste is None
+        else _polygon_image(image, get_geometry, recipe, task, not record.mosaic and k == 0, loaded)
+        for k, image in enumerate(images)), recipe)
+
+
 def transform_geometry(records: Sequence[SampleParams], get_geometry: GeometryLabels, recipe: Recipe,
-                       task: Task, loaded: LoadedPolygons | None = None) -> Geometry:
+                       task: Task, loaded: LoadedPolygons | None = None,
+                       moved_records: Sequence[RecordGeometry] | None = None) -> Geometry:
     """The boxes and points of a batch of records (one output size) for ``task`` with ``recipe``'s semantics
     (module docstring). ``"yolov9"`` has only the segment task (its repository has no pose or obb loader).
-    ``loaded``: a memo of ``get_geometry``'s resampled polygons kept between batches (None: one for this call)."""
+    ``loaded``: a memo of ``get_geometry``'s resampled polygons kept between batches (None: one for this call).
+    ``moved_records``: segment or obb: each record's :func:`move_record`, already found (None: moved here)."""
     if task not in TASKS:
         raise ValueError(f"task must be one of {', '.join(TASKS)}, got {task!r}")
     if recipe == "yolov9" and task != "segment":
@@ -868,14 +908,12 @@ def transform_geometry(records: Sequence[SampleParams], get_geometry: GeometryLa
         moved = _keypoint_images(images, get_geometry)
         _one_keypoint_count({int(m.counts[0]) for m in moved if len(m.counts)})
     else:
-        # a YOLOv9 record without mosaic is a letterbox (its mixup partner, when it has one, is a mosaic)
-        letterboxed = [not p.mosaic and k == 0 for p in records for k in range(1 if p.mixup is None else 2)]
-        loaded = LoadedPolygons() if loaded is None else loaded
-        warped = [_ultralytics_segments(image, get_geometry, loaded)
-                  if recipe == "ultralytics" and task == "segment" and image.candidate_scale is not None
-                  and image.copy_paste is None else _polygon_image(image, get_geometry, recipe, task, lb, loaded)
-                  for image, lb in zip(images, letterboxed)]
-        moved = _boxed(warped, out_hw, recipe, task)
+        if moved_records is None:
+            loaded = LoadedPolygons() if loaded is None else loaded
+            moved_records = [move_record(p, get_geometry, recipe, task, loaded) for p in records]
+        elif len(moved_records) != len(records):
+            raise ValueError(f"{len(moved_records)} moved records for a batch of {len(records)}")
+        moved = _boxed([m for r in moved_records for m in r.images], out_hw, recipe, task)
     owner = np.repeat(np.asarray(owners, np.intp), [len(m.cls) for m in moved])
     xyxy = np.concatenate([m.boxes for m in moved], 0)
     cls = np.concatenate([m.cls for m in moved])

@@ -106,9 +106,12 @@ def make_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
     return np.random.Generator(np.random.PCG64(np.random.SeedSequence([int(seed), int(epoch), int(index)])))
 
 
+_IDENTITY = np.eye(3)
+
+
 def translation(tx: float, ty: float) -> np.ndarray:
     """3x3 float64 translation matrix."""
-    m = np.eye(3)
+    m = _IDENTITY.copy()  # half the cost of np.eye, called some twenty times per segment sample
     m[0, 2] = tx
     m[1, 2] = ty
     return m

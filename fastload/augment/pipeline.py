@@ -16,8 +16,8 @@ from fastload.augment.functional.flip import flip_inplace
 from fastload.augment.functional.paste import paste_mirrored
 from fastload.augment.functional.scratch import scratch as scratch_buffer
 from fastload.augment.functional.tiles import render_image_bbox, union_rect
-from fastload.augment.geometry import GeometryLabels, paste_outlines
-from fastload.augment.params import ImageParams, Rect, SampleParams
+from fastload.augment.geometry import GeometryLabels, RecordGeometry, paste_outlines
+from fastload.augment.params import Rect, SampleParams
 
 __all__ = ["render_sample", "mixup_blend"]
 
@@ -41,6 +41,7 @@ def render_sample(
     scratch: np.ndarray | None = None,
     axis_kernel: str | None = None,
     labels: GeometryLabels | None = None,
+    moved: RecordGeometry | None = None,
 ) -> np.ndarray:
     """Draw sample ``params`` into ``out`` (HWC uint8, allocated when None) and return it.
 
@@ -54,15 +55,17 @@ def render_sample(
             for the installed OpenCV, see :func:`fastload.augment.functional.tiles.default_axis_kernel`).
         labels: ``index -> (rows, points, point_offsets)`` (:data:`~fastload.augment.geometry.GeometryLabels`): the
             segment labels, needed by records with copy-paste (the pasted instances' outlines make its pixel mask).
+        moved: the record's labels already moved (:func:`~fastload.augment.geometry.move_record`): copy-paste takes
+            its outlines from there instead of moving ``labels`` again.
     """
     out, box = render_image_bbox(params.image, get_image, out, axis_kernel=axis_kernel)
-    box = _copy_paste(out, box, params, params.image, get_image, labels, axis_kernel)
+    box = _copy_paste(out, box, params, 0, get_image, labels, moved, axis_kernel)
     if params.mixup is not None:
         if scratch is None:  # a reused buffer: a fresh 1.2 MB array per mixup sample costs page faults
             oh, ow = params.mixup.out_hw
             scratch = scratch_buffer("mixup", (oh, ow, 3))
         other, box2 = render_image_bbox(params.mixup, get_image, scratch, axis_kernel=axis_kernel)
-        box2 = _copy_paste(other, box2, params, params.mixup, get_image, labels, axis_kernel)
+        box2 = _copy_paste(other, box2, params, 1, get_image, labels, moved, axis_kernel)
         box = union_rect(box, box2)  # outside both, the blend of two grey fills is one colour again
         mixup_blend(out, other, params.mixup_ratio)
     if hsv:  # only the drawn box is converted: the uniform grey border is mapped once
@@ -71,16 +74,18 @@ def render_sample(
     return out
 
 
-
-def _copy_paste(out: np.ndarray, box: Rect | None, params: SampleParams, image: ImageParams,
-                get_image: Callable[[int], np.ndarray], labels: GeometryLabels | None, axis_kernel: str | None
-                ) -> Rect | None:
-    """``image``'s copy-paste drawn into its rendered pixels ``out``, and the drawn box grown by what it changed (the
-    mirrored canvas can land on the grey fill)."""
-    if image.copy_paste is None:
+def _copy_paste(out: np.ndarray, box: Rect | None, params: SampleParams, k: int, get_image: Callable[[int], np.ndarray],
+                labels: GeometryLabels | None, moved: RecordGeometry | None, axis_kernel: str | None) -> Rect | None:
+    """The copy-paste of the record's image ``k`` (0: its image, 1: its mixup partner) drawn into its rendered pixels
+    ``out``, and the drawn box grown by what it changed (the mirrored canvas can land on the grey fill)."""
+    image = params.image if k == 0 else params.mixup
+    if image is None or image.copy_paste is None:
         return box
-    if labels is None:
+    if moved is not None:
+        outlines, flip_fill = moved.paste_outlines(k)
+    elif labels is None:
         raise ValueError(f"sample {params.index} has copy-paste: render_sample needs labels= (the segment labels whose "
                          f"pasted outlines make its pixel mask)")
-    outlines, flip_fill = paste_outlines(image, labels)
+    else:
+        outlines, flip_fill = paste_outlines(image, labels)
     return union_rect(box, paste_mirrored(out, image, outlines, flip_fill, get_image, axis_kernel=axis_kernel))

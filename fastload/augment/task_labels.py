@@ -16,7 +16,7 @@ from typing import Sequence
 import numpy as np
 
 from fastload.augment.boxes import batch_targets
-from fastload.augment.geometry import LoadedPolygons, obb_xywhr, transform_geometry
+from fastload.augment.geometry import LoadedPolygons, RecordGeometry, move_record, obb_xywhr, transform_geometry
 from fastload.augment.masks import batch_masks
 from fastload.augment.params import Recipe, SampleParams
 from fastload.data.labels import FlatLabels
@@ -43,10 +43,21 @@ class TaskLabels:
     kpt_count: int = 0
     flip_idx: tuple[int, ...] | None = None
 
+    def move(self, record: SampleParams, labels: FlatLabels, recipe: Recipe, loaded: LoadedPolygons
+             ) -> RecordGeometry | None:
+        """``record``'s segments or oriented boxes moved (:func:`~fastload.augment.geometry.move_record`), for a
+        renderer to find before drawing the sample (its copy-paste mask is filled from them) and to hand to
+        :meth:`batch`; None for the tasks that move their labels batch-wide (detect, pose)."""
+        if self.task not in ("segment", "obb"):
+            return None
+        return move_record(record, labels.image, recipe, self.task, loaded)  # type: ignore[arg-type]
+
     def batch(self, records: Sequence[SampleParams], labels: FlatLabels, recipe: Recipe,
-              loaded: LoadedPolygons | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+              loaded: LoadedPolygons | None = None, moved: Sequence[RecordGeometry | None] | None = None
+              ) -> tuple[np.ndarray, np.ndarray | None]:
         """``(targets, extra)`` of one batch of ``records`` (one output size), read from ``labels`` (loader indices);
-        ``loaded``: the memo of ``labels``' resampled polygons the caller keeps between batches (None: none kept).
+        ``loaded``: the memo of ``labels``' resampled polygons the caller keeps between batches (None: none kept);
+        ``moved``: each record's :meth:`move`, when the caller found them (None: moved here).
 
         ``targets``: float32 [N, 6] ``(position in the batch, cls, xc, yc, w, h)`` normalised to the output.
         ``extra``: None for ``"detect"``; ``"segment"``: the masks (:class:`~fastload.engines.base.SegmentBatch`;
@@ -56,7 +67,8 @@ class TaskLabels:
         """
         if self.task == "detect":
             return batch_targets(records, labels), None
-        geometry = transform_geometry(records, labels.image, recipe, self.task, loaded)  # type: ignore[arg-type]
+        found = None if moved is None or any(m is None for m in moved) else moved
+        geometry = transform_geometry(records, labels.image, recipe, self.task, loaded, found)  # type: ignore[arg-type]
         h, w = geometry.out_hw
         if self.task == "segment":
             masks, order = batch_masks(geometry, len(records), self.mask_ratio, self.overlap_mask)

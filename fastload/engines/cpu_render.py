@@ -133,10 +133,11 @@ class BatchRenderer:
             self.sampler.close_mosaic()
 
     # -- the work ------------------------------------------------------------------------------------------
-    def _draw(self, epoch: int, ids: np.ndarray, params: list, out: np.ndarray, h: int, w: int) -> None:
+    def _draw(self, epoch: int, ids: np.ndarray, params: list, out: np.ndarray, h: int, w: int) -> list:
         """Draw the samples ``ids`` (their records ``params``, replaced in place when one reads a damaged image)
-        into ``out``."""
+        into ``out``; returns each record's labels moved before its pixels (:meth:`TaskLabels.move`)."""
         by_batch = self.sampler.partners == "batch"
+        moved = []
         loaded: dict[int, np.ndarray] = {}
         if by_batch:  # every source is one of the batch's own images: load each once
             for i in dict.fromkeys(image_of(ids, len(self.sampler.loaded_shapes)).tolist()):  # ids may be sample ids
@@ -145,17 +146,20 @@ class BatchRenderer:
             images = loaded if by_batch else {}  # a sample's own images, dropped once it is drawn
             p = params[k] = self.sampler.first_usable(epoch, sample_id, lambda r: self.damaged.load_all(r.sources, images, self.get_image),
                                                       ids if by_batch else None, record=params[k])
+            # the labels first: copy-paste's pixel mask is filled from outlines found while moving them
+            moved.append(self.task_labels.move(p, self.labels, self.sampler.recipe, self.loaded_polygons))
             if self.layout == "nhwc":
                 render_sample(p, images.__getitem__, out=out[k], hsv=self.hsv_in_worker, axis_kernel=self.axis_kernel,
-                              labels=self.labels.image)
+                              labels=self.labels.image, moved=moved[-1])
             else:
                 if self._scratch is None or self._scratch.shape != (h, w, 3):
                     self._scratch = np.empty((h, w, 3), np.uint8)
                 img = render_sample(p, images.__getitem__, out=self._scratch, hsv=self.hsv_in_worker,
-                                    axis_kernel=self.axis_kernel, labels=self.labels.image)
+                                    axis_kernel=self.axis_kernel, labels=self.labels.image, moved=moved[-1])
                 np.copyto(out[k], img.transpose(2, 0, 1))
             if not by_batch and self.cache is not None:  # the sample is drawn: its images are not read again
                 self.cache.release()
+        return moved
 
     def render(self, epoch: int, indices: np.ndarray, slot_array: Callable[[int, int, int], np.ndarray]) -> SlotResult:
         """Render ``indices`` into the batch buffer given by ``slot_array(b, h, w)`` (a numpy view).
@@ -169,14 +173,14 @@ class BatchRenderer:
             raise ValueError(f"samples of one batch have different output sizes {sorted(hws)} (indices {list(indices)})")
         h, w = hws.pop()
         try:
-            self._draw(epoch, np.asarray(indices, np.int64), params, slot_array(len(params), h, w), h, w)
+            moved = self._draw(epoch, np.asarray(indices, np.int64), params, slot_array(len(params), h, w), h, w)
         finally:
             if self.cache is not None:  # the batch is drawn: none of its images is read again
                 self.cache.release()
         gains = None
         if not self.hsv_in_worker:
             gains = np.array([p.hsv_gain for p in params], np.float32).reshape(-1, 3)
-        targets, extra = self.task_labels.batch(params, self.labels, self.sampler.recipe, self.loaded_polygons)
+        targets, extra = self.task_labels.batch(params, self.labels, self.sampler.recipe, self.loaded_polygons, moved)
         return SlotResult((h, w), targets, extra, [p.shapes for p in params], gains,
                           np.array([p.index for p in params], np.int64), sum(p.attempt > 0 for p in params),
                           self.damaged.take_found())
