@@ -452,8 +452,7 @@ def _read_cache(path: Path, meta: str) -> tuple[dict[str, np.ndarray], list[int]
         return (arrays, got[1]) if got is not None and _read_arrays(got[0], got[0].files, arrays) else None
 
 
-def _still_valid(cached: dict[str, np.ndarray], files: PathList, workers: int,
-                 meanwhile: Callable[[], bool] = lambda: True) -> bool:
+def _still_valid(cached: dict[str, np.ndarray], files: PathList, workers: int, meanwhile: Callable[[], bool]) -> bool:
     """True when every folder the cached scan listed lists the same names now (:func:`_digest_now`) and every cached
     image (``files``) and existing label file has its cached size and mtime now, and ``meanwhile()`` (run in this
     process while the pool works: the rest of the cache is read) is True. The listings and the stats are tasks of

@@ -439,10 +439,15 @@ class SharedDecodeCache(DecodeCache):
         """Images held now, machine-wide (written by any process)."""
         return int(np.count_nonzero(self._flags[: self.slots])) if self._open else 0
 
-    def _view(self, b: int) -> np.ndarray:
+    def _span(self, b: int) -> tuple[int, int, int, int]:
+        """``(start, end, h, w)``: image ``b``'s bytes in ``cache.bin`` and its loaded shape."""
         h, w = (int(v) for v in self._hw[b])
-        off = self._pix_start + int(self._offsets[b])
-        return self._buf[off : off + h * w * 3].reshape(h, w, 3)
+        start = self._pix_start + int(self._offsets[b])
+        return start, start + h * w * 3, h, w
+
+    def _view(self, b: int) -> np.ndarray:
+        start, end, h, w = self._span(b)
+        return self._buf[start:end].reshape(h, w, 3)
 
     def get(self, i: int, load: Callable[[int], np.ndarray]) -> np.ndarray:
         """The loaded image of loader index ``i``: from the cache, else ``load(i)`` (kept when it has a place
@@ -457,8 +462,7 @@ class SharedDecodeCache(DecodeCache):
         if self._known[b] or self._confirm(b):
             self.hits += 1
             return self._readonly(b)
-        h, w = (int(v) for v in self._hw[b])
-        if not self._reserved(self._pix_start + int(self._offsets[b]) + h * w * 3):  # not yet: decoded, not kept
+        if not self._reserved(self._span(b)[1]):  # not yet: decoded, not kept
             self.misses += 1
             return load(i)
         fd = self._lock_entry(b, exclusive=True)
