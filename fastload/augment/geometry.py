@@ -651,32 +651,18 @@ def _polygon_image(image: ImageParams, get: GeometryLabels, recipe: Recipe, task
         counts = np.concatenate([np.diff(off) for _, _, _, off in tiles])
         boxes = moved_boxes([image], [0], lambda i: get(i)[0])[0][:, 1:5]
         return _Moved(boxes, cls, pts, counts)
-    clipped, matrices, before = [], [], []
-    for tile, rows, pts, off in tiles:
-        h, w = tile.src_hw
-        crop = tile.crop
-        pre = _loaded_boxes(rows, (h, w), crop)
-        px = _scaled(pts, w, h)
-        if task == "obb":  # Ultralytics' preserve_obb clip (its mosaic canvas: the tile's crop for these points)
-            poly = px.reshape(len(rows), -1, 2)
-            lo, hi = _extent(poly)
-            for i in np.flatnonzero((lo < crop[:2]).any(1) | (hi > crop[2:]).any(1)).tolist():
-                pre[i], poly[i] = _aligned_visible(poly[i], crop, poly.shape[1])
-        else:
-            _clip_points(px, crop[:2], crop[2:])
-        clipped.append(px)
-        matrices.append(_point_matrix(tile, image.out_hw, letterboxed and not ultralytics))
-        before.append(pre)
     counts = [len(rows) for _, rows, _, _ in tiles]
+    pre_all, px, starts = _clipped_tiles(tiles, task)
     if ultralytics:  # resampled when loaded: one point count per image
-        poly = np.concatenate(clipped).reshape(sum(counts), -1, 2)
+        poly = px.reshape(sum(counts), -1, 2)
         x, y = poly[..., 0], poly[..., 1]
     else:  # all tiles' polygons in one pass
         sizes = np.concatenate([np.diff(off) for _, _, _, off in tiles])
-        x, y = _resampled_planes(np.concatenate(clipped), np.concatenate(([0], np.cumsum(sizes))), SEGMENT_POINTS, False)
-    pre_all = np.concatenate(before, 0)
+        x, y = _resampled_planes(px, np.concatenate(([0], np.cumsum(sizes))), SEGMENT_POINTS, False)
+    matrices = [_point_matrix(tile, image.out_hw, letterboxed and not ultralytics) for tile, _, _, _ in tiles]
     matrix = np.repeat(np.stack(matrices), counts, 0)
     if image.copy_paste is not None:
+        before = np.split(pre_all, np.cumsum(counts)[:-1])
         chosen = paste_selection(_canvas_boxes([(tile, pre) for (tile, _, _, _), pre in zip(tiles, before)]),
                                  image.copy_paste)
         canvas_w = float(image.copy_paste.canvas_hw[1])
@@ -687,7 +673,7 @@ def _polygon_image(image: ImageParams, get: GeometryLabels, recipe: Recipe, task
         matrix = np.concatenate([matrix] + [m[None] for m in mirrors])
         pre_all = np.concatenate((pre_all, pre_all[chosen]))
         cls = np.concatenate((cls, cls[chosen]))
-        pasted = _pasted_outlines(tiles, clipped, counts, chosen, image.copy_paste)
+        pasted = _pasted_outlines(tiles, px, starts, counts, chosen, image.copy_paste)
     else:
         pasted = ()
     x, y = _apply_planes(matrix, x, y)
@@ -700,20 +686,52 @@ def _polygon_image(image: ImageParams, get: GeometryLabels, recipe: Recipe, task
     return _Moved(boxes[keep], cls[keep], kept.reshape(-1, 2), np.full(len(kept), poly.shape[1], np.int64), pasted)
 
 
-def _pasted_outlines(tiles: Sequence[tuple[TileParams, np.ndarray, np.ndarray, np.ndarray]], clipped: Sequence[np.ndarray],
-                     counts: Sequence[int], chosen: np.ndarray, paste: CopyPaste) -> tuple[np.ndarray, ...]:
+def _clipped_tiles(tiles: Sequence[tuple[TileParams, np.ndarray, np.ndarray, np.ndarray]], task: Task
+                   ) -> tuple[np.ndarray, np.ndarray, list[int]]:
+    """``(boxes [n, 4], points [p, 2], starts)`` of a training image's labelled tiles: the rows' label boxes clipped to
+    their tile's crop (the candidate filter's boxes before) and their points in tile px clipped to it (oriented boxes:
+    Ultralytics' preserve_obb clip), all tiles' in one pass (each row and point with its own tile's shape and crop: the
+    same arithmetic); tile ``k``'s points start at ``points[starts[k]]``."""
+    if task == "obb":  # Ultralytics' preserve_obb clip (its mosaic canvas: the tile's crop for these points), per tile
+        before, clipped = [], []
+        for tile, rows, pts, _ in tiles:
+            h, w = tile.src_hw  # type: ignore[misc]  # checked by _labelled_tiles
+            crop = tile.crop
+            pre = _loaded_boxes(rows, (h, w), crop)
+            poly = _scaled(pts, w, h).reshape(len(rows), -1, 2)
+            lo, hi = _extent(poly)
+            for i in np.flatnonzero((lo < crop[:2]).any(1) | (hi > crop[2:]).any(1)).tolist():
+                pre[i], poly[i] = _aligned_visible(poly[i], crop, poly.shape[1])
+            before.append(pre)
+            clipped.append(poly.reshape(-1, 2))
+        px = np.concatenate(clipped)
+        pre_all = np.concatenate(before, 0)
+    else:
+        _, hw, crop, _, rows = _tile_rows([(tile, rows) for tile, rows, _, _ in tiles])
+        pre_all = _loaded_boxes(rows, hw, crop)
+        sizes = [len(pts) for _, _, pts, _ in tiles]
+        size = np.repeat(np.array([tile.src_hw for tile, _, _, _ in tiles], np.float32), sizes, 0)  # [p, (h, w)]
+        px = _scaled(np.concatenate([pts for _, _, pts, _ in tiles]), size[:, 1], size[:, 0])
+        box = np.repeat(np.array([tile.crop for tile, _, _, _ in tiles], np.float64), sizes, 0)
+        _clip_points(px, box[:, :2], box[:, 2:])
+    return pre_all, px, np.cumsum([0] + [len(pts) for _, _, pts, _ in tiles]).tolist()
+
+
+def _pasted_outlines(tiles: Sequence[tuple[TileParams, np.ndarray, np.ndarray, np.ndarray]], px: np.ndarray,
+                     starts: Sequence[int], counts: Sequence[int], chosen: np.ndarray, paste: CopyPaste
+                     ) -> tuple[np.ndarray, ...]:
     """The polygons, in canvas px, whose fill is the pixel mask of an image's copy-paste (pixels inside it come from
-    the canvas mirrored left-right), from its label path's tiles and points clipped to them (``clipped``, tile px, one
-    array per tile) and the instances pasted (``chosen``): YOLOv9 fills the pasted instances' clipped polygons and
-    flips the fill; Ultralytics fills their mirrored (resampled) polygons."""
+    the canvas mirrored left-right), from its label path's tiles, their points clipped to them (``px``, tile px,
+    tile ``k``'s from ``starts[k]``: :func:`_clipped_tiles`) and the instances pasted (``chosen``): YOLOv9 fills the
+    pasted instances' clipped polygons and flips the fill; Ultralytics fills their mirrored (resampled) polygons."""
     outlines = []
     for k, r in _owners(counts, chosen):
         tile, _, _, offsets = tiles[k]
-        px = clipped[k][offsets[r]:offsets[r + 1]].copy()
-        px += tile.offset  # type: ignore[arg-type]  # set with copy_paste
+        outline = px[starts[k] + offsets[r]:starts[k] + offsets[r + 1]].copy()
+        outline += tile.offset  # type: ignore[arg-type]  # set with copy_paste
         if paste.recipe != "yolov9":
-            px[:, 0] = paste.canvas_hw[1] - px[:, 0]
-        outlines.append(px)
+            outline[:, 0] = paste.canvas_hw[1] - outline[:, 0]
+        outlines.append(outline)
     return tuple(outlines)
 
 
