@@ -143,9 +143,12 @@ def rows_of(task: str, yaml_path: Path, official_yaml: Path, a: argparse.Namespa
 
 # ----------------------------------------------------------------------------------------- what bounds it
 #: the functions whose cumulative CPU time is each part of a segment batch: ``render_sample`` draws the pixels and
-#: calls ``_copy_paste`` (the mirrored canvas redrawn under the pasted instances), counted apart
-PARTS = {"pixels (mosaic, warp, mixup, flips)": "render_sample", "copy-paste (outlines, mirrored pixels)": "_copy_paste",
-         "labels (polygons resampled, warped; boxes)": "transform_geometry", "masks (rasterised, overlap)": "batch_masks"}
+#: calls ``_copy_paste`` (the mirrored canvas redrawn under the pasted instances), counted apart; the renderer moves
+#: each record's labels before drawing it (``move_record``, which also finds the pasted outlines), and
+#: ``transform_geometry`` assembles the batch from them
+PARTS = {"pixels (mosaic, warp, mixup, flips)": ("render_sample",), "copy-paste (mirrored pixels)": ("_copy_paste",),
+         "labels (polygons resampled, warped; boxes; paste outlines)": ("move_record", "transform_geometry"),
+         "masks (rasterised, overlap)": ("batch_masks",)}
 
 
 def without_hsv(yaml_path: Path, a: argparse.Namespace, hyp: dict[str, Any], recipe: str) -> dict[str, Any]:
@@ -175,9 +178,9 @@ def segment_profile(yaml_path: Path, a: argparse.Namespace, recipe: str, **optio
         prof.disable()
     stats = pstats.Stats(prof).stats  # type: ignore[attr-defined]
     total = sum(tt for _, _, tt, _, _ in stats.values())
-    out = {part: sum(ct for (_, _, fn), (_, _, _, ct, _) in stats.items() if fn == name) / images * 1e3
-           for part, name in PARTS.items()}
-    out["pixels (mosaic, warp, mixup, flips)"] -= out["copy-paste (outlines, mirrored pixels)"]
+    out = {part: sum(ct for (_, _, fn), (_, _, _, ct, _) in stats.items() if fn in names) / images * 1e3
+           for part, names in PARTS.items()}
+    out["pixels (mosaic, warp, mixup, flips)"] -= out["copy-paste (mirrored pixels)"]
     out["rest (sampler, batch assembly)"] = total / images * 1e3 - sum(out.values())
     out["total, profiled"] = total / images * 1e3
     return out
