@@ -16,7 +16,6 @@ import socket
 import subprocess
 import sys
 import time
-import zlib
 from pathlib import Path
 
 import numpy as np
@@ -350,47 +349,31 @@ def test_ray_missing_is_one_line_naming_the_extra(stores, monkeypatch):
     assert "\n" not in msg and 'pip install "fastload[ray]"' in msg
 
 
-def _crc(fl) -> dict:
-    """One epoch of a loader as its paths and a checksum of every batch's pixels and targets."""
-    batches = [(imgs.numpy().tobytes(), targets.numpy().tobytes(), list(paths)) for imgs, targets, paths, _ in fl]
-    return {"paths": [p for b in batches for p in b[2]], "crc": [[zlib.crc32(b[0]), zlib.crc32(b[1])] for b in batches]}
-
-
-def _rank_main(rank: int, yaml_path: str, out_dir: str, address: str) -> None:
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", init_method=f"file://{out_dir}/rendezvous", rank=rank, world_size=2)
-    try:
-        import ray
-
-        ray.init(address=address, log_to_driver=False)  # the test's instance, shared by both ranks
-        with fastload.loader(yaml_path, imgsz=IMGSZ, batch_size=BATCH, store="disk", engine="ray", seed=4, rank=rank) as fl:
-            assert fl.world_size == 2  # from torch.distributed
-            result = {"ray": _crc(fl), "actors": fl.stats()["actors"]}
-        dist.barrier()
-        Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
-    finally:
-        dist.destroy_process_group()
-
-
 @pytest.mark.timeout(180)
-def test_two_gloo_ranks_share_one_ray_instance(stores, tmp_path, local_ray):
-    import multiprocessing
-
-    import torch.multiprocessing as tmp
+def test_two_gloo_ranks_share_one_ray_instance(stores, tmp_path, local_ray, preloaded_python):
+    from gloo_rank import epoch_checksums
+    from preloaded import base_env
 
     address = local_ray.get_runtime_context().gcs_address
-    # the ranks are forked from one fresh interpreter that has imported torch once, not two that import it each
-    # (seconds of CPU); never from this process, whose Ray threads can hang a fork (grpc/grpc#31885)
-    multiprocessing.get_context("forkserver").set_forkserver_preload(["torch", "fastload"])
-    tmp.start_processes(_rank_main, args=(str(stores), str(tmp_path), address), nprocs=2, join=True,
-                        start_method="forkserver")
+    # the ranks (tests/gloo_rank.py) are forked from the worker's pre-loaded interpreter, which has imported torch
+    # once for all its runs, not from two fresh ones that import it each (seconds of CPU); never from this process,
+    # whose Ray threads can hang a fork (grpc/grpc#31885)
+    script = str(Path(__file__).with_name("gloo_rank.py"))
+    ranks = [preloaded_python.spawn([script, str(k), str(stores), str(tmp_path), address, str(IMGSZ), str(BATCH)],
+                                    tmp_path, base_env(REPO), tmp_path / f"rank{k}.log") for k in range(2)]
+    try:
+        codes = [rank.wait(timeout=150) for rank in ranks]
+    finally:
+        for rank in ranks:
+            if rank.poll() is None:
+                rank.kill()
+    assert codes == [0, 0], "\n".join((tmp_path / f"rank{k}.log").read_text()[-3000:] for k in range(2))
     r = [json.loads((tmp_path / f"rank{k}.json").read_text()) for k in range(2)]
     for k in range(2):
         assert r[k]["actors"] == 1  # the instance's 2 CPUs split between the ranks
         with fastload.loader(stores, imgsz=IMGSZ, batch_size=BATCH, store="disk", engine="cpu", workers=0, seed=4,
                              rank=k, world_size=2) as fl:
-            assert r[k]["ray"] == _crc(fl)  # each rank's own stream, as engine="cpu" gives it
+            assert r[k]["ray"] == epoch_checksums(fl)  # each rank's own stream, as engine="cpu" gives it
     assert set(r[0]["ray"]["paths"]).isdisjoint(r[1]["ray"]["paths"])  # 24 images, 2 ranks: no padding
     assert len(r[0]["ray"]["paths"]) + len(r[1]["ray"]["paths"]) == 24
 
