@@ -3,9 +3,12 @@ inputs. Each must exit non-zero when it could not do its job (1: the data or the
 line) and 0 when it could; say it in one stderr line naming the file or option and what to do; show no
 traceback unless --debug or FASTLOAD_DEBUG=1; and leave nothing half-written that opens.
 
-The cases run in one module fixture, then one test per case checks its result. Most are subprocesses,
-run concurrently (an interpreter start-up is most of their cost); the cases marked ``inproc`` call the
-same ``main()`` in this process instead, where a subprocess would only add an import of torch.
+The cases run in one module fixture, then one test per case checks its result. Most call the command's
+``main(argv)`` in this process, in the case's environment and working directory, with its output captured (what
+they check is the report, and each fresh interpreter cost about 0.5 s of CPU, an import of torch for the trainer).
+The cases marked ``fresh_process`` run as a user runs them, a subprocess of ``python -m fastload`` (or of the
+trainer), concurrently with the others: one of every command (the console entry point, its exit status and its
+streams), and the ``--debug`` / ``FASTLOAD_DEBUG=1`` ones (the traceback the console shows).
 """
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ import traceback
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -46,12 +50,13 @@ class Case:
     stream: str = "stderr"  # verify reports damaged stores on stdout, as its normal output
     env: dict[str, str] = field(default_factory=dict)
     traceback: bool = False  # --debug / FASTLOAD_DEBUG=1
-    inproc: bool = False  # call the command's main() here instead of starting a process
+    fresh_process: bool = False  # start it as a subprocess instead of calling the command's main() here
 
 
 CASES = [
     # data.yaml problems, through every command that reads one
-    Case("convert-missing-yaml", [*FASTLOAD, "convert", "{missing}", "--out", "{tmp}/o1"], 1, ("{missing}", "not found")),
+    Case("convert-missing-yaml", [*FASTLOAD, "convert", "{missing}", "--out", "{tmp}/o1"], 1, ("{missing}", "not found"),
+         fresh_process=True),
     Case("convert-yaml-syntax", [*FASTLOAD, "convert", "{syntax}", "--out", "{tmp}/o2"], 1,
          ("{syntax}", "not valid YAML (line 4, column", "fix the syntax")),
     Case("convert-nc-names", [*FASTLOAD, "convert", "{ncnames}", "--out", "{tmp}/o3"], 1, ("{ncnames}", "'nc' is 2", "agree")),
@@ -69,16 +74,16 @@ CASES = [
     Case("verify-yaml-syntax", [*FASTLOAD, "verify", "{syntax}"], 1, ("fastload verify: {syntax}", "not valid YAML")),
     Case("verify-nc-names", [*FASTLOAD, "verify", "{ncnames}"], 1, ("fastload verify: {ncnames}", "'nc' is 2")),
     Case("info-nc-names", [*FASTLOAD, "info", "{ncnames}"], 1, ("fastload info: {ncnames}", "'nc' is 2")),
-    Case("info-missing-yaml", [*FASTLOAD, "info", "{missing}"], 1, ("{missing}", "not found")),
-    Case("stage-missing-yaml", [*FASTLOAD, "stage", "{missing}", "--to", "{tmp}/staged"], 1, ("{missing}", "does not exist")),
+    Case("info-missing-yaml", [*FASTLOAD, "info", "{missing}"], 1, ("{missing}", "not found"), fresh_process=True),
+    Case("stage-missing-yaml", [*FASTLOAD, "stage", "{missing}", "--to", "{tmp}/staged"], 1, ("{missing}", "does not exist"),
+         fresh_process=True),
     Case("bench-missing-train-folder", [*FASTLOAD, "bench", "{notrain}", "--seconds", "0.1"], 1,
-         ("cannot bench {notrain} [train]", "images/nope does not exist"), inproc=True),
-    Case("bench-missing-yaml", [*FASTLOAD, "bench", "{missing}"], 1, ("{missing}", "not found"), inproc=True),
-    Case("bench-unknown-stage", [*FASTLOAD, "bench", "{good}", "--stages", "telepathy"], 2, ("telepathy", "choose from"),
-         inproc=True),
+         ("cannot bench {notrain} [train]", "images/nope does not exist")),
+    Case("bench-missing-yaml", [*FASTLOAD, "bench", "{missing}"], 1, ("{missing}", "not found")),
+    Case("bench-unknown-stage", [*FASTLOAD, "bench", "{good}", "--stages", "telepathy"], 2, ("telepathy", "choose from")),
     # damaged, unfinished and foreign stores
     Case("verify-truncated-lmdb", [*FASTLOAD, "verify", "{truncated}", "--no-progress"], 1,
-         ("FAILED {truncated}", "data.mdb is truncated", "copy it again"), stream="stdout"),
+         ("FAILED {truncated}", "data.mdb is truncated", "copy it again"), stream="stdout", fresh_process=True),
     Case("info-truncated-lmdb", [*FASTLOAD, "info", "{truncated}"], 1, ("data.mdb is truncated",)),
     Case("verify-newer-schema", [*FASTLOAD, "verify", "{newer}", "--no-progress"], 1,
          ("FAILED {newer}", "written by a newer fastload", "upgrade fastload"), stream="stdout"),
@@ -93,35 +98,39 @@ CASES = [
          ("{tmp} holds no data.yaml", "{partial} is an interrupted conversion", "--out {tmp} --resume")),
     Case("stage-onto-a-foreign-folder", [*FASTLOAD, "stage", "{good}", "--to", "{foreign}"], 1,
          ("{foreign} exists and was not staged by fastload", "choose another target")),
-    Case("unstage-foreign-folder", [*FASTLOAD, "unstage", "{foreign}"], 1, ("{foreign} was not staged by fastload",)),
+    Case("unstage-foreign-folder", [*FASTLOAD, "unstage", "{foreign}"], 1, ("{foreign} was not staged by fastload",),
+         fresh_process=True),
     # the other commands' options
-    Case("synth-negative-count", [*FASTLOAD, "synth", "{tmp}/s", "--n-train", "-1"], 2, ("argument --n-train", "must be >= 0, got -1")),
+    Case("synth-negative-count", [*FASTLOAD, "synth", "{tmp}/s", "--n-train", "-1"], 2, ("argument --n-train", "must be >= 0, got -1"),
+         fresh_process=True),
     Case("monitor-missing-program", [*FASTLOAD, "monitor", "--", "/nonexistent/trainer"], 2,
-         ("'/nonexistent/trainer'", "not an executable file")),
+         ("'/nonexistent/trainer'", "not an executable file"), fresh_process=True),
     Case("demo-too-few-images", [*FASTLOAD, "demo", "--images", "4", "--batch", "4", "--out", "{tmp}/demo"], 2,
-         ("--images (4) must be at least two batches",)),
+         ("--images (4) must be at least two batches",), fresh_process=True),
     # the trainer (its runs go to {tmp}/runs/train: a failed run must leave no expN there)
-    Case("train-without-cfg", [*TRAIN, "--data", "{good}"], 2, ("--cfg is required", "yolov9-s", "--weights"), inproc=True),
-    Case("train-missing-yaml", [*TRAIN, "--data", "{missing}", "--cfg", "gelan-t"], 1, ("{missing}", "not found"),
-         inproc=True),
-    Case("train-unknown-cfg", [*TRAIN, "--data", "{good}", "--cfg", "gelan-x"], 2, ("--cfg", "gelan-x not found", "gelan-t"),
-         inproc=True),
+    Case("train-without-cfg", [*TRAIN, "--data", "{good}"], 2, ("--cfg is required", "yolov9-s", "--weights")),
+    Case("train-missing-yaml", [*TRAIN, "--data", "{missing}", "--cfg", "gelan-t"], 1, ("{missing}", "not found")),
+    Case("train-unknown-cfg", [*TRAIN, "--data", "{good}", "--cfg", "gelan-x"], 2, ("--cfg", "gelan-x not found", "gelan-t")),
     Case("train-cuda-without-gpu", [*TRAIN, "--data", "{good}", "--cfg", "gelan-t", "--device", "0"], 2,
-         ("--device 0 asks for CUDA", "use --device cpu"), inproc=True),
+         ("--device 0 asks for CUDA", "use --device cpu")),
     Case("train-imgsz-not-stride-multiple", [*TRAIN, "--data", "{good}", "--cfg", "gelan-t", "--imgsz", "300"], 2,
-         ("--imgsz 300 is not a multiple of 32", "288 or 320"), inproc=True),
-    Case("train-yaml-syntax", [*TRAIN, "--data", "{syntax}", "--cfg", "gelan-t"], 1, ("{syntax}", "not valid YAML"),
-         inproc=True),
+         ("--imgsz 300 is not a multiple of 32", "288 or 320")),
+    Case("train-yaml-syntax", [*TRAIN, "--data", "{syntax}", "--cfg", "gelan-t"], 1, ("{syntax}", "not valid YAML")),
     Case("train-store-not-converted", [*TRAIN, "--data", "{good}", "--cfg", "gelan-t", "--imgsz", "64", "--device", "cpu",
                                        "--store", "lmdb", "--workers", "0", "--epochs", "1"], 1,
-         ("no lmdb store recorded", "fastload convert"), inproc=True),
+         ("no lmdb store recorded", "fastload convert")),
     # --debug / FASTLOAD_DEBUG=1 show the traceback instead
-    Case("convert-debug", [*FASTLOAD, "convert", "{missing}", "--debug"], 1, ("DataConfigError", "not found"), traceback=True),
+    Case("convert-debug", [*FASTLOAD, "convert", "{missing}", "--debug"], 1, ("DataConfigError", "not found"), traceback=True,
+         fresh_process=True),
     Case("verify-env-debug", [*FASTLOAD, "verify", "{syntax}"], 1, ("DataConfigError",), env={"FASTLOAD_DEBUG": "1"},
-         traceback=True),
-    Case("train-debug", [*TRAIN, "--data", "{good}", "--cfg", "gelan-x", "--debug"], 1, ("UsageError", "gelan-x"), traceback=True,
-         inproc=True),
+         traceback=True, fresh_process=True),
+    Case("train-debug", [*TRAIN, "--data", "{good}", "--cfg", "gelan-x", "--debug"], 1, ("UsageError", "gelan-x"), traceback=True),
 ]
+
+
+def _case_env(case: Case) -> dict[str, str]:
+    """What a case sets in its environment, in either way of running it."""
+    return {"FASTLOAD_DEBUG": "", **case.env}
 
 
 def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -174,14 +183,30 @@ def _argv(case: Case, files: dict[str, str]) -> list[str]:
     return argv
 
 
-def _run_here(argv: list[str]) -> subprocess.CompletedProcess:
-    """``main(argv)`` of the fastload CLI or the trainer in this process, with its output captured."""
+@contextlib.contextmanager
+def _environment(env: dict[str, str]) -> Iterator[None]:
+    """``os.environ`` updated with ``env`` for the duration (a case's FASTLOAD_DEBUG, as its subprocess would get)."""
+    before = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _run_here(argv: list[str], cwd: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """``main(argv)`` of the fastload CLI or the trainer in this process, in ``cwd`` with ``env`` added to the
+    environment, with its output captured. (The subprocesses started meanwhile name their own cwd and env.)"""
     from fastload.cli import main as fastload_main
     from yolov9.train import main as train_main
 
     out, err = io.StringIO(), io.StringIO()
     main, args = (train_main, argv[3:]) if argv[:3] == TRAIN else (fastload_main, argv[3:])
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+    with contextlib.chdir(cwd), _environment(env), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
             rc = main(args)
         except SystemExit as e:  # argparse
@@ -194,15 +219,28 @@ def _run_here(argv: list[str]) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def results(files) -> dict[str, subprocess.CompletedProcess]:
+    spawned = [c for c in CASES if c.fresh_process]
+    # their environments taken before the cases run here change this process's (FASTLOAD_DEBUG)
+    envs = {c.id: _env(c.env) for c in spawned}
+
     def run(case: Case) -> subprocess.CompletedProcess:
-        return subprocess.run(_argv(case, files), cwd=files["tmp"], env=_env(case.env), capture_output=True, text=True,
+        return subprocess.run(_argv(case, files), cwd=files["tmp"], env=envs[case.id], capture_output=True, text=True,
                               timeout=300)
 
-    spawned = [c for c in CASES if not c.inproc]
-    with ThreadPoolExecutor(max_workers=3) as pool:
-        running = pool.map(run, spawned)
-        here = {c.id: _run_here(_argv(c, files)) for c in CASES if c.inproc}  # while the processes run
-        return {**dict(zip([c.id for c in spawned], running)), **here}
+    import torch
+
+    threads = torch.get_num_threads()
+    # one intra-op thread for the trainer cases here (it builds its model before it finds no store): the
+    # subprocesses beside them, and the suite's other worker, hold the other cores (see one_torch_thread)
+    torch.set_num_threads(1)
+    try:
+        with ThreadPoolExecutor(max_workers=3) as pool:
+            running = pool.map(run, spawned)
+            here = {c.id: _run_here(_argv(c, files), files["tmp"], _case_env(c))  # while the processes run
+                    for c in CASES if not c.fresh_process}
+            return {**dict(zip([c.id for c in spawned], running)), **here}
+    finally:
+        torch.set_num_threads(threads)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])

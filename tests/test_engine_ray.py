@@ -16,7 +16,6 @@ import socket
 import subprocess
 import sys
 import time
-import zlib
 from pathlib import Path
 
 import numpy as np
@@ -109,9 +108,11 @@ def test_slots_that_do_not_fit_shared_memory_fall_back_to_the_object_store(store
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     monkeypatch.setattr(os, "posix_fallocate", full)
-    with pytest.warns(UserWarning, match=r"engine 'ray': cannot reserve .* for 6 batch slots in .*No space left on "
+    # one actor (2 in flight + keep=2: 4 slots): what is checked is the fallback, not how many actors render
+    # (each actor is a Ray worker process of its own, about 1 s of CPU to start)
+    with pytest.warns(UserWarning, match=r"engine 'ray': cannot reserve .* for 4 batch slots in .*No space left on "
                                          r"device; batches from the actors on this node go through Ray's object store"):
-        got, stats = load(stores, "ray", close=1, engine_options=RayOptions(actors=2))
+        got, stats = load(stores, "ray", close=1, engine_options=RayOptions(actors=1))
     assert_same(cpu_reference, got)
     assert stats["object_store_batches"] == sum(map(len, got)) and stats["slot_batches"] == 0
 
@@ -126,9 +127,10 @@ def test_same_batches_whatever_the_number_of_actors_and_store(stores, cpu_refere
     lmdb, lmdb_stats = load(stores, "ray", store="lmdb", engine_options={"actors": 2, "keep": 1})
     assert lmdb_stats["slot_batches"] == sum(map(len, lmdb)) and lmdb_stats["batches_copied"] == 0, lmdb_stats
     assert_same(load(stores, "cpu", store="lmdb", workers=0)[0], lmdb)
-    # validation batches: rect shapes differ from batch to batch
+    # validation batches: rect shapes differ from batch to batch (one actor: the default count, cpus // 1, is
+    # what test_two_gloo_ranks_share_one_ray_instance and test_bench_measures_the_ray_engine run)
     val = dict(split="val", augment=False, rect=True, pad=0.5, shuffle=False, epochs=(0,))
-    assert_same(load(stores, "cpu", workers=0, **val)[0], load(stores, "ray", **val)[0])
+    assert_same(load(stores, "cpu", workers=0, **val)[0], load(stores, "ray", engine_options={"actors": 1}, **val)[0])
 
 
 def test_ultralytics_recipe_gives_the_cpu_engine_s_batches(stores):
@@ -144,7 +146,8 @@ def test_an_image_table_gives_the_cpu_engine_s_batches(stores):
     """YOLOv9's --image-weights: positions show the table's images, repeats with their own draws."""
     table = np.random.default_rng(0).integers(0, 24, 24)
     got = {}
-    for engine, kw in (("cpu", {"workers": 0}), ("ray", {"engine_options": {"actors": 2}})):
+    # one actor: the table is applied where the order is drawn, in this process, before any actor gets a batch
+    for engine, kw in (("cpu", {"workers": 0}), ("ray", {"engine_options": {"actors": 1}})):
         with fastload.loader(stores, imgsz=IMGSZ, batch_size=BATCH, store="disk", engine=engine, seed=11, **kw) as fl:
             fl.set_image_table(table)
             got[engine] = [[(i.clone(), t.clone(), p, s) for i, t, p, s in fl]]
@@ -346,47 +349,31 @@ def test_ray_missing_is_one_line_naming_the_extra(stores, monkeypatch):
     assert "\n" not in msg and 'pip install "fastload[ray]"' in msg
 
 
-def _crc(fl) -> dict:
-    """One epoch of a loader as its paths and a checksum of every batch's pixels and targets."""
-    batches = [(imgs.numpy().tobytes(), targets.numpy().tobytes(), list(paths)) for imgs, targets, paths, _ in fl]
-    return {"paths": [p for b in batches for p in b[2]], "crc": [[zlib.crc32(b[0]), zlib.crc32(b[1])] for b in batches]}
-
-
-def _rank_main(rank: int, yaml_path: str, out_dir: str, address: str) -> None:
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", init_method=f"file://{out_dir}/rendezvous", rank=rank, world_size=2)
-    try:
-        import ray
-
-        ray.init(address=address, log_to_driver=False)  # the test's instance, shared by both ranks
-        with fastload.loader(yaml_path, imgsz=IMGSZ, batch_size=BATCH, store="disk", engine="ray", seed=4, rank=rank) as fl:
-            assert fl.world_size == 2  # from torch.distributed
-            result = {"ray": _crc(fl), "actors": fl.stats()["actors"]}
-        dist.barrier()
-        Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
-    finally:
-        dist.destroy_process_group()
-
-
 @pytest.mark.timeout(180)
-def test_two_gloo_ranks_share_one_ray_instance(stores, tmp_path, local_ray):
-    import multiprocessing
-
-    import torch.multiprocessing as tmp
+def test_two_gloo_ranks_share_one_ray_instance(stores, tmp_path, local_ray, preloaded_python):
+    from gloo_rank import epoch_checksums
+    from preloaded import base_env
 
     address = local_ray.get_runtime_context().gcs_address
-    # the ranks are forked from one fresh interpreter that has imported torch once, not two that import it each
-    # (seconds of CPU); never from this process, whose Ray threads can hang a fork (grpc/grpc#31885)
-    multiprocessing.get_context("forkserver").set_forkserver_preload(["torch", "fastload"])
-    tmp.start_processes(_rank_main, args=(str(stores), str(tmp_path), address), nprocs=2, join=True,
-                        start_method="forkserver")
+    # the ranks (tests/gloo_rank.py) are forked from the worker's pre-loaded interpreter, which has imported torch
+    # once for all its runs, not from two fresh ones that import it each (seconds of CPU); never from this process,
+    # whose Ray threads can hang a fork (grpc/grpc#31885)
+    script = str(Path(__file__).with_name("gloo_rank.py"))
+    ranks = [preloaded_python.spawn([script, str(k), str(stores), str(tmp_path), address, str(IMGSZ), str(BATCH)],
+                                    tmp_path, base_env(REPO), tmp_path / f"rank{k}.log") for k in range(2)]
+    try:
+        codes = [rank.wait(timeout=150) for rank in ranks]
+    finally:
+        for rank in ranks:
+            if rank.poll() is None:
+                rank.kill()
+    assert codes == [0, 0], "\n".join((tmp_path / f"rank{k}.log").read_text()[-3000:] for k in range(2))
     r = [json.loads((tmp_path / f"rank{k}.json").read_text()) for k in range(2)]
     for k in range(2):
         assert r[k]["actors"] == 1  # the instance's 2 CPUs split between the ranks
         with fastload.loader(stores, imgsz=IMGSZ, batch_size=BATCH, store="disk", engine="cpu", workers=0, seed=4,
                              rank=k, world_size=2) as fl:
-            assert r[k]["ray"] == _crc(fl)  # each rank's own stream, as engine="cpu" gives it
+            assert r[k]["ray"] == epoch_checksums(fl)  # each rank's own stream, as engine="cpu" gives it
     assert set(r[0]["ray"]["paths"]).isdisjoint(r[1]["ray"]["paths"])  # 24 images, 2 ranks: no padding
     assert len(r[0]["ray"]["paths"]) + len(r[1]["ray"]["paths"]) == 24
 
