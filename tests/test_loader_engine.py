@@ -114,7 +114,7 @@ class FakeSampler:
         self.closed = True
 
 
-def fake_render(p: FakeParams, get_image, out=None, *, hsv=True, axis_kernel=None, labels=None):
+def fake_render(p: FakeParams, get_image, out=None, *, hsv=True, axis_kernel=None, labels=None, moved=None):
     a, b = get_image(p.index), get_image(p.partner)
     img = (a // 2 + b // 2).astype(np.uint8)
     if hsv:
