@@ -603,7 +603,13 @@ def _may_reach(extent: np.ndarray, hw: np.ndarray, crop: np.ndarray, m: np.ndarr
     whose points clipped to the crop may land in the output: the warped corners of their clipped extent reach it,
     with a pixel to spare for rounding (any, through a matrix with a perspective row). The others lie wholly outside:
     Ultralytics gives them an empty box, which its candidate filter drops."""
-    box = np.clip(extent * hw[:, [1, 0, 1, 0]], crop[:, [0, 1, 0, 1]], crop[:, [2, 3, 2, 3]])
+    return _box_may_reach(np.clip(extent * hw[:, [1, 0, 1, 0]], crop[:, [0, 1, 0, 1]], crop[:, [2, 3, 2, 3]]), m, out_hw)
+
+
+def _box_may_reach(box: np.ndarray, m: np.ndarray, out_hw: tuple[int, int]) -> np.ndarray:
+    """bool [n]: the boxes ``box`` [n, 4] (xyxy, px before the matrices ``m`` [n, 3, 3]) whose warped corners reach the
+    output, with a pixel to spare for rounding (any, through a matrix with a perspective row): a polygon inside its
+    box (its resampled points too: they lie on its edges) whose box does not reach it lies wholly outside it."""
     wx, wy = _apply_planes(m, box[:, [0, 2, 2, 0]], box[:, [1, 1, 3, 3]])
     oh, ow = out_hw
     perspective = (m[:, 2, 0] != 0.0) | (m[:, 2, 1] != 0.0) | (m[:, 2, 2] != 1.0)
@@ -653,14 +659,10 @@ def _polygon_image(image: ImageParams, get: GeometryLabels, recipe: Recipe, task
         return _Moved(boxes, cls, pts, counts)
     counts = [len(rows) for _, rows, _, _ in tiles]
     pre_all, px, starts = _clipped_tiles(tiles, task)
-    if ultralytics:  # resampled when loaded: one point count per image
-        poly = px.reshape(sum(counts), -1, 2)
-        x, y = poly[..., 0], poly[..., 1]
-    else:  # all tiles' polygons in one pass
-        sizes = np.concatenate([np.diff(off) for _, _, _, off in tiles])
-        x, y = _resampled_planes(px, np.concatenate(([0], np.cumsum(sizes))), SEGMENT_POINTS, False)
+    row_at = np.concatenate(([0], np.cumsum(np.concatenate([np.diff(off) for _, _, _, off in tiles]))))  # row r's points
     matrices = [_point_matrix(tile, image.out_hw, letterboxed and not ultralytics) for tile, _, _, _ in tiles]
     matrix = np.repeat(np.stack(matrices), counts, 0)
+    src = np.arange(len(cls))  # the row each instance moves: the tiles' rows, then the pasted copies
     if image.copy_paste is not None:
         before = np.split(pre_all, np.cumsum(counts)[:-1])
         chosen = paste_selection(_canvas_boxes([(tile, pre) for (tile, _, _, _), pre in zip(tiles, before)]),
@@ -668,16 +670,25 @@ def _polygon_image(image: ImageParams, get: GeometryLabels, recipe: Recipe, task
         canvas_w = float(image.copy_paste.canvas_hw[1])
         owner = np.repeat(np.arange(len(tiles)), counts)[chosen]
         mirror = {k: _mirror(tiles[k][0], canvas_w) for k in set(owner.tolist())}  # one per tile
-        mirrors = [mirror[k] for k in owner.tolist()]
-        x, y = np.concatenate((x, x[chosen])), np.concatenate((y, y[chosen]))
-        matrix = np.concatenate([matrix] + [m[None] for m in mirrors])
-        pre_all = np.concatenate((pre_all, pre_all[chosen]))
-        cls = np.concatenate((cls, cls[chosen]))
+        src = np.concatenate((src, chosen))
+        matrix = np.concatenate([matrix] + [mirror[k][None] for k in owner.tolist()])
         pasted = _pasted_outlines(tiles, px, starts, counts, chosen, image.copy_paste)
     else:
         pasted = ()
+    if task == "segment":  # an instance warped wholly out of the output gets no box, which every filter drops: unmoved
+        reach = _box_may_reach(_row_extents(px, row_at)[src], matrix, image.out_hw)
+        src, matrix = src[reach], matrix[reach]
+    if ultralytics:  # resampled when loaded: one point count per image
+        poly = px.reshape(len(row_at) - 1, -1, 2)[src]
+        x, y = poly[..., 0], poly[..., 1]
+    else:  # the polygons moved, each once (a pasted copy's too), resampled in one pass
+        rows = np.unique(src)
+        x, y = _resampled_planes(*_rows_points(px, row_at, rows), SEGMENT_POINTS, False)
+        at = np.searchsorted(rows, src)
+        x, y = x[at], y[at]
     x, y = _apply_planes(matrix, x, y)
-    before = pre_all * image.candidate_scale
+    before = pre_all[src] * image.candidate_scale
+    cls = cls[src]
     if ultralytics:
         return _Warped(x, y, before, cls, pasted)
     # YOLOv9's polygons boxed image by image, while their 1000-point planes are in cache (batch-wide costs more)
@@ -715,6 +726,22 @@ def _clipped_tiles(tiles: Sequence[tuple[TileParams, np.ndarray, np.ndarray, np.
         box = np.repeat(np.array([tile.crop for tile, _, _, _ in tiles], np.float64), sizes, 0)
         _clip_points(px, box[:, :2], box[:, 2:])
     return pre_all, px, np.cumsum([0] + [len(pts) for _, _, pts, _ in tiles]).tolist()
+
+
+def _row_extents(px: np.ndarray, row_at: np.ndarray) -> np.ndarray:
+    """[n, 4] ``(x0, y0, x1, y1)`` of each row's points ``px[row_at[r]:row_at[r + 1]]`` (every row has one)."""
+    first = row_at[:-1]
+    x, y = px[:, 0], px[:, 1]
+    return np.stack((np.minimum.reduceat(x, first), np.minimum.reduceat(y, first),
+                     np.maximum.reduceat(x, first), np.maximum.reduceat(y, first)), 1)
+
+
+def _rows_points(px: np.ndarray, row_at: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(points, offsets)`` of the rows ``rows`` (sorted) of the points ``px`` (row ``r``'s from ``row_at[r]``)."""
+    sizes = row_at[rows + 1] - row_at[rows]
+    offsets = np.concatenate(([0], np.cumsum(sizes))).astype(np.int64)
+    index = np.repeat(row_at[rows] - offsets[:-1], sizes) + np.arange(offsets[-1])
+    return px[index], offsets
 
 
 def _pasted_outlines(tiles: Sequence[tuple[TileParams, np.ndarray, np.ndarray, np.ndarray]], px: np.ndarray,
