@@ -545,16 +545,10 @@ def paste_selection(boxes: np.ndarray, paste: CopyPaste) -> np.ndarray:
     return index[candidates[order[:k]]]
 
 
-def _owners(counts: Sequence[int], chosen: np.ndarray) -> list[tuple[int, int]]:
-    """``(tile, row)`` of each instance ``chosen`` by its position in the image (tiles of ``counts`` rows each)."""
-    owner = np.repeat(np.arange(len(counts)), counts)[chosen]
-    row = chosen - np.concatenate(([0], np.cumsum(counts)))[owner]
-    return list(zip(owner.tolist(), row.tolist()))
-
-
-def _canvas_boxes(tiles: Sequence[tuple[TileParams, np.ndarray]]) -> np.ndarray:
-    """[n, 4] the label boxes ``(tile, loaded-px boxes)`` of a copy-paste image on its canvas."""
-    return np.concatenate([pre + (tile.offset * 2) for tile, pre in tiles], 0)  # type: ignore[operator]
+def _canvas_boxes(tiles: Sequence[TileParams], counts: Sequence[int], boxes: np.ndarray) -> np.ndarray:
+    """[n, 4] the label boxes ``boxes`` (loaded px, the rows of ``tiles`` of ``counts`` rows each, in tile order) of a
+    copy-paste image on its canvas."""
+    return boxes + np.repeat(np.array([tile.offset * 2 for tile in tiles]), counts, 0)  # type: ignore[operator]
 
 
 def _mirror(tile: TileParams, canvas_w: float) -> np.ndarray:
@@ -659,21 +653,19 @@ def _polygon_image(image: ImageParams, get: GeometryLabels, recipe: Recipe, task
         boxes = moved_boxes([image], [0], lambda i: get(i)[0])[0][:, 1:5]
         return _Moved(boxes, cls, pts, counts)
     counts = [len(rows) for _, rows, _, _ in tiles]
-    pre_all, px, starts = _clipped_tiles(tiles, task)
+    pre_all, px = _clipped_tiles(tiles, task)
     row_at = np.concatenate(([0], np.cumsum(np.concatenate([np.diff(off) for _, _, _, off in tiles]))))  # row r's points
     matrices = [_point_matrix(tile, image.out_hw, letterboxed and not ultralytics) for tile, _, _, _ in tiles]
     matrix = np.repeat(np.stack(matrices), counts, 0)
     src = np.arange(len(cls))  # the row each instance moves: the tiles' rows, then the pasted copies
     if image.copy_paste is not None:
-        before = np.split(pre_all, np.cumsum(counts)[:-1])
-        chosen = paste_selection(_canvas_boxes([(tile, pre) for (tile, _, _, _), pre in zip(tiles, before)]),
-                                 image.copy_paste)
+        chosen = paste_selection(_canvas_boxes([tile for tile, _, _, _ in tiles], counts, pre_all), image.copy_paste)
         canvas_w = float(image.copy_paste.canvas_hw[1])
-        owner = np.repeat(np.arange(len(tiles)), counts)[chosen]
-        mirror = {k: _mirror(tiles[k][0], canvas_w) for k in set(owner.tolist())}  # one per tile
+        owner = np.repeat(np.arange(len(tiles)), counts)[chosen].tolist()  # the tile of each pasted row
+        mirror = {k: _mirror(tiles[k][0], canvas_w) for k in set(owner)}  # one per tile
         src = np.concatenate((src, chosen))
-        matrix = np.concatenate([matrix] + [mirror[k][None] for k in owner.tolist()])
-        pasted = _pasted_outlines(tiles, px, starts, counts, chosen, image.copy_paste)
+        matrix = np.concatenate([matrix] + [mirror[k][None] for k in owner])
+        pasted = _pasted_outlines([tiles[k][0] for k in owner], px, row_at, chosen, image.copy_paste)
     else:
         pasted = ()
     if task == "segment":  # an instance warped wholly out of the output gets no box, which every filter drops: unmoved
@@ -699,11 +691,11 @@ def _polygon_image(image: ImageParams, get: GeometryLabels, recipe: Recipe, task
 
 
 def _clipped_tiles(tiles: Sequence[tuple[TileParams, np.ndarray, np.ndarray, np.ndarray]], task: Task
-                   ) -> tuple[np.ndarray, np.ndarray, list[int]]:
-    """``(boxes [n, 4], points [p, 2], starts)`` of a training image's labelled tiles: the rows' label boxes clipped to
-    their tile's crop (the candidate filter's boxes before) and their points in tile px clipped to it (oriented boxes:
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """``(boxes [n, 4], points [p, 2])`` of a training image's labelled tiles: the rows' label boxes clipped to their
+    tile's crop (the candidate filter's boxes before) and their points in tile px clipped to it (oriented boxes:
     Ultralytics' preserve_obb clip), all tiles' in one pass (each row and point with its own tile's shape and crop: the
-    same arithmetic); tile ``k``'s points start at ``points[starts[k]]``."""
+    same arithmetic), in row order."""
     if task == "obb":  # Ultralytics' preserve_obb clip (its mosaic canvas: the tile's crop for these points), per tile
         before, clipped = [], []
         for tile, rows, pts, _ in tiles:
@@ -726,7 +718,7 @@ def _clipped_tiles(tiles: Sequence[tuple[TileParams, np.ndarray, np.ndarray, np.
         px = _scaled(np.concatenate([pts for _, _, pts, _ in tiles]), size[:, 1], size[:, 0])
         box = np.repeat(np.array([tile.crop for tile, _, _, _ in tiles], np.float64), sizes, 0)
         _clip_points(px, box[:, :2], box[:, 2:])
-    return pre_all, px, np.cumsum([0] + [len(pts) for _, _, pts, _ in tiles]).tolist()
+    return pre_all, px
 
 
 def _row_extents(px: np.ndarray, row_at: np.ndarray) -> np.ndarray:
@@ -745,17 +737,15 @@ def _rows_points(px: np.ndarray, row_at: np.ndarray, rows: np.ndarray) -> tuple[
     return px[index], offsets
 
 
-def _pasted_outlines(tiles: Sequence[tuple[TileParams, np.ndarray, np.ndarray, np.ndarray]], px: np.ndarray,
-                     starts: Sequence[int], counts: Sequence[int], chosen: np.ndarray, paste: CopyPaste
-                     ) -> tuple[np.ndarray, ...]:
+def _pasted_outlines(owners: Sequence[TileParams], px: np.ndarray, row_at: np.ndarray, chosen: np.ndarray,
+                     paste: CopyPaste) -> tuple[np.ndarray, ...]:
     """The polygons, in canvas px, whose fill is the pixel mask of an image's copy-paste (pixels inside it come from
-    the canvas mirrored left-right), from its label path's tiles, their points clipped to them (``px``, tile px,
-    tile ``k``'s from ``starts[k]``: :func:`_clipped_tiles`) and the instances pasted (``chosen``): YOLOv9 fills the
-    pasted instances' clipped polygons and flips the fill; Ultralytics fills their mirrored (resampled) polygons."""
+    the canvas mirrored left-right): the pasted rows ``chosen``' points clipped to their tiles (``px``, tile px, row
+    ``r``'s from ``row_at[r]``: :func:`_clipped_tiles`), moved by their tiles ``owners``' canvas offsets: YOLOv9 fills
+    the pasted instances' clipped polygons and flips the fill; Ultralytics fills their mirrored (resampled) polygons."""
     outlines = []
-    for k, r in _owners(counts, chosen):
-        tile, _, _, offsets = tiles[k]
-        outline = px[starts[k] + offsets[r]:starts[k] + offsets[r + 1]].copy()
+    for r, tile in zip(chosen.tolist(), owners):
+        outline = px[row_at[r]:row_at[r + 1]].copy()
         outline += tile.offset  # type: ignore[arg-type]  # set with copy_paste
         if paste.recipe != "yolov9":
             outline[:, 0] = paste.canvas_hw[1] - outline[:, 0]
