@@ -251,8 +251,11 @@ def test_batch_order_flips_and_refusals():
 def test_a_batch_moves_as_its_records_alone_and_the_memo_changes_nothing(task):
     """A batch's images are moved together (one pass for all their tiles and instances): each sample's instances are
     the ones it gets alone; the memo of resampled polygons (kept between batches, evicting beyond its bound) gives
-    the same batches."""
+    the same batches. Some segment images have a polygon of over 1000 points: their mosaics' polygons have more
+    points (Ultralytics resamples to the longest), so the batch's images move in groups of one point count."""
     shapes, labels = _world(task, 3)
+    if task == "segment":
+        labels = [_with_long_polygon(*one, 1001 + i) if i % 4 == 0 else one for i, one in enumerate(labels)]
     sampler = ParamSampler(shapes, {**AUG_HYP, "mosaic": 0.7, "mixup": 0.4}, IMGSZ, seed=2, recipe="ultralytics")
     records = sampler.sample_batch(0, range(N_IMAGES))
     alone = [transform_geometry([rec], labels.__getitem__, "ultralytics", task) for rec in records]
@@ -266,6 +269,17 @@ def test_a_batch_moves_as_its_records_alone_and_the_memo_changes_nothing(task):
             np.testing.assert_array_equal(np.concatenate([polygons[i] for i in np.flatnonzero(mine)] or [one.points]),
                                           one.points)
     assert len(memo._entries) < N_IMAGES
+    if task == "segment":
+        assert len(set(np.diff(geo.offsets).tolist())) > 1  # more than one point count in the batch
+
+
+def _with_long_polygon(rows: np.ndarray, points: np.ndarray, offsets: np.ndarray, k: int
+                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """An image's labels with one more row: a circle of ``k`` points."""
+    ang = np.linspace(0, 2 * np.pi, k, endpoint=False)
+    circle = (0.5 + 0.2 * np.stack([np.cos(ang), np.sin(ang)], 1)).astype(np.float32)
+    row = np.array([[1, 0.5, 0.5, 0.4, 0.4]], np.float32)
+    return np.concatenate((rows, row)), np.concatenate((points, circle)), np.append(offsets, offsets[-1] + k)
 
 
 def test_loaded_polygons_are_resampled_once():

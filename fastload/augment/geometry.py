@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import functools
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Iterator, Literal, Sequence, get_args
 
 import cv2
@@ -60,6 +60,7 @@ __all__ = [
     "transform_geometry",
     "RecordGeometry",
     "move_record",
+    "move_records",
     "resample_polygons",
     "resample_polygon",
     "obb_xywhr",
@@ -223,31 +224,56 @@ class LoadedPolygons:
     """A bounded memo of each image's polygons resampled as Ultralytics' dataset resamples them when loaded
     (:func:`resample_polygons` with ``keep_vertices``), for ONE labels source: a pure function of an image's labels
     and the point count, which every tile the image fills (a mosaic draws each image about four times an epoch)
-    would otherwise compute again. Least recently used entries go beyond ``max_bytes``."""
+    would otherwise compute again; with it, each image's labels checked once (:meth:`longest`). Least recently used
+    images go beyond ``max_bytes``."""
 
     def __init__(self, max_bytes: int = 64 << 20) -> None:
         self.max_bytes = int(max_bytes)
-        self._entries: OrderedDict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = OrderedDict()
+        self._entries: OrderedDict[int, _LoadedImage] = OrderedDict()
         self._bytes = 0
+
+    def longest(self, src: int, rows: np.ndarray, points: np.ndarray, offsets: np.ndarray) -> int:
+        """The most points of one of image ``src``'s polygons (its labels ``rows``, ``points``, ``offsets``, checked
+        as :func:`_tile_polygons` checks a training image's the first time, then remembered)."""
+        entry = self._image(int(src))
+        if entry.longest < 0:
+            _, off = _tile_polygons(rows, points, offsets, src, False)
+            entry.longest = int(np.diff(off).max())
+        return entry.longest
 
     def resampled(self, src: int, points: np.ndarray, offsets: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
         """``(points float32 [k * n, 2], extent float32 [k, 4])``: image ``src``'s polygons ``points`` / ``offsets``
         resampled to ``n`` points each, and each one's ``(x0, y0, x1, y1)`` (read-only: shared between calls)."""
-        key = (int(src), int(n))
-        got = self._entries.get(key)
+        entry = self._image(int(src))
+        got = entry.counts.get(int(n))
         if got is not None:
-            self._entries.move_to_end(key)
             return got
-        poly = resample_polygons(points, offsets, n, True)
-        got = (poly.reshape(-1, 2), np.concatenate(_extent(poly), 1))
+        poly = resample_polygons(np.asarray(points, np.float32), np.asarray(offsets, np.int64), n, True)
+        got = entry.counts[int(n)] = (poly.reshape(-1, 2), np.concatenate(_extent(poly), 1))
         for a in got:
             a.setflags(write=False)
-        self._entries[key] = got
         self._bytes += got[0].nbytes + got[1].nbytes
         while self._bytes > self.max_bytes and len(self._entries) > 1:
             old = self._entries.popitem(last=False)[1]
-            self._bytes -= old[0].nbytes + old[1].nbytes
+            self._bytes -= sum(a.nbytes + b.nbytes for a, b in old.counts.values())
         return got
+
+    def _image(self, src: int) -> _LoadedImage:
+        entry = self._entries.get(src)
+        if entry is None:
+            entry = self._entries[src] = _LoadedImage()
+        else:
+            self._entries.move_to_end(src)
+        return entry
+
+
+@dataclass
+class _LoadedImage:
+    """What :class:`LoadedPolygons` keeps of one image: its longest polygon's point count (-1: not checked yet) and
+    its polygons resampled, by point count."""
+
+    longest: int = -1
+    counts: dict[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
 
 
 def _extent(poly: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -494,23 +520,28 @@ def _image_tiles(image: ImageParams, get: GeometryLabels, recipe: Recipe, task: 
                  ) -> tuple[list[tuple[TileParams, np.ndarray, np.ndarray, np.ndarray]], list[np.ndarray | None]]:
     """``(tile, rows, points, offsets)`` of each labelled tile of ``image``, normalised (a row without points keeps
     none: YOLOv9's validation only), and each one's polygon extents ``[n, 4]`` (None: ``"yolov9"``);
-    ``"ultralytics"``: every polygon resampled as its dataset resamples it when loaded (through ``loaded``)."""
-    pointless = recipe == "yolov9" and image.candidate_scale is None
-    tiles = [(tile, rows, *_tile_polygons(rows, points, offsets, tile.src, pointless))
-             for tile, rows, points, offsets in _labelled_tiles(image, get)]
-    if not tiles or recipe != "ultralytics":
+    ``"ultralytics"``: every polygon resampled as its dataset resamples it when loaded (through ``loaded``, which
+    checks each image's labels once)."""
+    if recipe != "ultralytics":
+        pointless = recipe == "yolov9" and image.candidate_scale is None
+        tiles = [(tile, rows, *_tile_polygons(rows, points, offsets, tile.src, pointless))
+                 for tile, rows, points, offsets in _labelled_tiles(image, get)]
         return tiles, [None] * len(tiles)
-    n = _loaded_points(tiles, task)
-    resampled = [loaded.resampled(tile.src, pts, off, n) for tile, _, pts, off in tiles]
-    return ([(tile, rows, pts, np.arange(len(rows) + 1) * n) for (tile, rows, _, _), (pts, _) in zip(tiles, resampled)],
+    labelled = list(_labelled_tiles(image, get))
+    if not labelled:
+        return [], []
+    n = _loaded_points(max(loaded.longest(tile.src, rows, points, offsets) for tile, rows, points, offsets in labelled),
+                       task)
+    resampled = [loaded.resampled(tile.src, points, offsets, n) for tile, _, points, offsets in labelled]
+    return ([(tile, rows, pts, np.arange(len(rows) + 1) * n) for (tile, rows, _, _), (pts, _) in zip(labelled, resampled)],
             [extent for _, extent in resampled])
 
 
-def _loaded_points(tiles: Sequence[tuple[TileParams, np.ndarray, np.ndarray, np.ndarray]], task: Task) -> int:
-    """The points per polygon of an ``"ultralytics"`` image, resampled when loaded (its dataset): a longer polygon
-    sets its image's count to its length + 1; a mosaic's images then meet at the longest (Instances.concatenate)."""
+def _loaded_points(longest: int, task: Task) -> int:
+    """The points per polygon of an ``"ultralytics"`` image, resampled when loaded (its dataset), whose tiles' longest
+    polygon has ``longest`` points: a longer polygon sets its image's count to its length + 1; a mosaic's images then
+    meet at the longest (Instances.concatenate)."""
     base = OBB_POINTS if task == "obb" else SEGMENT_POINTS
-    longest = max(int(np.diff(off).max()) for _, _, _, off in tiles)
     return longest + 1 if task != "obb" and longest > base else base
 
 
@@ -611,23 +642,38 @@ def _box_may_reach(box: np.ndarray, m: np.ndarray, out_hw: tuple[int, int]) -> n
     return perspective | ((wx.max(1) >= -1) & (wy.max(1) >= -1) & (wx.min(1) <= ow + 1) & (wy.min(1) <= oh + 1))
 
 
-def _ultralytics_segments(image: ImageParams, get: GeometryLabels, loaded: LoadedPolygons) -> _Moved | _Warped:
-    """:func:`_polygon_image` of an ``"ultralytics"`` segment training image without copy-paste, in one pass for all
-    its tiles (each row with its tile's loaded shape, crop and matrix: the same arithmetic); only the instances that
-    can stay are moved: the others, without area in their tile or warped wholly out of the output, are dropped by its
-    filters whatever their points (the same batch, less work)."""
-    tiles, extents = _image_tiles(image, get, "ultralytics", "segment", loaded)
-    if not tiles:
-        return _Moved.empty()
-    n = int(tiles[0][3][1])
-    _, hw, crop, m, rows = _tile_rows([(tile, rows) for tile, rows, _, _ in tiles])
-    pre = _loaded_boxes(rows, hw, crop)
-    chosen = np.flatnonzero(_shown(pre) & _may_reach(np.concatenate(extents, 0), hw, crop, m, image.out_hw))
-    pts = np.concatenate([p for _, _, p, _ in tiles], 0).reshape(-1, n, 2)[chosen]
-    px = _scaled_rows(pts, hw[chosen])
-    _clip_points(px, crop[chosen, None, :2], crop[chosen, None, 2:])
-    x, y = _apply_planes(m[chosen], px[..., 0], px[..., 1])
-    return _Warped(x, y, pre[chosen] * image.candidate_scale, rows[chosen, 0].astype(np.float64))
+def _ultralytics_segments(images: Sequence[ImageParams], get: GeometryLabels, loaded: LoadedPolygons
+                          ) -> list[_Moved | _Warped]:
+    """:func:`_polygon_image` of ``"ultralytics"`` segment training images without copy-paste (one output size), in one
+    pass for all their tiles (each row with its tile's loaded shape, crop and matrix, and its image's candidate scale:
+    the same arithmetic; the per-call cost of many small array operations is most of an image's); only the instances
+    that can stay are moved: the others, without area in their tile or warped wholly out of the output, are dropped
+    by its filters whatever their points (the same batch, less work)."""
+    out: list[_Moved | _Warped] = [_Moved.empty()] * len(images)
+    groups: dict[int, list[tuple[int, list, list]]] = {}  # by points per polygon: one per image (_loaded_points)
+    for i, image in enumerate(images):
+        tiles, extents = _image_tiles(image, get, "ultralytics", "segment", loaded)
+        if tiles:
+            groups.setdefault(int(tiles[0][3][1]), []).append((i, tiles, extents))
+    for n, members in groups.items():
+        tiles = [t for _, image_tiles, _ in members for t in image_tiles]
+        _, hw, crop, m, rows = _tile_rows([(tile, rows) for tile, rows, _, _ in tiles])
+        rows_of = [sum(len(rows) for _, rows, _, _ in image_tiles) for _, image_tiles, _ in members]
+        pre = _loaded_boxes(rows, hw, crop)
+        stay = _shown(pre) & _may_reach(np.concatenate([e for _, _, extents in members for e in extents], 0), hw, crop,
+                                        m, images[members[0][0]].out_hw)
+        chosen = np.flatnonzero(stay)
+        pts = np.concatenate([p for _, _, p, _ in tiles], 0).reshape(-1, n, 2)[chosen]
+        px = _scaled_rows(pts, hw[chosen])
+        _clip_points(px, crop[chosen, None, :2], crop[chosen, None, 2:])
+        x, y = _apply_planes(m[chosen], px[..., 0], px[..., 1])
+        scale = np.repeat(np.array([images[i].candidate_scale for i, _, _ in members], np.float64), rows_of)[chosen]
+        before = pre[chosen] * scale[:, None]
+        cls = rows[chosen, 0].astype(np.float64)
+        ends = np.cumsum(np.add.reduceat(stay.astype(np.int64), np.cumsum([0] + rows_of[:-1]))).tolist()  # each image's chosen rows
+        for (i, _, _), a, b in zip(members, [0] + ends[:-1], ends):
+            out[i] = _Warped(x[a:b], y[a:b], before[a:b], cls[a:b])
+    return out
 
 
 def _polygon_image(image: ImageParams, get: GeometryLabels, recipe: Recipe, task: Task, letterboxed: bool,
@@ -912,24 +958,36 @@ def move_record(record: SampleParams, get_geometry: GeometryLabels, recipe: Reci
                 loaded: LoadedPolygons) -> RecordGeometry:
     """The segments or oriented boxes of ``record``'s images moved (:class:`RecordGeometry`); arguments as
     :func:`transform_geometry`'s (``loaded`` required)."""
+    return move_records([record], get_geometry, recipe, task, loaded)[0]
+
+
+def move_records(records: Sequence[SampleParams], get_geometry: GeometryLabels, recipe: Recipe, task: Task,
+                 loaded: LoadedPolygons) -> list[RecordGeometry]:
+    """:func:`move_record` of each of ``records`` (one output size), Ultralytics' segment training images without
+    copy-paste in one pass for all of them (:func:`_ultralytics_segments`)."""
     if task not in ("segment", "obb"):
         raise ValueError(f"move_record moves segments or oriented boxes, got task {task!r}")
-    images = (record.image,) if record.mixup is None else (record.image, record.mixup)
+    images = [(record.image,) if record.mixup is None else (record.image, record.mixup) for record in records]
+    together = [image for record_images in images for image in record_images
+                if recipe == "ultralytics" and task == "segment" and image.candidate_scale is not None
+                and image.copy_paste is None]
+    moved = iter(_ultralytics_segments(together, get_geometry, loaded) if together else ())
     # a YOLOv9 record without mosaic is a letterbox (its mixup partner, when it has one, is a mosaic)
-    return RecordGeometry(tuple(
-        _ultralytics_segments(image, get_geometry, loaded)
-        if recipe == "ultralytics" and task == "segment" and image.candidate_scale is not None and image.copy_paste is None
+    return [RecordGeometry(tuple(
+        next(moved) if recipe == "ultralytics" and task == "segment" and image.candidate_scale is not None
+        and image.copy_paste is None
         else _polygon_image(image, get_geometry, recipe, task, not record.mosaic and k == 0, loaded)
-        for k, image in enumerate(images)), recipe)
+        for k, image in enumerate(record_images)), recipe) for record, record_images in zip(records, images)]
 
 
 def transform_geometry(records: Sequence[SampleParams], get_geometry: GeometryLabels, recipe: Recipe,
                        task: Task, loaded: LoadedPolygons | None = None,
-                       moved_records: Sequence[RecordGeometry] | None = None) -> Geometry:
+                       moved_records: Sequence[RecordGeometry | None] | None = None) -> Geometry:
     """The boxes and points of a batch of records (one output size) for ``task`` with ``recipe``'s semantics
     (module docstring). ``"yolov9"`` has only the segment task (its repository has no pose or obb loader).
     ``loaded``: a memo of ``get_geometry``'s resampled polygons kept between batches (None: one for this call).
-    ``moved_records``: segment or obb: each record's :func:`move_record`, already found (None: moved here)."""
+    ``moved_records``: segment or obb: each record's :func:`move_record` where already found (None, for all of them
+    or for one: moved here, together)."""
     if task not in TASKS:
         raise ValueError(f"task must be one of {', '.join(TASKS)}, got {task!r}")
     if recipe == "yolov9" and task != "segment":
@@ -945,10 +1003,14 @@ def transform_geometry(records: Sequence[SampleParams], get_geometry: GeometryLa
         _one_keypoint_count({int(m.counts[0]) for m in moved if len(m.counts)})
     else:
         if moved_records is None:
-            loaded = LoadedPolygons() if loaded is None else loaded
-            moved_records = [move_record(p, get_geometry, recipe, task, loaded) for p in records]
+            moved_records = [None] * len(records)
         elif len(moved_records) != len(records):
             raise ValueError(f"{len(moved_records)} moved records for a batch of {len(records)}")
+        pending = [k for k, r in enumerate(moved_records) if r is None]
+        if pending:  # moved here, all in one call
+            found = dict(zip(pending, move_records([records[k] for k in pending], get_geometry, recipe, task,
+                                                   LoadedPolygons() if loaded is None else loaded)))
+            moved_records = [found.get(k, r) for k, r in enumerate(moved_records)]
         moved = _boxed([m for r in moved_records for m in r.images], out_hw, recipe, task)
     owner = np.repeat(np.asarray(owners, np.intp), [len(m.cls) for m in moved])
     xyxy = np.concatenate([m.boxes for m in moved], 0)

@@ -45,10 +45,11 @@ class TaskLabels:
 
     def move(self, record: SampleParams, labels: FlatLabels, recipe: Recipe, loaded: LoadedPolygons
              ) -> RecordGeometry | None:
-        """``record``'s segments or oriented boxes moved (:func:`~fastload.augment.geometry.move_record`), for a
-        renderer to find before drawing the sample (its copy-paste mask is filled from them) and to hand to
-        :meth:`batch`; None for the tasks that move their labels batch-wide (detect, pose)."""
-        if self.task not in ("segment", "obb"):
+        """``record``'s segments moved (:func:`~fastload.augment.geometry.move_record`) when its pixels need them: a
+        record with copy-paste, whose pixel mask is filled from the pasted outlines found on the way (a renderer moves
+        its labels before drawing it and hands them to :meth:`batch`); None for the others, which :meth:`batch`
+        moves together (cheaper than one by one), and for the tasks without copy-paste."""
+        if self.task != "segment" or all(image is None or image.copy_paste is None for image in (record.image, record.mixup)):
             return None
         return move_record(record, labels.image, recipe, self.task, loaded)  # type: ignore[arg-type]
 
@@ -57,7 +58,7 @@ class TaskLabels:
               ) -> tuple[np.ndarray, np.ndarray | None]:
         """``(targets, extra)`` of one batch of ``records`` (one output size), read from ``labels`` (loader indices);
         ``loaded``: the memo of ``labels``' resampled polygons the caller keeps between batches (None: none kept);
-        ``moved``: each record's :meth:`move`, when the caller found them (None: moved here).
+        ``moved``: each record's :meth:`move`, when the caller found them (None, for all or for one: moved here).
 
         ``targets``: float32 [N, 6] ``(position in the batch, cls, xc, yc, w, h)`` normalised to the output.
         ``extra``: None for ``"detect"``; ``"segment"``: the masks (:class:`~fastload.engines.base.SegmentBatch`;
@@ -67,8 +68,7 @@ class TaskLabels:
         """
         if self.task == "detect":
             return batch_targets(records, labels), None
-        found = None if moved is None or any(m is None for m in moved) else moved
-        geometry = transform_geometry(records, labels.image, recipe, self.task, loaded, found)  # type: ignore[arg-type]
+        geometry = transform_geometry(records, labels.image, recipe, self.task, loaded, moved)  # type: ignore[arg-type]
         h, w = geometry.out_hw
         if self.task == "segment":
             masks, order = batch_masks(geometry, len(records), self.mask_ratio, self.overlap_mask)
