@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from fastload.augment.geometry import Geometry, LoadedPolygons, obb_xywhr, resample_polygons, transform_geometry
-from fastload.augment.masks import batch_masks, polygon_mask
+from fastload.augment.masks import batch_masks, pixel_outlines, polygon_mask
 from fastload.augment.params import ParamSampler, SampleParams
 from official_helpers import UPSTREAM
 from tests.reference.geometry_replay import (official_segment_modules, official_segment_sample, recording_draws,
@@ -232,6 +232,29 @@ def test_block_masks_equal_full_size_masks():
                 full = np.zeros(hw, np.uint8)
                 cv2.fillPoly(full, [poly.astype(np.int32)], 1)
                 assert np.array_equal(polygon_mask(poly, hw, r), cv2.resize(full, (hw[1] // r, hw[0] // r)))
+
+
+def test_pixel_outlines_fill_as_the_polygons():
+    """The outlines without repeated pixels fill as the polygons' own truncated points (edges of length 0 add nothing),
+    polygons densely resampled (mostly repeats), an empty one and one of a single repeated point among them."""
+    rng = np.random.default_rng(3)
+    polys = []
+    for _ in range(40):
+        k = int(rng.integers(3, 12))
+        vertices = rng.uniform(-30, 150, (k, 2)).astype(np.float32)
+        polys.append(resample_polygons(vertices, np.array([0, k]), int(rng.integers(50, 1000)), True)[0])
+    polys[5] = np.zeros((0, 2))
+    polys[9] = np.full((30, 2), 64.7)
+    offsets = np.concatenate(([0], np.cumsum([len(p) for p in polys])))
+    outlines = pixel_outlines(np.concatenate(polys), offsets)
+    assert len(outlines) == len(polys) and sum(map(len, outlines)) < 0.9 * offsets[-1]  # repeats dropped
+    assert len(outlines[5]) == 0 and len(outlines[9]) == 1
+    for poly, outline in zip(polys, outlines):
+        want, got = np.zeros((128, 160), np.uint8), np.zeros((128, 160), np.uint8)
+        if len(poly):
+            cv2.fillPoly(want, [poly.astype(np.int32)], 1)
+            cv2.fillPoly(got, [outline], 1)
+        assert np.array_equal(got, want) and outline.dtype == np.int32
 
 
 def test_batch_order_flips_and_refusals():
