@@ -12,6 +12,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping, Sequence, overload
 
+import cv2
 import numpy as np
 import torch
 
@@ -507,7 +508,11 @@ def _semantic_masks_host(masks: np.ndarray, cls: np.ndarray, owner: np.ndarray, 
         if not len(mine):
             continue
         if overlap:  # value v reads class v - 1; 0 (uncovered) the last one's, as an index of -1 would
-            out[b] = np.concatenate([mine[-1:], mine])[masks[b].astype(np.intp)]
+            lut = np.concatenate([mine[-1:], mine]).astype(np.float32)
+            if masks.dtype == np.uint8:  # one table lookup per pixel (cv2.LUT: 256 entries)
+                cv2.LUT(masks[b], np.pad(lut, (0, 256 - len(lut))), dst=out[b])
+            else:
+                out[b] = lut[masks[b].astype(np.intp)]
             continue
         inst = masks[owner == b]
         areas = inst.sum(axis=(1, 2))
