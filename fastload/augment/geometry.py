@@ -670,7 +670,8 @@ def _ultralytics_segments(images: Sequence[ImageParams], get: GeometryLabels, lo
         scale = np.repeat(np.array([images[i].candidate_scale for i, _, _ in members], np.float64), rows_of)[chosen]
         before = pre[chosen] * scale[:, None]
         cls = rows[chosen, 0].astype(np.float64)
-        ends = np.cumsum(np.add.reduceat(stay.astype(np.int64), np.cumsum([0] + rows_of[:-1]))).tolist()  # each image's chosen rows
+        first_rows = np.cumsum([0] + rows_of[:-1])
+        ends = np.cumsum(np.add.reduceat(stay.astype(np.int64), first_rows)).tolist()  # past each image's chosen rows
         for (i, _, _), a, b in zip(members, [0] + ends[:-1], ends):
             out[i] = _Warped(x[a:b], y[a:b], before[a:b], cls[a:b])
     return out
@@ -968,16 +969,18 @@ def move_records(records: Sequence[SampleParams], get_geometry: GeometryLabels, 
     if task not in ("segment", "obb"):
         raise ValueError(f"move_record moves segments or oriented boxes, got task {task!r}")
     images = [(record.image,) if record.mixup is None else (record.image, record.mixup) for record in records]
-    together = [image for record_images in images for image in record_images
-                if recipe == "ultralytics" and task == "segment" and image.candidate_scale is not None
-                and image.copy_paste is None]
-    moved = iter(_ultralytics_segments(together, get_geometry, loaded) if together else ())
+
+    def together(image: ImageParams) -> bool:  # an Ultralytics segment training image without copy-paste
+        return recipe == "ultralytics" and task == "segment" and image.candidate_scale is not None \
+            and image.copy_paste is None
+
+    moved = iter(_ultralytics_segments([image for pair in images for image in pair if together(image)], get_geometry,
+                                       loaded))
     # a YOLOv9 record without mosaic is a letterbox (its mixup partner, when it has one, is a mosaic)
     return [RecordGeometry(tuple(
-        next(moved) if recipe == "ultralytics" and task == "segment" and image.candidate_scale is not None
-        and image.copy_paste is None
+        next(moved) if together(image)
         else _polygon_image(image, get_geometry, recipe, task, not record.mosaic and k == 0, loaded)
-        for k, image in enumerate(record_images)), recipe) for record, record_images in zip(records, images)]
+        for k, image in enumerate(pair)), recipe) for record, pair in zip(records, images)]
 
 
 def transform_geometry(records: Sequence[SampleParams], get_geometry: GeometryLabels, recipe: Recipe,
