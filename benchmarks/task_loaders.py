@@ -144,8 +144,8 @@ def rows_of(task: str, yaml_path: Path, official_yaml: Path, a: argparse.Namespa
 # ----------------------------------------------------------------------------------------- what bounds it
 #: the functions whose cumulative CPU time is each part of a segment batch: ``render_sample`` draws the pixels and
 #: calls ``_copy_paste`` (the mirrored canvas redrawn under the pasted instances), counted apart; the renderer moves
-#: each record's labels before drawing it (``move_record``, which also finds the pasted outlines), and
-#: ``transform_geometry`` assembles the batch from them
+#: the labels of each record with copy-paste before drawing it (``move_record``, which also finds the pasted
+#: outlines), and ``transform_geometry`` moves the others, all together, and assembles the batch
 PARTS = {"pixels (mosaic, warp, mixup, flips)": ("render_sample",), "copy-paste (mirrored pixels)": ("_copy_paste",),
          "labels (polygons resampled, warped; boxes; paste outlines)": ("move_record", "transform_geometry"),
          "masks (rasterised, overlap)": ("batch_masks",)}
