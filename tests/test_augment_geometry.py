@@ -345,7 +345,7 @@ def test_polygon_pieces_equal_the_references_functions(yolov9, ultra):
         poly = _random_polygons(rng, 40, n, 64.0)
         poly[::4, :, 0] = np.clip(poly[::4, :, 0], 0, 64)  # points on the border
         inside = _inside_vertex_boxes(*poly.astype(np.float64).transpose(2, 0, 1), 64, 48)  # x, y planes
-        clipped = _clipped_extent_boxes(poly.astype(np.float64), 64, 48)
+        clipped = _clipped_extent_boxes(*poly.astype(np.float64).transpose(2, 0, 1), 64, 48)
         for k in range(len(poly)):
             np.testing.assert_array_equal(inside[k], general.segment2box(poly[k], 64, 48).reshape(4))
             np.testing.assert_allclose(clipped[k], ops.segment2box(poly[k], 64, 48), atol=1e-4)

@@ -305,9 +305,8 @@ def _inside_vertex_boxes(x: np.ndarray, y: np.ndarray, w: float, h: float) -> np
     return box
 
 
-def _contains(poly: np.ndarray, px: float, py: float) -> np.ndarray:
-    """bool [k]: whether ``(px, py)`` lies inside each closed polygon of ``poly`` [k, n, 2] (even-odd rule)."""
-    x, y = poly[..., 0], poly[..., 1]
+def _contains(x: np.ndarray, y: np.ndarray, px: float, py: float) -> np.ndarray:
+    """bool [k]: whether ``(px, py)`` lies inside each closed polygon of points ``x``, ``y`` [k, n] (even-odd rule)."""
     xn, yn = np.roll(x, -1, 1), np.roll(y, -1, 1)
     spans = (y > py) != (yn > py)
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -315,40 +314,43 @@ def _contains(poly: np.ndarray, px: float, py: float) -> np.ndarray:
     return ((spans & (px < at)).sum(1) % 2).astype(bool)
 
 
-def _clipped_extent_boxes(poly: np.ndarray, w: float, h: float) -> np.ndarray:
-    """Ultralytics 8.4 ``segment2box`` of each polygon of ``poly`` [k, n, 2]: the extent of its part inside
+def _clipped_extent_boxes(x: np.ndarray, y: np.ndarray, w: float, h: float) -> np.ndarray:
+    """Ultralytics 8.4 ``segment2box`` of each polygon of points ``x``, ``y`` [k, n] (coordinate planes: numpy reduces
+    a contiguous plane several times faster than a coordinate of [k, n, 2] points): the extent of its part inside
     ``[0, w] x [0, h]`` (inside vertices, crossings of its edges with the border, image corners inside it); zeros
     when nothing is inside."""
-    lo, hi = _extent(poly)
+    lo, hi = np.stack((x.min(1), y.min(1)), 1), np.stack((x.max(1), y.max(1)), 1)
     box = np.concatenate((lo, hi), 1)
     outside = (hi[:, 0] < 0) | (hi[:, 1] < 0) | (lo[:, 0] > w) | (lo[:, 1] > h)
     box[outside] = 0.0
     crossing = np.flatnonzero(~outside & ((lo < 0).any(1) | (hi[:, 0] > w) | (hi[:, 1] > h)))
     if not len(crossing):
         return box
-    p = poly[crossing]
-    x, y = p[..., 0], p[..., 1]
-    ext = _masked_extent(x, y, (x >= 0) & (y >= 0) & (x <= w) & (y <= h))
+    planes = (x[crossing], y[crossing])
+    px, py = planes
+    ext = _masked_extent(px, py, (px >= 0) & (py >= 0) & (px <= w) & (py <= h))
     c_lo, c_hi = lo[crossing], hi[crossing]
+    n = px.shape[1]
     for axis, bound, lim, reach in ((0, 0.0, h, c_lo[:, 0] <= 0), (0, w, h, c_hi[:, 0] >= w),
                                     (1, 0.0, w, c_lo[:, 1] <= 0), (1, h, w, c_hi[:, 1] >= h)):
         # only the polygons reaching the border line have edges with it between their ends, and only those edges
         # can cross it (the others fail the t test below)
         sub = np.flatnonzero(reach)
-        a = p[sub, :, axis]
+        a = planes[axis][sub]
         below, above = a <= bound, a >= bound
         row, k = np.nonzero((below | np.roll(below, -1, 1)) & (above | np.roll(above, -1, 1)))
-        start = p[sub[row], k]
-        delta = p[sub[row], (k + 1) % p.shape[1]] - start
+        r, k_next = sub[row], (k + 1) % n
+        start = [plane[r, k] for plane in planes]
+        delta = [plane[r, k_next] - s for plane, s in zip(planes, start)]
         with np.errstate(divide="ignore", invalid="ignore"):  # an edge along the border crosses nowhere
-            t = (bound - start[:, axis]) / delta[:, axis]
-            cross = start + t[:, None] * delta
+            t = (bound - start[axis]) / delta[axis]
+            cross = np.stack([s + t * d for s, d in zip(start, delta)], 1)
         other = cross[:, 1 - axis]
         ok = (t >= 0) & (t <= 1) & (other >= 0) & (other <= lim)
-        _extend(ext, sub[row[ok]], cross[ok])
+        _extend(ext, r[ok], cross[ok])
     for corner in ((0.0, 0.0), (w, 0.0), (0.0, h), (w, h)):
         near = np.flatnonzero(((c_lo <= corner) & (c_hi >= corner)).all(1))
-        inside = near[_contains(p[near], *corner)]
+        inside = near[_contains(px[near], py[near], *corner)]
         _extend(ext, inside, np.broadcast_to(np.array(corner), (len(inside), 2)))
     ext[np.isinf(ext).any(1)] = 0.0
     box[crossing] = ext
@@ -806,17 +808,20 @@ def _boxes_kept(x: np.ndarray, y: np.ndarray, before: np.ndarray, out_hw: tuple[
     [k, n], label boxes ``before`` scaled for the candidate filter): their boxes (module docstring), the polygons as
     the recipe leaves them, and the instances its filters keep."""
     oh, ow = out_hw
-    poly = np.stack((x, y), -1)
     if recipe == "yolov9":
         boxes = _inside_vertex_boxes(x, y, ow, oh)
+        poly = np.stack((x, y), -1)
     else:
-        boxes = _clipped_extent_boxes(poly, ow, oh)
+        boxes = _clipped_extent_boxes(x, y, ow, oh)
         if task == "obb":  # preserve_obb: a box crossing the border becomes its visible part, in its direction
+            poly = np.stack((x, y), -1)
             lo, hi = _extent(poly)
             for i in np.flatnonzero((lo < 0).any(1) | (hi[:, 0] > ow) | (hi[:, 1] > oh)).tolist():
                 boxes[i], poly[i] = _aligned_visible(poly[i], (0, 0, ow, oh), poly.shape[1])
-        else:  # the polygon clipped to its box (inside the output: Instances.clip then changes nothing)
-            _clip_points(poly, boxes[:, None, :2], boxes[:, None, 2:])
+        else:  # the polygon clipped to its box (inside the output: Instances.clip then changes nothing), plane by plane
+            poly = np.empty(x.shape + (2,))
+            for axis, plane in enumerate((x, y)):
+                np.clip(plane, boxes[:, axis, None], boxes[:, axis + 2, None], out=poly[..., axis])
     keep = box_candidates(before, boxes, area_thr=SEGMENT_AREA_THR)
     if recipe == "ultralytics":
         keep &= _shown(before)
