@@ -411,7 +411,12 @@ def _apply_planes(m: np.ndarray, x: np.ndarray, y: np.ndarray) -> tuple[np.ndarr
     """Points ``x``, ``y`` [k, n], row ``i`` through the 3x3 matrix ``m[i]`` (perspective divide for the matrices
     with a perspective row), as the planes ``(x, y)``; written out per coordinate, several times faster than a
     matrix product with an inner dimension of 2, and for all rows at once."""
-    out = [x * m[:, axis, 0, None] + y * m[:, axis, 1, None] + m[:, axis, 2, None] for axis in range(2)]
+    out = []
+    for axis in range(2):  # (x * a + y * b) + c, summed in place: two temporaries fewer
+        plane = x * m[:, axis, 0, None]
+        plane += y * m[:, axis, 1, None]
+        plane += m[:, axis, 2, None]
+        out.append(plane)
     projective = np.flatnonzero((m[:, 2, 0] != 0.0) | (m[:, 2, 1] != 0.0) | (m[:, 2, 2] != 1.0))
     if len(projective):
         p = m[projective]
