@@ -318,6 +318,22 @@ def test_loaded_polygons_are_resampled_once():
     np.testing.assert_array_equal(first[1], np.concatenate((poly.min(1), poly.max(1)), 1))
 
 
+def test_loaded_polygons_check_each_image_once_within_their_bound():
+    """Labels are checked the first time an image is seen (a bad row named then, and again while it is refused), and
+    the images only checked (YOLOv9's, nothing resampled) count against the bound too."""
+    from fastload.augment.geometry import _IMAGE_BYTES
+
+    rows = np.zeros((2, 5), np.float32)
+    points = np.random.default_rng(2).uniform(0, 1, (7, 2)).astype(np.float32)
+    memo = LoadedPolygons(max_bytes=10 * _IMAGE_BYTES)
+    for src in range(50):
+        assert memo.longest(src, rows, points, np.array([0, 3, 7])) == 4
+    assert len(memo._entries) == 10 and memo._bytes <= memo.max_bytes
+    for _ in range(2):
+        with pytest.raises(ValueError, match="labels of image 99: a row without points"):
+            memo.longest(99, rows, points, np.array([0, 7, 7]))
+
+
 def _random_polygons(rng: np.random.Generator, k: int, n: int, size: float) -> np.ndarray:
     """[k, n, 2] float32 star polygons around ``size``-square, many crossing its border."""
     centre = rng.uniform(-0.15 * size, 1.15 * size, (k, 1, 2))

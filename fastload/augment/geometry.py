@@ -224,8 +224,8 @@ class LoadedPolygons:
     """A bounded memo of each image's polygons resampled as Ultralytics' dataset resamples them when loaded
     (:func:`resample_polygons` with ``keep_vertices``), for ONE labels source: a pure function of an image's labels
     and the point count, which every tile the image fills (a mosaic draws each image about four times an epoch)
-    would otherwise compute again; with it, each image's labels checked once (:meth:`longest`). Least recently used
-    images go beyond ``max_bytes``."""
+    would otherwise compute again; with it, each image's labels checked once (:meth:`longest`, both recipes). Least
+    recently used images go beyond ``max_bytes`` (their arrays, and :data:`_IMAGE_BYTES` for each image's entry)."""
 
     def __init__(self, max_bytes: int = 64 << 20) -> None:
         self.max_bytes = int(max_bytes)
@@ -252,19 +252,28 @@ class LoadedPolygons:
         got = entry.counts[int(n)] = (poly.reshape(-1, 2), np.concatenate(_extent(poly), 1))
         for a in got:
             a.setflags(write=False)
-        self._bytes += got[0].nbytes + got[1].nbytes
-        while self._bytes > self.max_bytes and len(self._entries) > 1:
-            old = self._entries.popitem(last=False)[1]
-            self._bytes -= sum(a.nbytes + b.nbytes for a, b in old.counts.values())
+        self._grow(got[0].nbytes + got[1].nbytes)
         return got
 
     def _image(self, src: int) -> _LoadedImage:
         entry = self._entries.get(src)
-        if entry is None:
-            entry = self._entries[src] = _LoadedImage()
-        else:
+        if entry is not None:
             self._entries.move_to_end(src)
+            return entry
+        entry = self._entries[src] = _LoadedImage()
+        self._grow(_IMAGE_BYTES)
         return entry
+
+    def _grow(self, nbytes: int) -> None:
+        """Count ``nbytes`` more; drop the least recently used images beyond the bound (never the newest)."""
+        self._bytes += nbytes
+        while self._bytes > self.max_bytes and len(self._entries) > 1:
+            old = self._entries.popitem(last=False)[1]
+            self._bytes -= _IMAGE_BYTES + sum(a.nbytes + b.nbytes for a, b in old.counts.values())
+
+
+#: what one image's entry in :class:`LoadedPolygons` costs beside its arrays (the entry, its dict, its key), about
+_IMAGE_BYTES = 400
 
 
 @dataclass
@@ -529,12 +538,16 @@ def _image_tiles(image: ImageParams, get: GeometryLabels, recipe: Recipe, task: 
     none: YOLOv9's validation only), and each one's polygon extents ``[n, 4]`` (None: ``"yolov9"``);
     ``"ultralytics"``: every polygon resampled as its dataset resamples it when loaded (through ``loaded``, which
     checks each image's labels once)."""
-    if recipe != "ultralytics":
-        pointless = recipe == "yolov9" and image.candidate_scale is None
-        tiles = [(tile, rows, *_tile_polygons(rows, points, offsets, tile.src, pointless))
-                 for tile, rows, points, offsets in _labelled_tiles(image, get)]
-        return tiles, [None] * len(tiles)
     labelled = list(_labelled_tiles(image, get))
+    if recipe != "ultralytics":
+        if image.candidate_scale is None:  # YOLOv9's validation keeps rows without points
+            tiles = [(tile, rows, *_tile_polygons(rows, points, offsets, tile.src, True))
+                     for tile, rows, points, offsets in labelled]
+        else:  # each image's labels checked once (by the memo), then taken as they are
+            for tile, rows, points, offsets in labelled:
+                loaded.longest(tile.src, rows, points, offsets)
+            tiles = [(tile, rows, np.asarray(points, np.float32), offsets) for tile, rows, points, offsets in labelled]
+        return tiles, [None] * len(tiles)
     if not labelled:
         return [], []
     n = _loaded_points(max(loaded.longest(tile.src, rows, points, offsets) for tile, rows, points, offsets in labelled),
