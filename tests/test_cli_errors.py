@@ -230,7 +230,7 @@ def results(files) -> dict[str, subprocess.CompletedProcess]:
     import torch
 
     threads = torch.get_num_threads()
-    # one intra-op thread for the trainer cases here (it builds its model before it finds no store): the
+    # one intra-op thread for the trainer cases here (torch work in this process): the
     # subprocesses beside them, and the suite's other worker, hold the other cores (see one_torch_thread)
     torch.set_num_threads(1)
     try:

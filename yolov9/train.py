@@ -341,6 +341,7 @@ def _train(opt: argparse.Namespace, stop_request: _StopRequest) -> dict:
     from fastload.augment.hyp import load_hyp
     from fastload.data.config import load_data_config
     from fastload.engines.factory import engine_class
+    from fastload.store.factory import check_recorded
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     ddp = _Dist()
@@ -396,6 +397,11 @@ def _train(opt: argparse.Namespace, stop_request: _StopRequest) -> dict:
     hyp = load_hyp(opt.hyp)
     hyp["label_smoothing"] = float(opt.label_smoothing)
     data_cfg = load_data_config(opt.data)
+    # a store kind the yaml records none of fails here, not after the model is built (seconds for the larger ones):
+    # the train split's, and the val split's where this rank validates
+    store = opt.store or opt.cache or "auto"
+    for split in ("train", "val") if ddp.main else ("train",):
+        check_recorded(data_cfg, split, store)
     nc = 1 if opt.single_cls else int(data_cfg.nc)
     names = ["item"] if opt.single_cls else list(data_cfg.names)
 
@@ -455,7 +461,6 @@ def _train(opt: argparse.Namespace, stop_request: _StopRequest) -> dict:
             model, device_ids=[device.index] if cuda else None, output_device=device.index if cuda else None)
 
     # Data.
-    store = opt.store or opt.cache or "auto"
     per_rank = opt.batch_size // ddp.world
     train_loader = fastload.loader(
         opt.data, split="train", imgsz=opt.imgsz, batch_size=per_rank, hyp=hyp, augment=True, store=store,

@@ -115,13 +115,8 @@ def open_store(
     check_one_source(recorded, split, cfg.origin)
     if kind == "ram":
         return _open_ram(cfg, split, imgsz, load_rule, recorded, explicit=True)
-    if kind in ("disk", "lmdb", "encoded"):
-        if kind not in recorded:
-            raise StoreError(
-                f"no {kind} store recorded for split {split!r} in {cfg.yaml_path or 'the data config'}; "
-                f"create one with `fastload convert {cfg.yaml_path or 'data.yaml'} --to {kind}` and pass the "
-                f"data.yaml it writes"
-            )
+    if kind in RECORDED_ONLY:
+        check_recorded(cfg, split, kind)
         return open_path(recorded[kind], kind=kind, imgsz=imgsz, load_rule=load_rule)
 
     # auto
@@ -143,6 +138,22 @@ def open_store(
         except StoreError as e:
             LOG.warning("%s store for split %r not used: %s", k, split, e)
     raise AssertionError("unreachable")
+
+
+# the kinds open_store opens only where the yaml records one (``ram`` is built on demand, ``files`` read in place)
+RECORDED_ONLY = ("disk", "lmdb", "encoded")
+
+
+def check_recorded(cfg: DataConfig, split: str, kind: str) -> None:
+    """Raise the StoreError :func:`open_store` raises for a ``kind`` of :data:`RECORDED_ONLY` that ``cfg`` records no
+    store of for ``split``; nothing for the other kinds. It reads the config only and opens nothing, so that a caller
+    with costly set-up before its loaders (the trainer builds its model first) can refuse such a run at once."""
+    if kind in RECORDED_ONLY and kind not in cfg.stores.get(split, {}):
+        raise StoreError(
+            f"no {kind} store recorded for split {split!r} in {cfg.yaml_path or 'the data config'}; "
+            f"create one with `fastload convert {cfg.yaml_path or 'data.yaml'} --to {kind}` and pass the "
+            f"data.yaml it writes"
+        )
 
 
 def open_path(path: str | Path, kind: str = "auto", imgsz: int | None = None, load_rule: LoadRule | None = None) -> Store:
