@@ -76,12 +76,16 @@ def synth_yaml(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def preloaded_python():
+def preloaded_python(tmp_path_factory):
     """A fork server with torch, torchvision, pandas and matplotlib imported (tests/preloaded.py), for the tests
-    that start the official scripts or the trainer many times; started on first use, one per test process."""
+    that start the official scripts or the trainer many times; started on first use, one for the session: under
+    pytest-xdist the first worker that needs it starts it and the other joins it (in the folder the workers share)."""
     from preloaded import PreloadedPython, base_env
 
-    server = PreloadedPython(base_env(REPO))
+    if "PYTEST_XDIST_WORKER" in os.environ:
+        server = PreloadedPython.shared(base_env(REPO), tmp_path_factory.getbasetemp().parent)
+    else:
+        server = PreloadedPython(base_env(REPO))
     yield server
     server.close()
 

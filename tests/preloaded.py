@@ -17,6 +17,8 @@ start its own processes (DataLoader workers, torchrun) as under a plain interpre
 ``PYTHON_EXEC`` (torchrun's documented choice of the interpreter its ranks run under) set to it makes each
 rank a fork of the server as well. It hands the server its arguments, environment, working directory and
 standard streams over a Unix socket, forwards the signals it gets to the forked rank and exits with its status.
+The test processes hand it their runs the same way (their log files as the run's streams). Under pytest-xdist the
+workers share one server (``PreloadedPython.shared``): its imports cost 5-6 s of CPU, and both workers start runs.
 """
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 # imported once by the server; all of them are what the official scripts and the trainer import first
@@ -81,25 +84,96 @@ class PreloadedProcess:
 
 
 class PreloadedPython:
-    """A fork server with ``PRELOAD`` imported, started with environment ``env``; ``spawn`` runs a script in it."""
+    """A fork server with ``PRELOAD`` imported, started with environment ``env``; ``spawn`` runs a script in it.
 
-    def __init__(self, env: dict[str, str]):
+    ``PreloadedPython.shared(env, folder)`` is the one server of the test processes that share ``folder`` (pytest-xdist's
+    workers): the first starts it, the others join it. Each holds a lease (the server's stdin for the one that started
+    it, a connection for the others); the server ends when every lease is given back and its runs have ended."""
+
+    def __init__(self, env: dict[str, str], *, shared: bool = False):
         self.env = dict(env)
         self._dir = tempfile.mkdtemp(prefix="preloaded-")
-        sock = os.path.join(self._dir, "server.sock")
+        self.socket = os.path.join(self._dir, "server.sock")
         self.python = os.path.join(self._dir, "python")  # the stand-in for python (see the module's docstring)
         with open(self.python, "w") as f:
             # -IS: no site packages, no PYTHON* variables: a stand-in starts in milliseconds
             f.write(f"#!{sys.executable} -IS\nimport sys\nsys.path.insert(0, {str(Path(__file__).parent)!r})\n"
-                    f"from preloaded import stand_in_main\nsys.exit(stand_in_main({sock!r}))\n")
+                    f"from preloaded import stand_in_main\nsys.exit(stand_in_main({self.socket!r}))\n")
         os.chmod(self.python, 0o755)
-        self._proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--serve", sock], env=self.env,
-                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
+        # its stdin is this process's lease: closed (or this process gone), the server ends once its runs have
+        self._proc: subprocess.Popen | None = subprocess.Popen(
+            [sys.executable, str(Path(__file__).resolve()), "--serve", self.socket], env=self.env, stdin=subprocess.PIPE)
+        self.server_pid = self._proc.pid
+        self._shared = shared  # another test process may hold a lease: close() does not wait for the server
+        self._lease: socket.socket | None = None
         self._lock = threading.Condition()
         self._replies: dict[int, dict] = {}
         self._next_id = 0
-        self._reader = threading.Thread(target=self._read_replies, daemon=True)
-        self._reader.start()
+
+    @classmethod
+    def shared(cls, env: dict[str, str], folder: Path) -> PreloadedPython:
+        """The server of the test processes sharing ``folder``: joined where one of them has started it and it still
+        serves (with the same values of the variables read at load), else started here and announced there.
+
+        The pre-loaded imports cost 5-6 s of CPU per server; pytest-xdist's two workers both start runs."""
+        import fcntl
+
+        with open(folder / "preloaded.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # one starts it while the other waits, then joins it
+            announced = folder / "preloaded.json"
+            if announced.is_file():
+                joined = cls._join(json.loads(announced.read_text()), env)
+                if joined is not None:
+                    return joined
+            server = cls(env, shared=True)
+            announced.write_text(json.dumps({"socket": server.socket, "python": server.python,
+                                             "pid": server.server_pid, "env": server.env}))
+            return server
+
+    @classmethod
+    def _join(cls, info: dict, env: dict[str, str]) -> PreloadedPython | None:
+        """A lease on the announced server ``info``; None where it cannot serve runs of ``env`` or is gone."""
+        if load_time_mismatch(env, info["env"]):
+            return None
+        self = cls.__new__(cls)
+        self.env, self.socket, self.python, self.server_pid = info["env"], info["socket"], info["python"], info["pid"]
+        self._dir, self._proc, self._shared = None, None, True
+        self._lock = threading.Condition()
+        self._replies, self._next_id = {}, 0
+        try:
+            self._lease = self._connect(timeout=120)
+            self._lease.sendall(b'{"lease": true}\n')
+            if self._lease.makefile("r").readline() == "":  # it was ending: it closed the connection unanswered
+                self._lease.close()
+                return None
+        except (OSError, RuntimeError):
+            return None
+        return self
+
+    def _connect(self, timeout: float) -> socket.socket:
+        """A connection to the server, once it listens (it binds its socket after its imports)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                conn.connect(self.socket)
+                return conn
+            except (FileNotFoundError, ConnectionRefusedError):
+                conn.close()
+                if not self._server_alive():
+                    raise RuntimeError("the preloaded interpreter has ended") from None
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"the preloaded interpreter did not listen within {timeout} s") from None
+                time.sleep(0.05)
+
+    def _server_alive(self) -> bool:
+        if self._proc is not None:
+            return self._proc.poll() is None
+        try:
+            os.kill(self.server_pid, 0)
+            return True
+        except ProcessLookupError:
+            return False
 
     def spawn(self, argv: list[str], cwd: Path | str, env: dict[str, str], log: Path | str,
               err_log: Path | str | None = None) -> PreloadedProcess:
@@ -108,44 +182,56 @@ class PreloadedPython:
         mismatch = load_time_mismatch(env, self.env)
         if mismatch:
             raise ValueError(mismatch)
+        conn = self._connect(timeout=120)
+        # the run's streams, passed as a stand-in passes its own: no input, the log (and the error log: 2>&1 where none)
+        streams = [os.open(os.devnull, os.O_RDONLY), os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)]
+        streams.append(os.open(err_log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644) if err_log and str(err_log) != str(log)
+                       else os.dup(streams[1]))
+        try:
+            request = {"argv": list(argv), "cwd": str(cwd), "env": env, "unbuffered": False}
+            socket.send_fds(conn, [json.dumps(request).encode() + b"\n"], streams)
+        finally:
+            for fd in streams:
+                os.close(fd)
+        replies = conn.makefile("r")
+        started = json.loads(replies.readline() or '{"error": "the preloaded interpreter went away"}')
+        if "error" in started:
+            conn.close()
+            raise RuntimeError(f"preloaded python: {started['error']}")
         with self._lock:
             run_id, self._next_id = self._next_id, self._next_id + 1
-            request = {"id": run_id, "argv": list(argv), "cwd": str(cwd), "env": env, "log": str(log),
-                       "err_log": str(err_log or log)}
-            assert self._proc.stdin is not None
-            self._proc.stdin.write(json.dumps(request) + "\n")
-            self._proc.stdin.flush()
-            while "pid" not in self._replies.get(run_id, {}):
-                if not self._lock.wait(timeout=120):
-                    raise RuntimeError("the preloaded interpreter did not start a run within 120 s")
-            return PreloadedProcess(self, run_id, self._replies[run_id]["pid"])
+            self._replies[run_id] = {"pid": started["pid"]}
+        threading.Thread(target=self._read_exit_status, args=(run_id, conn, replies), daemon=True).start()
+        return PreloadedProcess(self, run_id, started["pid"])
+
+    def _read_exit_status(self, run_id: int, conn: socket.socket, replies) -> None:
+        line = replies.readline()
+        conn.close()
+        with self._lock:  # no line: the server is gone, and the run with it
+            self._replies[run_id]["rc"] = json.loads(line)["rc"] if line else -9
+            self._lock.notify_all()
 
     def _exit_status(self, run_id: int, timeout: float | None) -> int | None:
         with self._lock:
             self._lock.wait_for(lambda: "rc" in self._replies.get(run_id, {}), timeout=timeout)
             return self._replies.get(run_id, {}).get("rc")
 
-    def _read_replies(self) -> None:
-        assert self._proc.stdout is not None
-        for line in self._proc.stdout:
-            reply = json.loads(line)
-            with self._lock:
-                self._replies.setdefault(reply.pop("id"), {}).update(reply)
-                self._lock.notify_all()
-        with self._lock:  # the server is gone: every run it had not reported is lost
-            for reply in self._replies.values():
-                reply.setdefault("pid", -1)
-                reply.setdefault("rc", -9)
-            self._lock.notify_all()
-
     def close(self) -> None:
-        assert self._proc.stdin is not None
-        self._proc.stdin.close()  # the server exits once its runs have ended
+        """Give the lease back. The server ends once its runs have ended and no other test process holds a lease:
+        waited for (60 s at most) unless it is shared."""
+        if self._lease is not None:
+            self._lease.close()
+            return
+        assert self._proc is not None and self._proc.stdin is not None
+        self._proc.stdin.close()
+        if self._shared:
+            return  # another process may still use it; it removes its folder when it ends
         try:
             self._proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
             self._proc.kill()
             self._proc.wait()
+        assert self._dir is not None
         shutil.rmtree(self._dir, ignore_errors=True)
 
 
@@ -167,31 +253,20 @@ def run(server: PreloadedPython, argv: list[str], cwd: Path, env: dict[str, str]
 
 
 # ----------------------------------------------------------------------------------------- the server
-def _redirect(request: dict, streams: list[int] | None) -> None:
-    """Standard streams of a run: the stand-in's own (``streams``), else the request's log files and no input."""
-    if streams is not None:
-        for target, fd in enumerate(streams):
-            os.dup2(fd, target)
-            os.close(fd)
-        return
-    fd = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    os.dup2(fd, 1)
-    if request["err_log"] != request["log"]:  # else one descriptor for both, as 2>&1 gives
+def _redirect(streams: list[int]) -> None:
+    """Standard streams of a run: the three descriptors that came with its request (a stand-in's own, or a test
+    process's: no input, its log files)."""
+    for target, fd in enumerate(streams):
+        os.dup2(fd, target)
         os.close(fd)
-        fd = os.open(request["err_log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    os.dup2(fd, 2)
-    os.close(fd)
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
-    os.close(null)
 
 
-def _run_child(request: dict, streams: list[int] | None = None) -> int:
+def _run_child(request: dict, streams: list[int]) -> int:
     """In the forked child: become ``python ARGV`` and return its exit status."""
     import runpy
     import traceback
 
-    _redirect(request, streams)
+    _redirect(streams)
     sys.stdin = open(0, closefd=False)
     if request.get("unbuffered"):  # python -u
         sys.stdout.reconfigure(write_through=True)
@@ -249,8 +324,9 @@ def _read_stand_in_request(conn: socket.socket) -> tuple[dict, list[int]]:
 
 
 def serve(socket_path: str) -> None:
-    """Import ``PRELOAD``, then fork a child per request: a line on stdin (the tests), or a stand-in's connection to
-    ``socket_path``; report pids and exit statuses on stdout, or to the stand-in."""
+    """Import ``PRELOAD``, then fork a child per request on ``socket_path`` (a stand-in's, or a test process's: its
+    arguments, environment, working directory and standard streams), reporting its pid and exit status on that
+    connection. Serves while its stdin is open, a lease connection is, or a run goes on; then removes its folder."""
     import gc
     import importlib
 
@@ -260,44 +336,39 @@ def serve(socket_path: str) -> None:
         except ImportError:
             pass  # an optional package absent here: the run imports what it needs itself
     gc.freeze()  # what the server imported stays out of the children's collections: fewer pages copied
-    reply_fd = os.dup(1)
-    os.dup2(2, 1)  # anything a package prints goes to stderr, not into the replies
+    os.dup2(2, 1)  # anything a package prints goes to stderr
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(socket_path)
     listener.listen(16)
-    children: dict[int, int | socket.socket] = {}  # pid -> the run id, or the stand-in's connection
-    buffered, open_stdin = b"", True
+    children: dict[int, socket.socket] = {}  # pid -> the connection its exit status goes to
+    leases: set[socket.socket] = set()  # the connections of test processes that use this server besides its parent
+    open_stdin = True
 
-    def reply(msg: dict) -> None:
-        os.write(reply_fd, (json.dumps(msg) + "\n").encode())
-
-    def start(request: dict, streams: list[int] | None) -> int:
+    def start(request: dict, streams: list[int]) -> int:
         sys.stdout.flush()
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:
-            os.close(reply_fd)
-            listener.close()
+            for conn in (listener, *leases, *children.values()):  # the server's, not the run's
+                conn.close()
             _exit(_run_child(request, streams))
         return pid
 
-    while open_stdin or children:
-        ready, _, _ = select.select([0, listener] if open_stdin else [listener], [], [], 0.05)
+    while open_stdin or children or leases:
+        ready, _, _ = select.select([listener, *leases, *([0] if open_stdin else [])], [], [], 0.05)
         if 0 in ready:
-            chunk = os.read(0, 1 << 16)
-            open_stdin = bool(chunk)
-            buffered += chunk
-            while b"\n" in buffered:
-                line, buffered = buffered.split(b"\n", 1)
-                request = json.loads(line)
-                pid = start(request, None)
-                children[pid] = request["id"]
-                reply({"id": request["id"], "pid": pid})
+            open_stdin = bool(os.read(0, 1 << 16))  # the parent's lease: nothing but its end is ever sent
+        for lease in leases & set(ready):  # a lease given back (closed, or its process gone)
+            leases.discard(lease)
+            lease.close()
         if listener in ready:
             conn, _ = listener.accept()
             request, streams = _read_stand_in_request(conn)
-            mismatch = load_time_mismatch(request["env"], os.environ)
-            if mismatch:
+            mismatch = None if request.get("lease") else load_time_mismatch(request["env"], os.environ)
+            if request.get("lease"):
+                leases.add(conn)
+                conn.sendall(b'{"leased": true}\n')
+            elif mismatch:
                 conn.sendall(json.dumps({"error": mismatch}).encode() + b"\n")
                 conn.close()
             else:
@@ -312,14 +383,13 @@ def serve(socket_path: str) -> None:
                 break
             if pid in children:
                 owner, rc = children.pop(pid), os.waitstatus_to_exitcode(status)
-                if isinstance(owner, socket.socket):
-                    try:
-                        owner.sendall(json.dumps({"rc": rc}).encode() + b"\n")
-                    except OSError:
-                        pass  # the stand-in is gone (killed): nobody waits for this status
-                    owner.close()
-                else:
-                    reply({"id": owner, "rc": rc})
+                try:
+                    owner.sendall(json.dumps({"rc": rc}).encode() + b"\n")
+                except OSError:
+                    pass  # the stand-in is gone (killed): nobody waits for this status
+                owner.close()
+    listener.close()  # a late connection is refused: whoever makes it starts a server of its own
+    shutil.rmtree(os.path.dirname(socket_path), ignore_errors=True)  # its socket and the stand-in
 
 
 # ------------------------------------------------------------------------------------------ the stand-in
