@@ -363,7 +363,11 @@ def serve(socket_path: str) -> None:
             lease.close()
         if listener in ready:
             conn, _ = listener.accept()
-            request, streams = _read_stand_in_request(conn)
+            try:
+                request, streams = _read_stand_in_request(conn)
+            except (EOFError, OSError, ValueError):  # gone before its request was complete (killed): nobody to serve
+                conn.close()
+                continue
             mismatch = None if request.get("lease") else load_time_mismatch(request["env"], os.environ)
             if request.get("lease"):
                 leases.add(conn)

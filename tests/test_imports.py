@@ -163,8 +163,9 @@ def _import_runs(body: list[ast.stmt]):
         yield run
 
 
-# Each order in a process of its own that has imported no fastload module: forked from one interpreter that has
-# imported torch and torchvision only (third-party, 3 s of the 4 s an interpreter spent on the whole list)
+# Each order in a process of its own that has imported no fastload module: forked from a run of the pre-loaded
+# interpreter (tests/preloaded.py: third-party packages only, torch and torchvision among them, 3 s of the 4 s an
+# interpreter spent on the whole list), which the suite's other runs share
 IMPORT_ORDERS = """
 import importlib, json, os, sys, traceback
 import torch, torchvision
@@ -187,15 +188,18 @@ sys.exit(f"orders that failed: seeds {failed}" if failed else 0)
 """
 
 
-def test_every_module_imports_in_a_fresh_interpreter_in_random_order(tmp_path):
+def test_every_module_imports_in_a_fresh_interpreter_in_random_order(tmp_path, preloaded_python):
+    import preloaded
+
     orders = {}
     for seed in (0, 1):
         orders[seed] = list(IMPORTABLE)
         random.Random(seed).shuffle(orders[seed])
+    script = tmp_path / "import_orders.py"
+    script.write_text(IMPORT_ORDERS)
     # importing ultralytics writes its settings file and may look for updates: a temporary folder, offline
-    env = dict(os.environ, YOLO_CONFIG_DIR=str(tmp_path), YOLO_OFFLINE="1")
-    res = subprocess.run([sys.executable, "-c", IMPORT_ORDERS, json.dumps(orders)], cwd=REPO, env=env,
-                         capture_output=True, text=True, timeout=300)
+    env = dict(preloaded.base_env(REPO), YOLO_CONFIG_DIR=str(tmp_path), YOLO_OFFLINE="1")
+    res = preloaded.run(preloaded_python, [str(script), json.dumps(orders)], REPO, env, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
 
 
