@@ -16,7 +16,6 @@ import cv2
 import numpy as np
 import torch
 from PIL import Image
-from torchvision.io import ImageReadMode, decode_image as tv_decode_image
 
 from fastload.data.images import decode_image, decode_loaded, resize_long_side
 
@@ -69,6 +68,10 @@ def _pil() -> DecodeFn:
 
 
 def _torchvision() -> DecodeFn:
+    # torchvision loads its model zoo and torch._dynamo when first imported (2 s of CPU): imported here, only where
+    # its decoder is measured, not by every process that imports the bench (the CLI, the tests' stock replay)
+    from torchvision.io import ImageReadMode, decode_image as tv_decode_image
+
     def decode(buf: bytes) -> np.ndarray:
         with warnings.catch_warnings():  # torchvision >= 0.29 warns on every call (TorchCodec migration)
             warnings.simplefilter("ignore", DeprecationWarning)
