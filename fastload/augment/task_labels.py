@@ -49,8 +49,9 @@ class TaskLabels:
         record with copy-paste, whose pixel mask is filled from the pasted outlines found on the way (a renderer moves
         its labels before drawing it and hands them to :meth:`batch`); None for the others, which :meth:`batch`
         moves together (cheaper than one by one), and for the tasks without copy-paste."""
-        pasting = any(image is not None and image.copy_paste is not None for image in (record.image, record.mixup))
-        if self.task != "segment" or not pasting:
+        if self.task != "segment":
+            return None
+        if all(image is None or image.copy_paste is None for image in (record.image, record.mixup)):
             return None
         return move_record(record, labels.image, recipe, self.task, loaded)  # type: ignore[arg-type]
 
