@@ -141,10 +141,11 @@ class Geometry:
 
 # ----------------------------------------------------------------------------------------- polygons
 @functools.lru_cache(maxsize=4096)
-def _spacing(vertices: int, n: int, keep_vertices: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
-    """How the ``n`` resampled points of a polygon of ``vertices`` vertices are interpolated: for each, the vertex
-    it starts from, the next vertex (the first after the last), the fraction of the way, and how many trailing
-    points sit on the closing point (the first vertex again, as ``np.interp`` returns it there).
+def _spacing(vertices: int, n: int, keep_vertices: bool) -> tuple[np.ndarray, np.ndarray, int]:
+    """How the ``n`` resampled points of a polygon of ``vertices`` vertices are interpolated: how many of them start
+    from each vertex (in order: each point starts from a vertex and moves towards the next, the first after the last),
+    the fraction of the way for each, and how many trailing points sit on the closing point (the first vertex again,
+    as ``np.interp`` returns it there).
 
     The positions (in vertex index along the closed outline) are ``linspace(0, vertices, n)``, or with
     ``keep_vertices`` the integers ``0..vertices`` merged into ``linspace(0, vertices, n - vertices - 1)`` while
@@ -155,12 +156,12 @@ def _spacing(vertices: int, n: int, keep_vertices: bool) -> tuple[np.ndarray, np
         t = np.insert(t, np.searchsorted(t, xp), xp)
     else:
         t = np.linspace(0, vertices, n)
-    start = np.minimum(np.floor(t).astype(np.int64), vertices - 1)
-    nxt = np.where(start + 1 < vertices, start + 1, 0)
+    start = np.minimum(np.floor(t).astype(np.int64), vertices - 1)  # non-decreasing: runs of each vertex
+    runs = np.bincount(start, minlength=vertices)
     frac = t - start
-    for a in (start, nxt, frac):
+    for a in (runs, frac):
         a.setflags(write=False)
-    return start, nxt, frac, int(np.count_nonzero(t >= vertices))
+    return runs, frac, int(np.count_nonzero(t >= vertices))
 
 
 def resample_polygons(points: np.ndarray, offsets: np.ndarray, n: int, keep_vertices: bool) -> np.ndarray:
@@ -193,17 +194,18 @@ def _resampled_planes(points: np.ndarray, offsets: np.ndarray, n: int, keep_vert
     if not len(counts):
         return np.empty((0, n)), np.empty((0, n))
     plans = [_spacing(c, n, keep_vertices) for c in counts.tolist()]
-    tails = [p[3] for p in plans]
-    first = offsets[:-1, None]
-    start = np.stack([p[0] for p in plans]) + first
-    nxt = np.stack([p[1] for p in plans]) + first
-    frac = np.stack([p[2] for p in plans])
+    tails = [p[2] for p in plans]
+    runs = np.concatenate([p[0] for p in plans])  # each vertex repeated for the points starting from it
+    frac = np.stack([p[1] for p in plans])
+    following = np.arange(1, len(runs) + 1)  # each vertex's next one, the polygon's first after its last
+    following[offsets[1:] - 1] = offsets[:-1]
     points = np.asarray(points)
     planes = []
     for axis in range(2):
         coord = np.ascontiguousarray(points[:, axis], dtype=np.float64)
-        base = coord.take(start)
-        step = coord.take(nxt) - base
+        base = np.repeat(coord, runs).reshape(-1, n)
+        step = np.repeat(coord.take(following), runs).reshape(-1, n)
+        step -= base
         step *= frac
         step += base  # np.interp: slope * (x - xp[j]) + fp[j], the slope over a unit step
         if len(set(tails)) == 1:  # the usual case: every polygon ends on the same number of closing points
