@@ -3,6 +3,7 @@
     nice -n 5 python benchmarks/task_loaders.py                          # 256 images a task, imgsz 640, batch 16, 2 workers
     python benchmarks/task_loaders.py --seconds 5 --rounds 3 --json /tmp/task_loaders.json
     python benchmarks/task_loaders.py --tasks segment --rounds 1          # one task's rows
+    python benchmarks/task_loaders.py --tasks segment --polygon-memo-mb 0  # as on a set larger than the polygon memo
 
 Data: three synthetic sets of fastload's generator (``make_synthetic_dataset``, the same seed and sizes: ``--images``
 images of 96 to 640 px, up to 6 shapes each), ``task="detect"`` (box rows), ``"segment"`` (exact polygons) and
@@ -259,6 +260,17 @@ def bounds(yamls: dict[str, Path], a: argparse.Namespace, hyp: dict[str, Any]) -
 
 
 # ----------------------------------------------------------------------------------------- main
+def set_polygon_memo(mb: float) -> None:
+    """Every rendering process's memo of Ultralytics' resampled polygons (``LoadedPolygons``, built by each renderer;
+    forked workers inherit this) bounded at ``mb``: what a set whose polygons exceed the memo costs (COCO's 118k
+    images hold about 7 GB of them at 1000 points), without building such a set and both references' RAM caches of
+    it."""
+    from fastload.augment import geometry
+
+    init = geometry.LoadedPolygons.__init__
+    geometry.LoadedPolygons.__init__ = lambda self, max_bytes=int(mb * 2**20): init(self, max_bytes)  # type: ignore
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--images", type=int, default=256, help="synthetic images per task")
@@ -269,9 +281,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds (the median round is shown)")
     ap.add_argument("--tasks", nargs="+", choices=TASKS, default=list(TASKS), help="the tasks whose rows run")
     ap.add_argument("--yolov9", type=Path, default=DEFAULT_UPSTREAM, help="official YOLOv9 checkout (copied)")
+    ap.add_argument("--polygon-memo-mb", type=float, default=None,
+                    help="fastload's memo of Ultralytics' resampled polygons per rendering process, MB (default: the "
+                         "library's 64); 0: every lookup misses, as on a set whose polygons exceed it (COCO's)")
     ap.add_argument("--no-bounds", action="store_true", help="skip the ceilings, profile and transport figures")
     ap.add_argument("--json", type=Path, default=None)
     a = ap.parse_args(argv)
+    if a.polygon_memo_mb is not None:
+        set_polygon_memo(a.polygon_memo_mb)
     load_start = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="fastload-task-bench-") as tmp:
         work = Path(tmp)
@@ -308,7 +325,8 @@ def main(argv: list[str] | None = None) -> int:
                 # the same ratio on a machine the loaders have to themselves (CPU time hardly moves with other jobs)
                 "x reference, CPU": statistics.median(r[row.reference]["cpu_ms_per_image"] / r[row.name]["cpu_ms_per_image"]
                                                       for r in rounds)}
-        print(f"\nsynthetic sets of {a.images} images, imgsz {a.imgsz}, batch {a.batch}, {a.workers} workers, RAM cache, "
+        memo = "" if a.polygon_memo_mb is None else f"polygon memo {a.polygon_memo_mb:g} MB, "
+        print(f"\nsynthetic sets of {a.images} images, imgsz {a.imgsz}, batch {a.batch}, {a.workers} workers, RAM cache, {memo}"
               f"{a.rounds} rounds of {a.seconds:g} s (median round; ratio: median same-round ratio to the reference), "
               f"{os.cpu_count()} CPUs, load average {load_start[0]:.1f} at the start, {load_end[0]:.1f} at the end")
         print("| task | loader | img/s | CPU ms/img | x reference | x reference, CPU ms/img |")
