@@ -227,7 +227,10 @@ class LoadedPolygons:
     (:func:`resample_polygons` with ``keep_vertices``), for ONE labels source: a pure function of an image's labels
     and the point count, which every tile the image fills (a mosaic draws each image about four times an epoch)
     would otherwise compute again; with it, each image's labels checked once (:meth:`longest`, both recipes). Least
-    recently used images go beyond ``max_bytes`` (their arrays, and :data:`_IMAGE_BYTES` for each image's entry)."""
+    recently used images go beyond ``max_bytes`` (their arrays, and :data:`_IMAGE_BYTES` for each image's entry).
+    Ultralytics' segment training images are resampled whole and kept while the memo is under its bound; beyond it
+    (a set whose polygons exceed it: COCO's hold about 7 GB), only their instances that stay are resampled, and
+    nothing more is kept (:meth:`keeps`)."""
 
     def __init__(self, max_bytes: int = 64 << 20) -> None:
         self.max_bytes = int(max_bytes)
@@ -256,6 +259,13 @@ class LoadedPolygons:
             a.setflags(write=False)
         self._grow(got[0].nbytes + got[1].nbytes)
         return got
+
+    def keeps(self, src: int, n: int) -> bool:
+        """Whether :meth:`resampled` of image ``src`` at ``n`` points is served from the memo or kept in it: it has
+        them, or room for more (under its bound: beyond it, a caller that needs few of an image's polygons had better
+        resample those alone)."""
+        entry = self._entries.get(int(src))
+        return (entry is not None and int(n) in entry.counts) or self._bytes < self.max_bytes
 
     def _image(self, src: int) -> _LoadedImage:
         entry = self._entries.get(src)
@@ -670,32 +680,92 @@ def _ultralytics_segments(images: Sequence[ImageParams], get: GeometryLabels, lo
     pass for all their tiles (each row with its tile's loaded shape, crop and matrix, and its image's candidate scale:
     the same arithmetic; the per-call cost of many small array operations is most of an image's); only the instances
     that can stay are moved: the others, without area in their tile or warped wholly out of the output, are dropped
-    by its filters whatever their points (the same batch, less work)."""
+    by its filters whatever their points (the same batch, less work). An image the memo neither has nor keeps (a set
+    whose polygons exceed it) has only those instances resampled (:func:`_segment_tiles`)."""
     out: list[_Moved | _Warped] = [_Moved.empty()] * len(images)
-    groups: dict[int, list[tuple[int, list, list]]] = {}  # by points per polygon: one per image (_loaded_points)
+    groups: dict[int, list[tuple[int, list[_SegmentTile]]]] = {}  # by points per polygon: one per image
     for i, image in enumerate(images):
-        tiles, extents = _image_tiles(image, get, "ultralytics", "segment", loaded)
+        n, tiles = _segment_tiles(image, get, loaded)
         if tiles:
-            groups.setdefault(int(tiles[0][3][1]), []).append((i, tiles, extents))
+            groups.setdefault(n, []).append((i, tiles))
     for n, members in groups.items():
-        tiles = [t for _, image_tiles, _ in members for t in image_tiles]
-        _, hw, crop, m, rows = _tile_rows([(tile, rows) for tile, rows, _, _ in tiles])
-        rows_of = [sum(len(rows) for _, rows, _, _ in image_tiles) for _, image_tiles, _ in members]
+        tiles = [t for _, image_tiles in members for t in image_tiles]
+        _, hw, crop, m, rows = _tile_rows([(t.tile, t.rows) for t in tiles])
+        rows_of = [sum(len(t.rows) for t in image_tiles) for _, image_tiles in members]
         pre = _loaded_boxes(rows, hw, crop)
-        stay = _shown(pre) & _may_reach(np.concatenate([e for _, _, extents in members for e in extents], 0), hw, crop,
-                                        m, images[members[0][0]].out_hw)
+        stay = _shown(pre) & _may_reach(np.concatenate([t.extent for t in tiles], 0), hw, crop, m,
+                                        images[members[0][0]].out_hw)
         chosen = np.flatnonzero(stay)
-        pts = np.concatenate([p for _, _, p, _ in tiles], 0).reshape(-1, n, 2)[chosen]
-        px = _scaled_rows(pts, hw[chosen])
+        px = _scaled_rows(_chosen_polygons(tiles, stay, n), hw[chosen])
         _clip_points(px, crop[chosen, None, :2], crop[chosen, None, 2:])
         x, y = _apply_planes(m[chosen], px[..., 0], px[..., 1])
-        scale = np.repeat(np.array([images[i].candidate_scale for i, _, _ in members], np.float64), rows_of)[chosen]
+        scale = np.repeat(np.array([images[i].candidate_scale for i, _ in members], np.float64), rows_of)[chosen]
         before = pre[chosen] * scale[:, None]
         cls = rows[chosen, 0].astype(np.float64)
         first_rows = np.cumsum([0] + rows_of[:-1])
         ends = np.cumsum(np.add.reduceat(stay.astype(np.int64), first_rows)).tolist()  # past each image's chosen rows
-        for (i, _, _), a, b in zip(members, [0] + ends[:-1], ends):
+        for (i, _), a, b in zip(members, [0] + ends[:-1], ends):
             out[i] = _Warped(x[a:b], y[a:b], before[a:b], cls[a:b])
+    return out
+
+
+@dataclass(frozen=True)
+class _SegmentTile:
+    """One labelled tile of an Ultralytics segment training image: its rows; ``polygons`` float32 [k, n, 2] resampled
+    (from the memo), or None: ``points`` / ``offsets`` (its labels) to resample the rows that stay; ``extent`` [k, 4]
+    of each polygon (without resampling: its vertices' own, which the resampled points do not leave but by rounding,
+    far inside :func:`_may_reach`'s pixel to spare)."""
+
+    tile: TileParams
+    rows: np.ndarray
+    polygons: np.ndarray | None
+    points: np.ndarray
+    offsets: np.ndarray
+    extent: np.ndarray
+
+
+def _segment_tiles(image: ImageParams, get: GeometryLabels, loaded: LoadedPolygons) -> tuple[int, list[_SegmentTile]]:
+    """The points per polygon of an Ultralytics segment training ``image`` (:func:`_loaded_points`) and its labelled
+    tiles, each resampled through the memo where it keeps them (:meth:`LoadedPolygons.keeps`)."""
+    labelled = list(_labelled_tiles(image, get))
+    if not labelled:
+        return 0, []
+    n = _loaded_points(max(loaded.longest(tile.src, rows, points, offsets) for tile, rows, points, offsets in labelled),
+                       "segment")
+    tiles = []
+    for tile, rows, points, offsets in labelled:
+        points = np.asarray(points, np.float32)  # as the memo resamples them
+        if loaded.keeps(tile.src, n):
+            poly, extent = loaded.resampled(tile.src, points, offsets, n)
+            tiles.append(_SegmentTile(tile, rows, poly.reshape(-1, n, 2), points, offsets, extent))
+        else:
+            first = offsets[:-1]
+            x, y = points[:, 0], points[:, 1]
+            extent = np.stack((np.minimum.reduceat(x, first), np.minimum.reduceat(y, first),
+                               np.maximum.reduceat(x, first), np.maximum.reduceat(y, first)), 1)
+            tiles.append(_SegmentTile(tile, rows, None, points, offsets, extent))
+    return n, tiles
+
+
+def _chosen_polygons(tiles: Sequence[_SegmentTile], chosen: np.ndarray, n: int) -> np.ndarray:
+    """float32 [c, n, 2]: the resampled polygons of the rows ``chosen`` (bool, over all the tiles' rows in order),
+    from the memo or resampled here, those of all the tiles the memo lacks in one pass."""
+    out = np.empty((int(chosen.sum()), n, 2), np.float32)
+    row, at = 0, 0
+    fresh_at, fresh_points, fresh_counts = [], [], []
+    for t in tiles:
+        mine = np.flatnonzero(chosen[row:row + len(t.rows)])
+        row += len(t.rows)
+        if t.polygons is not None:
+            out[at:at + len(mine)] = t.polygons[mine]
+        elif len(mine):
+            fresh_at.append(np.arange(at, at + len(mine)))
+            fresh_points += [t.points[t.offsets[j]:t.offsets[j + 1]] for j in mine.tolist()]
+            fresh_counts.append(np.diff(t.offsets)[mine])
+        at += len(mine)
+    if fresh_points:
+        offsets = np.concatenate(([0], np.cumsum(np.concatenate(fresh_counts))))
+        out[np.concatenate(fresh_at)] = resample_polygons(np.concatenate(fresh_points), offsets, n, True)
     return out
 
 
