@@ -550,23 +550,19 @@ def _image_tiles(image: ImageParams, get: GeometryLabels, recipe: Recipe, task: 
     none: YOLOv9's validation only), and each one's polygon extents ``[n, 4]`` (None: ``"yolov9"``);
     ``"ultralytics"``: every polygon resampled as its dataset resamples it when loaded (through ``loaded``, which
     checks each image's labels once)."""
+    if recipe == "ultralytics":
+        n, loaded_tiles = _loaded_tiles(image, get, loaded, task, lazy=False)
+        return ([(t.tile, t.rows, t.polygons.reshape(-1, 2), np.arange(len(t.rows) + 1) * n)  # type: ignore[union-attr]
+                 for t in loaded_tiles], [t.extent for t in loaded_tiles])
     labelled = list(_labelled_tiles(image, get))
-    if recipe != "ultralytics":
-        if image.candidate_scale is None:  # YOLOv9's validation keeps rows without points
-            tiles = [(tile, rows, *_tile_polygons(rows, points, offsets, tile.src, True))
-                     for tile, rows, points, offsets in labelled]
-        else:  # each image's labels checked once (by the memo), then taken as they are
-            for tile, rows, points, offsets in labelled:
-                loaded.longest(tile.src, rows, points, offsets)
-            tiles = [(tile, rows, np.asarray(points, np.float32), offsets) for tile, rows, points, offsets in labelled]
-        return tiles, [None] * len(tiles)
-    if not labelled:
-        return [], []
-    n = _loaded_points(max(loaded.longest(tile.src, rows, points, offsets) for tile, rows, points, offsets in labelled),
-                       task)
-    resampled = [loaded.resampled(tile.src, points, offsets, n) for tile, _, points, offsets in labelled]
-    return ([(tile, rows, pts, np.arange(len(rows) + 1) * n) for (tile, rows, _, _), (pts, _) in zip(labelled, resampled)],
-            [extent for _, extent in resampled])
+    if image.candidate_scale is None:  # YOLOv9's validation keeps rows without points
+        tiles = [(tile, rows, *_tile_polygons(rows, points, offsets, tile.src, True))
+                 for tile, rows, points, offsets in labelled]
+    else:  # each image's labels checked once (by the memo), then taken as they are
+        for tile, rows, points, offsets in labelled:
+            loaded.longest(tile.src, rows, points, offsets)
+        tiles = [(tile, rows, np.asarray(points, np.float32), offsets) for tile, rows, points, offsets in labelled]
+    return tiles, [None] * len(tiles)
 
 
 def _loaded_points(longest: int, task: Task) -> int:
@@ -681,11 +677,11 @@ def _ultralytics_segments(images: Sequence[ImageParams], get: GeometryLabels, lo
     the same arithmetic; the per-call cost of many small array operations is most of an image's); only the instances
     that can stay are moved: the others, without area in their tile or warped wholly out of the output, are dropped
     by its filters whatever their points (the same batch, less work). An image the memo neither has nor keeps (a set
-    whose polygons exceed it) has only those instances resampled (:func:`_segment_tiles`)."""
+    whose polygons exceed it) has only those instances resampled (:func:`_loaded_tiles`)."""
     out: list[_Moved | _Warped] = [_Moved.empty()] * len(images)
-    groups: dict[int, list[tuple[int, list[_SegmentTile]]]] = {}  # by points per polygon: one per image
+    groups: dict[int, list[tuple[int, list[_LoadedTile]]]] = {}  # by points per polygon: one per image
     for i, image in enumerate(images):
-        n, tiles = _segment_tiles(image, get, loaded)
+        n, tiles = _loaded_tiles(image, get, loaded, "segment", lazy=True)
         if tiles:
             groups.setdefault(n, []).append((i, tiles))
     for n, members in groups.items():
@@ -710,8 +706,8 @@ def _ultralytics_segments(images: Sequence[ImageParams], get: GeometryLabels, lo
 
 
 @dataclass(frozen=True)
-class _SegmentTile:
-    """One labelled tile of an Ultralytics segment training image: its rows; ``polygons`` float32 [k, n, 2] resampled
+class _LoadedTile:
+    """One labelled tile of an ``"ultralytics"`` image: its rows; ``polygons`` float32 [k, n, 2] resampled
     (from the memo), or None: ``points`` / ``offsets`` (its labels) to resample the rows that stay; ``extent`` [k, 4]
     of each polygon (without resampling: its vertices' own, which the resampled points do not leave but by rounding,
     far inside :func:`_may_reach`'s pixel to spare)."""
@@ -724,30 +720,31 @@ class _SegmentTile:
     extent: np.ndarray
 
 
-def _segment_tiles(image: ImageParams, get: GeometryLabels, loaded: LoadedPolygons) -> tuple[int, list[_SegmentTile]]:
-    """The points per polygon of an Ultralytics segment training ``image`` (:func:`_loaded_points`) and its labelled
-    tiles, each resampled through the memo where it keeps them (:meth:`LoadedPolygons.keeps`)."""
+def _loaded_tiles(image: ImageParams, get: GeometryLabels, loaded: LoadedPolygons, task: Task, lazy: bool
+                  ) -> tuple[int, list[_LoadedTile]]:
+    """The points per polygon of an ``"ultralytics"`` ``image`` (:func:`_loaded_points`) and its labelled tiles, their
+    polygons resampled through the memo; ``lazy``: only where it keeps them (:meth:`LoadedPolygons.keeps`)."""
     labelled = list(_labelled_tiles(image, get))
     if not labelled:
         return 0, []
     n = _loaded_points(max(loaded.longest(tile.src, rows, points, offsets) for tile, rows, points, offsets in labelled),
-                       "segment")
+                       task)
     tiles = []
     for tile, rows, points, offsets in labelled:
         points = np.asarray(points, np.float32)  # as the memo resamples them
-        if loaded.keeps(tile.src, n):
+        if not lazy or loaded.keeps(tile.src, n):
             poly, extent = loaded.resampled(tile.src, points, offsets, n)
-            tiles.append(_SegmentTile(tile, rows, poly.reshape(-1, n, 2), points, offsets, extent))
+            tiles.append(_LoadedTile(tile, rows, poly.reshape(-1, n, 2), points, offsets, extent))
         else:
             first = offsets[:-1]
             x, y = points[:, 0], points[:, 1]
             extent = np.stack((np.minimum.reduceat(x, first), np.minimum.reduceat(y, first),
                                np.maximum.reduceat(x, first), np.maximum.reduceat(y, first)), 1)
-            tiles.append(_SegmentTile(tile, rows, None, points, offsets, extent))
+            tiles.append(_LoadedTile(tile, rows, None, points, offsets, extent))
     return n, tiles
 
 
-def _chosen_polygons(tiles: Sequence[_SegmentTile], chosen: np.ndarray, n: int) -> np.ndarray:
+def _chosen_polygons(tiles: Sequence[_LoadedTile], chosen: np.ndarray, n: int) -> np.ndarray:
     """float32 [c, n, 2]: the resampled polygons of the rows ``chosen`` (bool, over all the tiles' rows in order),
     from the memo or resampled here, those of all the tiles the memo lacks in one pass."""
     out = np.empty((int(chosen.sum()), n, 2), np.float32)
