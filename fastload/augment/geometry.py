@@ -300,7 +300,11 @@ class _LoadedImage:
 def _extent(poly: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``(lo, hi)`` [k, 2]: each polygon's smallest and largest x and y (``poly`` [k, n, 2]; one reduction per
     coordinate: numpy reduces the middle axis of a [k, n, 2] array some fifty times slower)."""
-    x, y = poly[..., 0], poly[..., 1]
+    return _plane_extent(poly[..., 0], poly[..., 1])
+
+
+def _plane_extent(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_extent` of polygons given as their coordinate planes ``x``, ``y`` [k, n]."""
     return np.stack((x.min(1), y.min(1)), 1), np.stack((x.max(1), y.max(1)), 1)
 
 
@@ -314,7 +318,7 @@ def _masked_extent(x: np.ndarray, y: np.ndarray, valid: np.ndarray) -> np.ndarra
 def _inside_vertex_boxes(x: np.ndarray, y: np.ndarray, w: float, h: float) -> np.ndarray:
     """YOLOv9 ``segment2box`` of each polygon of points ``x``, ``y`` [k, n]: the extent of its points inside
     ``[0, w] x [0, h]``; zeros when none is, or when every inside x is 0 (its ``any(x)`` test)."""
-    box = np.stack((x.min(1), y.min(1), x.max(1), y.max(1)), 1)
+    box = np.concatenate(_plane_extent(x, y), 1)
     box[box[:, 2] == 0] = 0.0  # a polygon inside: its x are >= 0, all 0 when the largest is
     crossing = np.flatnonzero((box[:, 0] < 0) | (box[:, 1] < 0) | (box[:, 2] > w) | (box[:, 3] > h))
     if len(crossing):  # only these have points outside
@@ -340,7 +344,7 @@ def _clipped_extent_boxes(x: np.ndarray, y: np.ndarray, w: float, h: float) -> n
     a contiguous plane several times faster than a coordinate of [k, n, 2] points): the extent of its part inside
     ``[0, w] x [0, h]`` (inside vertices, crossings of its edges with the border, image corners inside it); zeros
     when nothing is inside."""
-    lo, hi = np.stack((x.min(1), y.min(1)), 1), np.stack((x.max(1), y.max(1)), 1)
+    lo, hi = _plane_extent(x, y)
     box = np.concatenate((lo, hi), 1)
     outside = (hi[:, 0] < 0) | (hi[:, 1] < 0) | (lo[:, 0] > w) | (lo[:, 1] > h)
     box[outside] = 0.0
@@ -736,11 +740,7 @@ def _loaded_tiles(image: ImageParams, get: GeometryLabels, loaded: LoadedPolygon
             poly, extent = loaded.resampled(tile.src, points, offsets, n)
             tiles.append(_LoadedTile(tile, rows, poly.reshape(-1, n, 2), points, offsets, extent))
         else:
-            first = offsets[:-1]
-            x, y = points[:, 0], points[:, 1]
-            extent = np.stack((np.minimum.reduceat(x, first), np.minimum.reduceat(y, first),
-                               np.maximum.reduceat(x, first), np.maximum.reduceat(y, first)), 1)
-            tiles.append(_LoadedTile(tile, rows, None, points, offsets, extent))
+            tiles.append(_LoadedTile(tile, rows, None, points, offsets, _row_extents(points, offsets)))
     return n, tiles
 
 
